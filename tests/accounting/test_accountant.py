@@ -1,0 +1,116 @@
+"""RDPAccountant behaviour beyond the numbers: state, validation, atomicity."""
+
+import numpy as np
+import pytest
+
+from dp_budget_provider.accounting import (
+    DEFAULT_ORDERS,
+    AccountantState,
+    GaussianMechanism,
+    LaplaceMechanism,
+    RDPAccountant,
+)
+
+
+def test_rdp_property_is_a_copy():
+    accountant = RDPAccountant()
+    accountant.compose(GaussianMechanism(1.0))
+    curve = accountant.rdp
+    curve[:] = 0
+    assert np.all(accountant.rdp > 0)
+
+
+def test_default_orders_are_read_only():
+    with pytest.raises(ValueError):
+        DEFAULT_ORDERS[0] = 2.0
+
+
+@pytest.mark.parametrize("delta", [0, 1, -1e-5, 1.5, float("nan"), True, "1e-5"])
+def test_delta_outside_open_unit_interval_raises(delta):
+    accountant = RDPAccountant()
+    with pytest.raises(ValueError, match="delta"):
+        accountant.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("count", [0, -3, 1.5, 2.0, True, "2", None])
+def test_count_must_be_a_positive_int(count):
+    accountant = RDPAccountant()
+    with pytest.raises(ValueError, match="count"):
+        accountant.compose(GaussianMechanism(1.0), count)
+    assert not np.any(accountant.rdp)
+
+
+def test_conversion_name_is_checked():
+    with pytest.raises(ValueError, match="conversion"):
+        RDPAccountant().get_epsilon(1e-5, "optimistic")
+
+
+@pytest.mark.parametrize("orders", [[1.0, 2.0], [0.5], [], [2.0, 2.0], [2.0, float("inf")], "abc"])
+def test_bad_order_grids_are_refused(orders):
+    with pytest.raises(ValueError, match="orders"):
+        RDPAccountant(orders)
+
+
+def test_a_bad_item_in_a_batch_leaves_the_accountant_untouched():
+    accountant = RDPAccountant()
+    accountant.compose(GaussianMechanism(2.0))
+    before = accountant.state()
+    with pytest.raises(ValueError):
+        accountant.compose_many([(GaussianMechanism(1.0), 3), (LaplaceMechanism(1.0), 0)])
+    with pytest.raises(ValueError):
+        accountant.compose_many([GaussianMechanism(1.0), "not a mechanism"])
+    assert accountant.state() == before
+
+
+def test_gaussian_mu_tracks_only_pure_gaussian_sequences():
+    accountant = RDPAccountant()
+    assert accountant.gaussian_mu_squared == 0.0
+    accountant.compose(GaussianMechanism(2.0), 3)
+    accountant.compose(GaussianMechanism(4.0))
+    assert accountant.gaussian_mu_squared == pytest.approx(3 / 4 + 1 / 16)
+    assert accountant.epsilon_bound(1e-5).method == "analytic-gaussian"
+    accountant.compose(LaplaceMechanism(0.1))
+    assert accountant.gaussian_mu_squared is None
+    assert accountant.epsilon_bound(1e-5).method == "rdp-improved"
+    assert accountant.epsilon_bound(1e-5, "classic").method == "rdp-classic"
+
+
+def test_state_round_trip_and_copy_independence():
+    accountant = RDPAccountant()
+    accountant.compose(GaussianMechanism(1.5), 7)
+    restored = RDPAccountant.from_state(accountant.state())
+    assert restored.get_epsilon(1e-6) == accountant.get_epsilon(1e-6)
+    copy = accountant.copy()
+    copy.compose(GaussianMechanism(1.0))
+    assert copy.get_epsilon(1e-6)[0] > accountant.get_epsilon(1e-6)[0]
+
+
+ZEROS = (0.0,) * DEFAULT_ORDERS.size
+GRID = tuple(DEFAULT_ORDERS)
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        AccountantState(GRID, 0.0, (float("nan"),) * DEFAULT_ORDERS.size, None),
+        AccountantState(GRID, 0.0, (-1.0,) * DEFAULT_ORDERS.size, None),
+        AccountantState(GRID, 0.0, (0.0,) * 3, None),
+        AccountantState(GRID, float("nan"), ZEROS, None),
+        AccountantState(GRID, -0.5, ZEROS, None),
+        AccountantState(GRID, 0.1, ZEROS, float("nan")),
+        AccountantState((1.0, 2.0), 0.0, (0.0, 0.0), None),
+    ],
+)
+def test_corrupt_state_is_refused(state):
+    with pytest.raises(ValueError):
+        RDPAccountant.from_state(state)
+
+
+def test_epsilon_grows_with_every_release():
+    accountant = RDPAccountant()
+    last = 0.0
+    for mechanism in [GaussianMechanism(5.0), LaplaceMechanism(0.2), GaussianMechanism(3.0)] * 5:
+        accountant.compose(mechanism)
+        eps = accountant.get_epsilon(1e-5)[0]
+        assert eps > last
+        last = eps

@@ -1,0 +1,144 @@
+"""Mechanisms: validated parameters, correct curves, JSON spec round trips."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dp_budget_provider.accounting import (
+    DEFAULT_ORDERS,
+    GaussianMechanism,
+    LaplaceMechanism,
+    Mechanism,
+    PoissonSubsampledGaussianMechanism,
+    PureDPMechanism,
+    ZCDPMechanism,
+)
+
+ALL = [
+    GaussianMechanism(2.5),
+    LaplaceMechanism(0.7),
+    PureDPMechanism(1.2),
+    ZCDPMechanism(0.05),
+    PoissonSubsampledGaussianMechanism(1.1, 0.01),
+]
+
+
+@pytest.mark.parametrize("mechanism", ALL, ids=lambda m: m.kind)
+def test_spec_round_trip_through_json(mechanism):
+    spec = json.loads(json.dumps(mechanism.to_spec()))
+    assert spec["kind"] == mechanism.kind
+    rebuilt = Mechanism.from_spec(spec)
+    assert rebuilt == mechanism
+    assert type(mechanism).from_spec(spec) == mechanism
+    np.testing.assert_array_equal(rebuilt.rdp(DEFAULT_ORDERS), mechanism.rdp(DEFAULT_ORDERS))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"kind": "gaussian"},
+        {"kind": "gaussian", "noise_multiplier": 1.0, "extra": 2},
+        {"kind": "banana", "noise_multiplier": 1.0},
+        {"noise_multiplier": 1.0},
+        {"kind": "gaussian", "noise_multiplier": "1.0"},
+        {"kind": "gaussian", "noise_multiplier": float("nan")},
+        {"kind": "laplace", "epsilon0": -1},
+        ["gaussian", 1.0],
+        None,
+    ],
+)
+def test_bad_specs_are_refused(spec):
+    with pytest.raises(ValueError):
+        Mechanism.from_spec(spec)
+
+
+def test_spec_of_wrong_kind_for_subclass_is_refused():
+    with pytest.raises(ValueError, match="expected 'laplace'"):
+        LaplaceMechanism.from_spec(GaussianMechanism(1.0).to_spec())
+
+
+BAD_VALUES = [0, 0.0, -1.0, float("nan"), float("inf"), -float("inf"), True, "1", None, [1.0]]
+
+
+@pytest.mark.parametrize("value", BAD_VALUES, ids=repr)
+@pytest.mark.parametrize(
+    ("factory", "name"),
+    [
+        (GaussianMechanism, "noise_multiplier"),
+        (LaplaceMechanism, "epsilon0"),
+        (PureDPMechanism, "epsilon0"),
+        (ZCDPMechanism, "rho"),
+        (lambda v: PoissonSubsampledGaussianMechanism(v, 0.5), "noise_multiplier"),
+        (lambda v: PoissonSubsampledGaussianMechanism(1.0, v), "sampling_rate"),
+    ],
+)
+def test_bad_parameters_raise_naming_parameter_and_value(factory, name, value):
+    with pytest.raises(ValueError, match=name) as excinfo:
+        factory(value)
+    assert repr(value) in str(excinfo.value)
+
+
+@pytest.mark.parametrize("rate", [1.0000001, 2.0, -0.1, 0.0])
+def test_sampling_rate_outside_unit_interval_is_refused(rate):
+    with pytest.raises(ValueError, match="sampling_rate"):
+        PoissonSubsampledGaussianMechanism(1.0, rate)
+
+
+def test_gaussian_from_sigma_and_curve():
+    mechanism = GaussianMechanism.from_sigma(sigma=8.0, l2_sensitivity=2.0)
+    assert mechanism.noise_multiplier == 4.0
+    np.testing.assert_array_equal(mechanism.rdp(DEFAULT_ORDERS), DEFAULT_ORDERS / 32.0)
+    with pytest.raises(ValueError, match="l2_sensitivity"):
+        GaussianMechanism.from_sigma(1.0, 0.0)
+
+
+def mironov_laplace(a, e):
+    """Mironov's textbook formula, in exact arithmetic via mpmath."""
+    import mpmath
+
+    mpmath.mp.dps = 50
+    a, e = mpmath.mpf(a), mpmath.mpf(e)
+    term = a / (2 * a - 1) * mpmath.exp((a - 1) * e) + (a - 1) / (2 * a - 1) * mpmath.exp(-a * e)
+    return float(mpmath.log(term) / (a - 1))
+
+
+@given(st.floats(1e-3, 60.0), st.sampled_from(list(DEFAULT_ORDERS)))
+def test_laplace_rdp_equals_mironov_formula_to_1e12(eps0, order):
+    ours = LaplaceMechanism(eps0).rdp(np.array([order]))[0]
+    assert ours == pytest.approx(mironov_laplace(order, eps0), rel=1e-12, abs=1e-300)
+
+
+@pytest.mark.parametrize("eps0", [1e-4, 0.5, 5.0, 50.0, 500.0])
+def test_laplace_rdp_is_finite_positive_and_at_most_eps0(eps0):
+    curve = LaplaceMechanism(eps0).rdp(DEFAULT_ORDERS)
+    assert np.all(np.isfinite(curve)) and np.all(curve > 0)
+    assert np.all(curve <= eps0 * (1 + 1e-15))
+    assert np.all(np.diff(curve) >= 0)  # Rényi divergence grows with the order
+
+
+def test_naive_laplace_formula_overflows_where_ours_does_not():
+    a, e = 256.0, 5.0
+    with np.errstate(over="ignore"):
+        naive = np.log(a / (2 * a - 1) * np.exp((a - 1) * e)) / (a - 1)
+    assert not np.isfinite(naive)
+    assert math.isfinite(LaplaceMechanism(e).rdp(np.array([a]))[0])
+
+
+def test_pure_dp_and_zcdp_curves():
+    np.testing.assert_array_equal(PureDPMechanism(0.5).rdp(DEFAULT_ORDERS), DEFAULT_ORDERS * 0.125)
+    np.testing.assert_array_equal(ZCDPMechanism(0.3).rdp(DEFAULT_ORDERS), DEFAULT_ORDERS * 0.3)
+    # Exact Laplace is tighter than the generic pure-DP bound.
+    assert np.all(
+        LaplaceMechanism(0.5).rdp(DEFAULT_ORDERS) <= PureDPMechanism(0.5).rdp(DEFAULT_ORDERS)
+    )
+
+
+def test_mechanisms_are_frozen_and_hashable():
+    mechanism = GaussianMechanism(1.0)
+    with pytest.raises(AttributeError):
+        mechanism.noise_multiplier = 2.0
+    assert len({GaussianMechanism(1.0), GaussianMechanism(1)}) == 1
