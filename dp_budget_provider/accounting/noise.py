@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
@@ -664,11 +665,7 @@ def gaussian_noise(
     ``seed``: for tests only: a fixed seed makes the noise reproducible and therefore NOT
     private; production calls leave it None so every release draws fresh OS entropy.
     """
-    sd = _float_positive("sigma", sigma)
-    out = _float_values(values)
-    rng = _rng(seed)
-    out += rng.normal(0.0, sd, size=out.shape)
-    return out
+    return _add_float_noise(values, "sigma", sigma, seed, np.random.Generator.normal)
 
 
 def laplace_noise(
@@ -683,8 +680,18 @@ def laplace_noise(
     ``seed``: for tests only: a fixed seed makes the noise reproducible and therefore NOT
     private; production calls leave it None so every release draws fresh OS entropy.
     """
-    b = _float_positive("scale", scale)
+    return _add_float_noise(values, "scale", scale, seed, np.random.Generator.laplace)
+
+
+def _add_float_noise(
+    values: ArrayLike,
+    name: str,
+    parameter: object,
+    seed: int | None,
+    draw: Callable[..., np.ndarray],
+) -> np.ndarray:
+    """Validate, copy to float64 and add ``draw(rng, 0.0, parameter, size=shape)``."""
+    spread = _float_positive(name, parameter)
     out = _float_values(values)
-    rng = _rng(seed)
-    out += rng.laplace(0.0, b, size=out.shape)
+    out += draw(_rng(seed), 0.0, spread, size=out.shape)
     return out
