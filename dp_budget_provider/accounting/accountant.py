@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dp_budget_provider.accounting import _validation as check
+from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.analytic_gaussian import gaussian_epsilon
 from dp_budget_provider.accounting.conversion import Conversion, check_conversion, rdp_to_epsilon
 from dp_budget_provider.accounting.mechanisms import GaussianMechanism, Mechanism

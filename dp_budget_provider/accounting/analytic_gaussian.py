@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from dp_budget_provider.accounting import _validation as check
+from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.special import log_ndtr
 
 _BISECTION_STEPS = 200

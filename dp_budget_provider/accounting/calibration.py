@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from dp_budget_provider.accounting import _validation as check
+from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.accountant import RDPAccountant
 from dp_budget_provider.accounting.analytic_gaussian import calibrate_analytic_gaussian
 from dp_budget_provider.accounting.conversion import Conversion, check_conversion

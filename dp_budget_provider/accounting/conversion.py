@@ -20,7 +20,7 @@ from typing import Literal
 
 import numpy as np
 
-from dp_budget_provider.accounting import _validation as check
+from dp_budget_provider.accounting import validation as check
 
 Conversion = Literal["improved", "classic"]
 CONVERSIONS: tuple[Conversion, ...] = ("improved", "classic")

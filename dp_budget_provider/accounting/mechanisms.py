@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from dp_budget_provider.accounting import _validation as check
+from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.subsampled_gaussian import poisson_subsampled_gaussian_rdp
 
 _REGISTRY: dict[str, type[Mechanism]] = {}

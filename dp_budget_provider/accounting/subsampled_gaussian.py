@@ -79,7 +79,7 @@ import math
 
 import numpy as np
 
-from dp_budget_provider.accounting import _validation as check
+from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.special import log_erfc
 
 __all__ = ["poisson_subsampled_gaussian_rdp"]

@@ -1,0 +1,48 @@
+"""The persistent privacy budget ledger: SQLite embedded, PostgreSQL in production.
+
+Imports SQLAlchemy and the accounting layer, never Airflow: the CLI, notebooks and the
+Airflow adapters all use this same API.
+"""
+
+from dp_budget_provider.ledger.errors import (
+    BudgetExhausted,
+    LedgerConfigMismatch,
+    LedgerCorrupt,
+    LedgerError,
+    LedgerSchemaError,
+    LedgerUnavailable,
+    ReservationStateError,
+)
+from dp_budget_provider.ledger.keys import LedgerKey, key_for
+from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
+from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
+from dp_budget_provider.ledger.records import (
+    AccountStatus,
+    Reservation,
+    SpendReceipt,
+    VerifyReport,
+)
+from dp_budget_provider.ledger.windows import WindowCalendar, is_closed, window_bounds
+
+__all__ = [
+    "ANY",
+    "AccountStatus",
+    "BudgetCap",
+    "BudgetExhausted",
+    "LedgerConfigMismatch",
+    "LedgerCorrupt",
+    "LedgerError",
+    "LedgerKey",
+    "LedgerSchemaError",
+    "LedgerUnavailable",
+    "Policy",
+    "PrivacyBudgetLedger",
+    "Reservation",
+    "ReservationStateError",
+    "SpendReceipt",
+    "VerifyReport",
+    "WindowCalendar",
+    "is_closed",
+    "key_for",
+    "window_bounds",
+]

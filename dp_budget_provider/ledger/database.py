@@ -1,0 +1,163 @@
+"""Engines, transactions and schema management for the ledger database.
+
+SQLite (the embedded default) serialises writers: every write transaction starts with
+``BEGIN IMMEDIATE``, in WAL mode with a busy timeout, so the prospective check and the
+reservation can never interleave with another writer. PostgreSQL takes row locks
+(``SELECT ... FOR UPDATE`` / upserts) in key order. Connection failures surface as
+:class:`LedgerUnavailable`; the surrounding transaction is rolled back, so nothing is
+half-written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, create_engine, event, exc, inspect, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import StaticPool
+
+from dp_budget_provider.ledger.errors import LedgerSchemaError, LedgerUnavailable
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+VERSION_TABLE = "dp_budget_alembic_version"
+SQLITE_BUSY_TIMEOUT_MS = 60_000
+_WRITE = "dp_budget_write"
+
+
+def make_engine(url: str | None) -> Engine:
+    """An engine for ``url``; ``None`` is a private in-memory SQLite ledger."""
+    if url is None:
+        engine = create_engine(
+            "sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False}
+        )
+    else:
+        parsed = make_url(url)
+        if parsed.get_backend_name() == "sqlite":
+            engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        elif parsed.get_backend_name() == "postgresql":
+            engine = create_engine(
+                url,
+                pool_pre_ping=True,
+                connect_args={"connect_timeout": 10, "application_name": "dp-budget-ledger"},
+            )
+        else:
+            raise ValueError(
+                f"unsupported ledger database {parsed.get_backend_name()!r}: use sqlite or "
+                "postgresql"
+            )
+    if engine.dialect.name == "sqlite":
+        _configure_sqlite(engine)
+    return engine
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """WAL, a busy timeout, foreign keys, and BEGIN IMMEDIATE for write transactions."""
+
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves
+        cursor = dbapi_connection.cursor()
+        if engine.url.database not in (None, "", ":memory:"):
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def on_begin(connection: Connection) -> None:
+        write = connection.get_execution_options().get(_WRITE, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def safe_url(engine: Engine) -> str:
+    """The engine's URL without its password, for messages."""
+    return engine.url.render_as_string(hide_password=True)
+
+
+@contextlib.contextmanager
+def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
+    """One transaction; write transactions take SQLite's write lock up front.
+
+    Any database-level failure (unreachable server, connection killed mid-transaction)
+    is re-raised as :class:`LedgerUnavailable` after the rollback.
+    """
+    try:
+        with engine.connect() as connection:
+            connection.execution_options(**{_WRITE: write})
+            with connection.begin():
+                yield connection
+    except (exc.OperationalError, exc.InterfaceError) as error:
+        raise LedgerUnavailable(
+            f"ledger database {safe_url(engine)} failed: {error.orig or error}"
+        ) from error
+    except exc.DBAPIError as error:
+        if error.connection_invalidated:
+            raise LedgerUnavailable(
+                f"ledger database {safe_url(engine)} connection lost: {error.orig or error}"
+            ) from error
+        raise
+
+
+def _alembic_config(connection: Connection) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    """The newest schema revision this package ships."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    head = ScriptDirectory.from_config(config).get_current_head()
+    if head is None:
+        raise LedgerSchemaError("the package ships no ledger migrations")
+    return head
+
+
+def current_revision(connection: Connection) -> str | None:
+    """The schema revision of the database, None for an empty database."""
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return context.get_current_revision()
+
+
+def create_schema(connection: Connection) -> None:
+    """Create the newest schema on an empty database, inside the caller's transaction."""
+    command.upgrade(_alembic_config(connection), "head")
+
+
+def upgrade(engine: Engine) -> str:
+    """Bring the schema to the newest revision (``dp-budget db upgrade``); returns it."""
+    with transaction(engine, write=True) as connection:
+        command.upgrade(_alembic_config(connection), "head")
+        return current_revision(connection) or ""
+
+
+def check_schema(connection: Connection) -> None:
+    """Refuse a database whose schema is not exactly the one this package expects."""
+    revision = current_revision(connection)
+    expected = head_revision()
+    if revision != expected:
+        raise LedgerSchemaError(
+            f"ledger schema is at revision {revision!r}, this package expects {expected!r}; "
+            "run `dp-budget db upgrade` (or use a matching package version)"
+        )
+
+
+def is_initialised(connection: Connection) -> bool:
+    """True once the schema holds the ledger's configuration row."""
+    return connection.execute(text("SELECT count(*) FROM dp_ledger_config")).scalar_one() > 0
+
+
+def is_empty(connection: Connection) -> bool:
+    """True when the database holds no ledger tables at all."""
+    names = set(inspect(connection).get_table_names())
+    return VERSION_TABLE not in names and "dp_ledger_config" not in names

@@ -1,0 +1,40 @@
+"""The ledger's exceptions. Every failure is fail-closed: no release happens."""
+
+from __future__ import annotations
+
+
+class LedgerError(RuntimeError):
+    """Base class: the ledger refused or could not complete an operation."""
+
+
+class BudgetExhausted(LedgerError):
+    """A release would push an account past its cap; nothing was written."""
+
+    def __init__(self, key: object, would_be_epsilon: float, cap_epsilon: float) -> None:
+        self.key = key
+        self.would_be_epsilon = would_be_epsilon
+        self.cap_epsilon = cap_epsilon
+        super().__init__(
+            f"budget exhausted for {key}: the release would bring eps to "
+            f"{would_be_epsilon:.6g}, above the cap {cap_epsilon:.6g}"
+        )
+
+
+class LedgerConfigMismatch(LedgerError):
+    """The ledger was opened with a delta, order grid, conversion or cap it was not created with."""
+
+
+class LedgerSchemaError(LedgerError):
+    """The database's schema is missing, newer or older than this package expects."""
+
+
+class LedgerUnavailable(LedgerError):
+    """The database could not be reached or the connection broke mid-transaction."""
+
+
+class LedgerCorrupt(LedgerError):
+    """Stored state failed validation (NaN curve, broken hash chain, ...)."""
+
+
+class ReservationStateError(LedgerError):
+    """A reservation was used in a state that does not allow it (e.g. commit after release)."""

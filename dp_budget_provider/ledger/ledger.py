@@ -1,0 +1,1204 @@
+"""The persistent privacy budget ledger.
+
+Every release is a two-phase spend: ``reserve`` (the prospective check, counting
+committed spend *and* every open reservation, made in the same transaction as the
+reservation under row locks taken in key order), then ``commit`` once the release
+happened, or ``release`` if the data was never touched. A refused release writes
+nothing. Commits are idempotent per attempt id. Reservations abandoned by dead
+workers stay counted until ``reap`` charges them; nothing is ever silently refunded.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from dp_budget_provider.accounting import (
+    DEFAULT_ORDERS,
+    Conversion,
+    EpsilonBound,
+    Mechanism,
+)
+from dp_budget_provider.accounting import validation as check
+from dp_budget_provider.accounting.conversion import check_conversion
+from dp_budget_provider.accounting.orders import validate_orders
+from dp_budget_provider.ledger import database, history
+from dp_budget_provider.ledger.errors import (
+    BudgetExhausted,
+    LedgerConfigMismatch,
+    LedgerCorrupt,
+    LedgerError,
+    ReservationStateError,
+)
+from dp_budget_provider.ledger.keys import LedgerKey
+from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy, lookup_order
+from dp_budget_provider.ledger.records import (
+    COMMITTED,
+    OPEN,
+    REAPED,
+    RELEASED,
+    AccountStatus,
+    Reservation,
+    SpendReceipt,
+    VerifyReport,
+)
+from dp_budget_provider.ledger.schema import (
+    Account,
+    ChainHead,
+    HistoryEntry,
+    LedgerConfig,
+    PolicyRow,
+    ReservationKey,
+)
+from dp_budget_provider.ledger.schema import Reservation as ReservationRow
+from dp_budget_provider.ledger.spend import Spend
+from dp_budget_provider.ledger.windows import WindowCalendar, is_closed
+
+_CHUNK = 1000
+_KEY_COLUMNS = (Account.tenant, Account.subject, Account.query_type, Account.window)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _stamp(moment: datetime) -> str:
+    """Fixed-width UTC timestamps: they sort as strings."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _default_actor() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _key_of(row: Any) -> LedgerKey:
+    return LedgerKey(row.tenant, row.subject, row.query_type, row.window)
+
+
+def _key_tuple(key: LedgerKey) -> tuple[str, str, str, str]:
+    return key.tenant, key.subject, key.query_type, key.window
+
+
+class _Locked:
+    """An account row held under lock for the rest of the transaction."""
+
+    __slots__ = ("id", "spend", "open_reservations", "releases")
+
+    def __init__(self, row: Any, size: int) -> None:
+        self.id: int = row.id
+        self.spend = Spend.from_columns(row.rho, row.residual, row.gaussian_mu2, size)
+        self.open_reservations: int = row.open_reservations
+        self.releases: int = row.releases
+
+
+class PrivacyBudgetLedger:
+    """Cumulative privacy spend per (tenant, subject, query_type, window), with caps.
+
+    ``url=None`` is a private in-memory SQLite ledger, ``sqlite:///path`` the embedded
+    file, ``postgresql+psycopg2://...`` production. A new database is created with
+    ``cap`` as its default policy and with the given delta, grid and conversion; an
+    existing one must be opened with the same (``cap`` may be omitted to take what is
+    stored), otherwise :class:`LedgerConfigMismatch`.
+    """
+
+    def __init__(
+        self,
+        cap: BudgetCap | None = None,
+        url: str | None = None,
+        orders: Sequence[float] | np.ndarray = DEFAULT_ORDERS,
+        conversion: Conversion = "improved",
+        *,
+        actor: str | None = None,
+    ) -> None:
+        if cap is not None and not isinstance(cap, BudgetCap):
+            raise ValueError(f"cap must be a BudgetCap, got {cap!r}")
+        self._orders = validate_orders(orders)
+        self._conversion: Conversion = check_conversion(conversion)
+        self.actor = actor or _default_actor()
+        self._engine = database.make_engine(url)
+        try:
+            with self._write() as connection:
+                if connection.dialect.name == "postgresql":
+                    connection.execute(text("SELECT pg_advisory_xact_lock(7263514)"))
+                if database.is_empty(connection):
+                    database.create_schema(connection)
+                database.check_schema(connection)
+                if database.is_initialised(connection):
+                    self._check_config(connection, cap)
+                else:
+                    self._initialise(connection, cap)
+            self._delta = self._stored_delta()
+        except BaseException:
+            self._engine.dispose()
+            raise
+
+    # ------------------------------------------------------------------ set-up
+
+    def _initialise(self, connection: Connection, cap: BudgetCap | None) -> None:
+        if cap is None:
+            raise LedgerConfigMismatch("a new ledger needs a BudgetCap for its default policy")
+        now = _stamp(_now())
+        connection.execute(
+            insert(LedgerConfig).values(
+                id=1,
+                delta=cap.delta,
+                orders=json.dumps(self._orders.tolist()),
+                conversion=self._conversion,
+                created_at=now,
+            )
+        )
+        connection.execute(insert(ChainHead).values(id=1, seq=0, hash=history.GENESIS))
+        history.append(
+            connection,
+            at=now,
+            action="create",
+            actor=self.actor,
+            payload={
+                "delta": cap.delta,
+                "orders": self._orders.tolist(),
+                "conversion": self._conversion,
+            },
+        )
+        self._write_policy(connection, Policy(cap.epsilon, cap.warn_fraction), now)
+
+    def _check_config(self, connection: Connection, cap: BudgetCap | None) -> None:
+        config = connection.execute(select(LedgerConfig).where(LedgerConfig.id == 1)).one()
+        stored_orders = json.loads(config.orders)
+        if stored_orders != self._orders.tolist():
+            raise LedgerConfigMismatch(
+                f"ledger was created with a grid of {len(stored_orders)} orders; opening it with "
+                f"a different grid of {self._orders.size} would mix incomparable curves"
+            )
+        if config.conversion != self._conversion:
+            raise LedgerConfigMismatch(
+                f"ledger was created with conversion {config.conversion!r}, "
+                f"not {self._conversion!r}"
+            )
+        if cap is None:
+            return
+        if cap.delta != config.delta:
+            raise LedgerConfigMismatch(
+                f"ledger delta is fixed at {config.delta!r}; refusing delta={cap.delta!r}"
+            )
+        default = self._policies(connection)[(ANY, ANY)]
+        if (cap.epsilon, cap.warn_fraction) != (default.cap_epsilon, default.warn_fraction):
+            raise LedgerConfigMismatch(
+                f"ledger default cap is eps={default.cap_epsilon} (warn at "
+                f"{default.warn_fraction}); refusing eps={cap.epsilon} (warn at "
+                f"{cap.warn_fraction}). Change caps with set_policy, which is audited"
+            )
+
+    def _stored_delta(self) -> float:
+        with self._read() as connection:
+            return connection.execute(
+                select(LedgerConfig.delta).where(LedgerConfig.id == 1)
+            ).scalar_one()
+
+    def _write(self) -> Any:
+        return database.transaction(self._engine, write=True)
+
+    def _read(self) -> Any:
+        return database.transaction(self._engine, write=False)
+
+    def close(self) -> None:
+        """Release the database connections."""
+        self._engine.dispose()
+
+    @property
+    def delta(self) -> float:
+        """The ledger's fixed delta."""
+        return self._delta
+
+    @property
+    def orders(self) -> np.ndarray:
+        """The ledger's fixed grid of Rényi orders."""
+        return self._orders
+
+    @property
+    def conversion(self) -> Conversion:
+        """The RDP to (eps, delta) conversion the ledger reports with."""
+        return self._conversion
+
+    @property
+    def url(self) -> str:
+        """The database URL without password."""
+        return database.safe_url(self._engine)
+
+    # ------------------------------------------------------------------ policies
+
+    def _policies(self, connection: Connection) -> dict[tuple[str, str], Policy]:
+        policies = {}
+        for row in connection.execute(select(PolicyRow)):
+            policies[(row.tenant, row.query_type)] = Policy(
+                cap_epsilon=row.cap_epsilon,
+                warn_fraction=row.warn_fraction,
+                tenant=row.tenant,
+                query_type=row.query_type,
+                calendar=WindowCalendar(row.calendar, row.calendar_length_seconds),
+                min_window=timedelta(seconds=row.min_window_seconds),
+                compliance_clause=row.compliance_clause,
+            )
+        if (ANY, ANY) not in policies:
+            raise LedgerCorrupt("the ledger has no default policy")
+        return policies
+
+    @staticmethod
+    def _policy_for(policies: Mapping[tuple[str, str], Policy], key: LedgerKey) -> Policy:
+        for scope in lookup_order(key.tenant, key.query_type):
+            if scope in policies:
+                return policies[scope]
+        raise LedgerCorrupt("the ledger has no default policy")
+
+    def _write_policy(self, connection: Connection, policy: Policy, now: str) -> None:
+        values = {
+            "cap_epsilon": policy.cap_epsilon,
+            "warn_fraction": policy.warn_fraction,
+            "calendar": policy.calendar.kind,
+            "calendar_length_seconds": policy.calendar.length_seconds,
+            "min_window_seconds": int(policy.min_window.total_seconds()),
+            "compliance_clause": policy.compliance_clause,
+            "updated_at": now,
+        }
+        updated = connection.execute(
+            update(PolicyRow)
+            .where(PolicyRow.tenant == policy.tenant, PolicyRow.query_type == policy.query_type)
+            .values(**values)
+        )
+        if updated.rowcount == 0:
+            connection.execute(
+                insert(PolicyRow).values(
+                    tenant=policy.tenant, query_type=policy.query_type, **values
+                )
+            )
+        history.append(
+            connection,
+            at=now,
+            action="policy",
+            actor=self.actor,
+            payload={
+                "tenant": policy.tenant,
+                "query_type": policy.query_type,
+                "calendar": policy.calendar.to_spec(),
+                **{k: v for k, v in values.items() if k not in ("updated_at", "calendar")},
+            },
+        )
+
+    def set_policy(self, policy: Policy) -> None:
+        """Create or replace the policy of ``policy.scope`` (an audited history entry)."""
+        if not isinstance(policy, Policy):
+            raise ValueError(f"policy must be a Policy, got {policy!r}")
+        with self._write() as connection:
+            self._write_policy(connection, policy, _stamp(_now()))
+
+    def policies(self) -> list[Policy]:
+        """Every stored policy, default first."""
+        with self._read() as connection:
+            stored = self._policies(connection)
+        return sorted(stored.values(), key=lambda p: (p.scope != (ANY, ANY), p.scope))
+
+    def policy_for(self, key: LedgerKey) -> Policy:
+        """The policy that applies to ``key``."""
+        with self._read() as connection:
+            return self._policy_for(self._policies(connection), key)
+
+    # ------------------------------------------------------------------ validation helpers
+
+    @staticmethod
+    def _keys(keys: LedgerKey | Iterable[LedgerKey]) -> list[LedgerKey]:
+        listed = [keys] if isinstance(keys, LedgerKey) else list(keys)
+        if not listed:
+            raise ValueError("a reservation needs at least one key")
+        for key in listed:
+            if not isinstance(key, LedgerKey):
+                raise ValueError(f"keys must be LedgerKey objects (see key_for), got {key!r}")
+        ordered = sorted(set(listed))
+        if len(ordered) != len(listed):
+            raise ValueError("the same key appears more than once in one release")
+        return ordered
+
+    @staticmethod
+    def _mechanism(mechanism: Mechanism | Mapping[str, Any]) -> Mechanism:
+        if isinstance(mechanism, Mechanism):
+            return mechanism
+        return Mechanism.from_spec(mechanism)
+
+    # ------------------------------------------------------------------ locking
+
+    def _upsert_locked(
+        self, connection: Connection, keys: Sequence[LedgerKey], add_open: int, now: str
+    ) -> dict[LedgerKey, _Locked]:
+        """Create missing accounts and lock all of them in key order, bumping open_reservations."""
+        dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+        statement = dialect.insert(Account)
+        statement = statement.on_conflict_do_update(
+            index_elements=[c.name for c in _KEY_COLUMNS],
+            set_={
+                "open_reservations": Account.open_reservations + add_open,
+                "updated_at": statement.excluded.updated_at,
+            },
+        ).returning(
+            Account.id,
+            *_KEY_COLUMNS,
+            Account.rho,
+            Account.residual,
+            Account.gaussian_mu2,
+            Account.open_reservations,
+            Account.releases,
+            sort_by_parameter_order=True,
+        )
+        locked: dict[LedgerKey, _Locked] = {}
+        size = self._orders.size
+        for chunk in _chunks(keys):
+            rows = [
+                {
+                    **key.as_dict(),
+                    "rho": 0.0,
+                    "residual": None,
+                    "gaussian_mu2": 0.0,
+                    "releases": 0,
+                    "open_reservations": add_open,
+                    "updated_at": now,
+                }
+                for key in chunk
+            ]
+            for row in connection.execute(statement, rows):
+                locked[_key_of(row)] = _Locked(row, size)
+        return locked
+
+    def _lock_existing(
+        self, connection: Connection, keys: Sequence[LedgerKey]
+    ) -> dict[LedgerKey, _Locked]:
+        """Lock the existing accounts among ``keys`` in key order (absent keys are skipped)."""
+        locked: dict[LedgerKey, _Locked] = {}
+        size = self._orders.size
+        for chunk in _chunks(keys):
+            rows = connection.execute(
+                select(Account)
+                .where(tuple_(*_KEY_COLUMNS).in_([_key_tuple(k) for k in chunk]))
+                .order_by(*_KEY_COLUMNS)
+                .with_for_update()
+            )
+            for row in rows:
+                locked[_key_of(row)] = _Locked(row, size)
+        return locked
+
+    def _open_costs(
+        self, connection: Connection, keys: Sequence[LedgerKey], exclude: str | None = None
+    ) -> dict[LedgerKey, Spend]:
+        """Summed cost of the open reservations on each of ``keys`` (except ``exclude``)."""
+        pending: dict[LedgerKey, Spend] = defaultdict(Spend)
+        size = self._orders.size
+        key_columns = (
+            ReservationKey.tenant,
+            ReservationKey.subject,
+            ReservationKey.query_type,
+            ReservationKey.window,
+        )
+        for chunk in _chunks(keys):
+            query = (
+                select(
+                    *key_columns,
+                    ReservationRow.id,
+                    ReservationRow.cost_rho,
+                    ReservationRow.cost_residual,
+                    ReservationRow.cost_gaussian_mu2,
+                )
+                .join(ReservationRow, ReservationRow.id == ReservationKey.reservation_id)
+                .where(ReservationRow.state == OPEN)
+                .where(tuple_(*key_columns).in_([_key_tuple(k) for k in chunk]))
+            )
+            if exclude is not None:
+                query = query.where(ReservationRow.id != exclude)
+            for row in connection.execute(query):
+                cost = Spend.from_columns(
+                    row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, size
+                )
+                key = _key_of(row)
+                pending[key] = pending[key].plus(cost)
+        return pending
+
+    # ------------------------------------------------------------------ epsilon
+
+    def _bounds(self, spends: Sequence[Spend]) -> list[EpsilonBound]:
+        """Epsilon of many spends, converting each distinct spend once."""
+        cache: dict[tuple[Any, ...], EpsilonBound] = {}
+        bounds = []
+        for spend in spends:
+            signature = (
+                spend.rho,
+                None if spend.residual is None else spend.residual.tobytes(),
+                spend.gaussian_mu2,
+            )
+            if signature not in cache:
+                cache[signature] = spend.epsilon(self._orders, self._delta, self._conversion)
+            bounds.append(cache[signature])
+        return bounds
+
+    @staticmethod
+    def _receipt(key: LedgerKey, bound: EpsilonBound, policy: Policy) -> SpendReceipt:
+        return SpendReceipt(
+            key=key,
+            epsilon=bound.epsilon,
+            remaining=max(0.0, policy.cap_epsilon - bound.epsilon),
+            fraction=bound.epsilon / policy.cap_epsilon,
+            warned=policy.warns_at(bound.epsilon),
+            cap_epsilon=policy.cap_epsilon,
+            method=bound.method,
+        )
+
+    # ------------------------------------------------------------------ two-phase spend
+
+    def reserve(
+        self,
+        keys: LedgerKey | Iterable[LedgerKey],
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int = 1,
+        attempt: str | None = None,
+    ) -> Reservation:
+        """Check and hold the cost of a release on every key, all or nothing.
+
+        Raises :class:`BudgetExhausted` (writing nothing) when any key would pass its
+        cap counting its committed spend and all open reservations. ``attempt`` names
+        the task attempt (idempotency); reserving again with the same attempt returns
+        the existing reservation.
+        """
+        ordered = self._keys(keys)
+        mechanism = self._mechanism(mechanism)
+        count = check.positive_int("count", count)
+        attempt_id = self._attempt(attempt)
+        cost = Spend.of_release(mechanism, count, self._orders)
+        with self._write() as connection:
+            existing = self._reservation_by_attempt(connection, attempt_id)
+            if existing is not None:
+                return self._same_reservation(existing, ordered, mechanism, count)
+            reservation, _ = self._reserve(connection, ordered, mechanism, count, attempt_id, cost)
+            return reservation
+
+    @staticmethod
+    def _attempt(attempt: str | None) -> str:
+        if attempt is None:
+            return f"anonymous:{uuid.uuid4()}"
+        if not isinstance(attempt, str) or not attempt.strip() or len(attempt) > 1024:
+            raise ValueError(
+                f"attempt must be a non-empty string of <= 1024 chars, got {attempt!r}"
+            )
+        return attempt
+
+    def _reserve(
+        self,
+        connection: Connection,
+        keys: list[LedgerKey],
+        mechanism: Mechanism,
+        count: int,
+        attempt_id: str,
+        cost: Spend,
+    ) -> tuple[Reservation, dict[LedgerKey, _Locked]]:
+        now = _stamp(_now())
+        locked = self._upsert_locked(connection, keys, 1, now)
+        busy = [key for key in keys if locked[key].open_reservations > 1]
+        pending = self._open_costs(connection, busy) if busy else {}
+        policies = self._policies(connection)
+        prospective = [
+            locked[key].spend.plus(pending[key]).plus(cost)
+            if key in pending
+            else locked[key].spend.plus(cost)
+            for key in keys
+        ]
+        bounds = self._bounds(prospective)
+        worst = 0.0
+        for key, bound in zip(keys, bounds, strict=True):
+            cap = self._policy_for(policies, key).cap_epsilon
+            if bound.epsilon > cap:
+                raise BudgetExhausted(key, bound.epsilon, cap)
+            worst = max(worst, bound.epsilon)
+        reservation_id = str(uuid.uuid4())
+        digest = history.keys_digest(keys)
+        connection.execute(
+            insert(ReservationRow).values(
+                id=reservation_id,
+                attempt_id=attempt_id,
+                state=OPEN,
+                mechanism=history.canonical_json(mechanism.to_spec()),
+                count=count,
+                cost_rho=cost.rho,
+                cost_residual=cost.residual_json(),
+                cost_gaussian_mu2=cost.gaussian_mu2,
+                key_count=len(keys),
+                keys_digest=digest,
+                prospective_epsilon=worst,
+                actor=self.actor,
+                created_at=now,
+            )
+        )
+        for offset, chunk in enumerate(_chunks(keys)):
+            connection.execute(
+                insert(ReservationKey),
+                [
+                    {
+                        "reservation_id": reservation_id,
+                        "position": offset * _CHUNK + i,
+                        **k.as_dict(),
+                    }
+                    for i, k in enumerate(chunk)
+                ],
+            )
+        history.append(
+            connection,
+            at=now,
+            action="reserve",
+            actor=self.actor,
+            reservation_id=reservation_id,
+            key=keys[0] if len(keys) == 1 else None,
+            payload={
+                "attempt_id": attempt_id,
+                "mechanism": mechanism.to_spec(),
+                "count": count,
+                "cost": cost.as_payload(),
+                "key_count": len(keys),
+                "keys_digest": digest,
+                "prospective_epsilon": worst,
+            },
+        )
+        reservation = Reservation(
+            id=reservation_id,
+            attempt_id=attempt_id,
+            keys=tuple(keys),
+            mechanism=mechanism,
+            count=count,
+            state=OPEN,
+            prospective_epsilon=worst,
+            created_at=now,
+        )
+        return reservation, locked
+
+    def _reservation_by_attempt(self, connection: Connection, attempt_id: str) -> Any:
+        return connection.execute(
+            select(ReservationRow).where(ReservationRow.attempt_id == attempt_id)
+        ).one_or_none()
+
+    def _same_reservation(
+        self, row: Any, keys: list[LedgerKey], mechanism: Mechanism, count: int
+    ) -> Reservation:
+        if (
+            row.keys_digest != history.keys_digest(keys)
+            or row.mechanism != history.canonical_json(mechanism.to_spec())
+            or row.count != count
+        ):
+            raise ReservationStateError(
+                f"attempt {row.attempt_id!r} already reserved a different release"
+            )
+        return self._reservation_from_row(row, tuple(keys))
+
+    def _reservation_from_row(self, row: Any, keys: tuple[LedgerKey, ...]) -> Reservation:
+        return Reservation(
+            id=row.id,
+            attempt_id=row.attempt_id,
+            keys=keys,
+            mechanism=Mechanism.from_spec(json.loads(row.mechanism)),
+            count=row.count,
+            state=row.state,
+            prospective_epsilon=row.prospective_epsilon,
+            created_at=row.created_at,
+        )
+
+    def _reservation_keys(self, connection: Connection, reservation_id: str) -> list[LedgerKey]:
+        rows = connection.execute(
+            select(ReservationKey)
+            .where(ReservationKey.reservation_id == reservation_id)
+            .order_by(ReservationKey.position)
+        )
+        return [_key_of(row) for row in rows]
+
+    def _charge(
+        self,
+        connection: Connection,
+        row: Any,
+        keys: list[LedgerKey],
+        *,
+        state: str,
+        action: str,
+        extra: dict[str, Any] | None = None,
+    ) -> list[SpendReceipt]:
+        """Turn an open reservation into committed spend on each of its keys."""
+        now = _stamp(_now())
+        size = self._orders.size
+        cost = Spend.from_columns(row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, size)
+        locked = self._lock_existing(connection, keys)
+        missing = [key for key in keys if key not in locked]
+        if missing:
+            raise LedgerCorrupt(f"reservation {row.id} holds {missing[0]}, whose account is gone")
+        after = self._add_spend(
+            connection, keys, locked, cost, row.count, now, closes_reservation=True
+        )
+        connection.execute(
+            update(ReservationRow)
+            .where(ReservationRow.id == row.id)
+            .values(state=state, resolved_at=now)
+        )
+        history.append(
+            connection,
+            at=now,
+            action=action,
+            actor=self.actor,
+            reservation_id=row.id,
+            key=keys[0] if len(keys) == 1 else None,
+            payload={
+                "attempt_id": row.attempt_id,
+                "cost": cost.as_payload(),
+                "count": row.count,
+                "key_count": len(keys),
+                "keys_digest": row.keys_digest,
+                **(extra or {}),
+            },
+        )
+        policies = self._policies(connection)
+        return [
+            self._receipt(key, bound, self._policy_for(policies, key))
+            for key, bound in zip(keys, self._bounds(after), strict=True)
+        ]
+
+    def _add_spend(
+        self,
+        connection: Connection,
+        keys: list[LedgerKey],
+        locked: Mapping[LedgerKey, _Locked],
+        cost: Spend,
+        count: int,
+        now: str,
+        *,
+        closes_reservation: bool,
+    ) -> list[Spend]:
+        """Add ``cost`` to every locked account; returns the new spends in key order."""
+        after = [locked[key].spend.plus(cost) for key in keys]
+        close = 1 if closes_reservation else 0
+        if cost.residual is None:
+            mu2 = None if cost.gaussian_mu2 is None else Account.gaussian_mu2 + cost.gaussian_mu2
+            ids = [locked[key].id for key in keys]
+            for chunk in _chunks(ids):
+                connection.execute(
+                    update(Account)
+                    .where(Account.id.in_(chunk))
+                    .values(
+                        rho=Account.rho + cost.rho,
+                        gaussian_mu2=mu2,
+                        releases=Account.releases + count,
+                        open_reservations=Account.open_reservations - close,
+                        updated_at=now,
+                    )
+                    .execution_options(synchronize_session=False)
+                )
+        else:
+            for key, spend in zip(keys, after, strict=True):
+                connection.execute(
+                    update(Account)
+                    .where(Account.id == locked[key].id)
+                    .values(
+                        rho=spend.rho,
+                        residual=spend.residual_json(),
+                        gaussian_mu2=spend.gaussian_mu2,
+                        releases=Account.releases + count,
+                        open_reservations=Account.open_reservations - close,
+                        updated_at=now,
+                    )
+                )
+        return after
+
+    def _open_row(self, connection: Connection, reservation: Reservation | str) -> Any:
+        reservation_id = reservation.id if isinstance(reservation, Reservation) else reservation
+        row = connection.execute(
+            select(ReservationRow).where(ReservationRow.id == reservation_id).with_for_update()
+        ).one_or_none()
+        if row is None:
+            raise ReservationStateError(f"no reservation {reservation_id!r} in this ledger")
+        return row
+
+    def commit(self, reservation: Reservation | str) -> list[SpendReceipt]:
+        """Charge a reservation (the release happened); a second commit charges nothing."""
+        with self._write() as connection:
+            row = self._open_row(connection, reservation)
+            keys = self._reservation_keys(connection, row.id)
+            if row.state in (COMMITTED, REAPED):
+                return self._receipts(connection, keys)
+            if row.state != OPEN:
+                raise ReservationStateError(
+                    f"reservation {row.id} was {row.state}; it cannot be committed"
+                )
+            return self._charge(connection, row, keys, state=COMMITTED, action="commit")
+
+    def release(self, reservation: Reservation | str, reason: str = "") -> None:
+        """Drop a reservation whose release never touched the data (nothing is charged)."""
+        with self._write() as connection:
+            row = self._open_row(connection, reservation)
+            if row.state == RELEASED:
+                return
+            if row.state != OPEN:
+                raise ReservationStateError(
+                    f"reservation {row.id} was {row.state}; it cannot be released"
+                )
+            keys = self._reservation_keys(connection, row.id)
+            locked = self._lock_existing(connection, keys)
+            now = _stamp(_now())
+            for chunk in _chunks([locked[key].id for key in keys]):
+                connection.execute(
+                    update(Account)
+                    .where(Account.id.in_(chunk))
+                    .values(open_reservations=Account.open_reservations - 1, updated_at=now)
+                )
+            connection.execute(
+                update(ReservationRow)
+                .where(ReservationRow.id == row.id)
+                .values(state=RELEASED, resolved_at=now)
+            )
+            history.append(
+                connection,
+                at=now,
+                action="release",
+                actor=self.actor,
+                reservation_id=row.id,
+                key=keys[0] if len(keys) == 1 else None,
+                payload={"attempt_id": row.attempt_id, "reason": reason},
+            )
+
+    def reap(self, older_than: timedelta, now: datetime | None = None) -> list[str]:
+        """Charge every reservation open for longer than ``older_than`` (dead workers).
+
+        Such a reservation may have touched the data, so it is charged, never
+        refunded; the history records why. Returns the reaped reservation ids.
+        """
+        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+            raise ValueError(f"older_than must be a non-negative timedelta, got {older_than!r}")
+        cutoff = _stamp((now or _now()) - older_than)
+        with self._read() as connection:
+            stale = list(
+                connection.execute(
+                    select(ReservationRow.id)
+                    .where(ReservationRow.state == OPEN, ReservationRow.created_at <= cutoff)
+                    .order_by(ReservationRow.created_at)
+                )
+            )
+        reaped = []
+        for reservation_id in stale:
+            with self._write() as connection:
+                row = self._open_row(connection, reservation_id)
+                if row.state != OPEN:
+                    continue
+                keys = self._reservation_keys(connection, row.id)
+                self._charge(
+                    connection,
+                    row,
+                    keys,
+                    state=REAPED,
+                    action="reap",
+                    extra={"reason": f"open since {row.created_at}, older than {older_than}"},
+                )
+                reaped.append(row.id)
+        return reaped
+
+    # ------------------------------------------------------------------ one-step spend
+
+    def spend(
+        self,
+        key: LedgerKey,
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int = 1,
+        attempt: str | None = None,
+    ) -> SpendReceipt:
+        """Reserve and commit one release on one key in a single transaction."""
+        keys = self._keys(key)
+        if len(keys) != 1:
+            raise ValueError("spend takes one key; use reserve/commit for many")
+        mechanism = self._mechanism(mechanism)
+        count = check.positive_int("count", count)
+        attempt_id = self._attempt(attempt)
+        cost = Spend.of_release(mechanism, count, self._orders)
+        with self._write() as connection:
+            existing = self._reservation_by_attempt(connection, attempt_id)
+            if existing is not None:
+                self._same_reservation(existing, keys, mechanism, count)
+                return self._receipts(connection, keys)[0]
+            reservation, _ = self._reserve(connection, keys, mechanism, count, attempt_id, cost)
+            row = self._open_row(connection, reservation)
+            return self._charge(connection, row, keys, state=COMMITTED, action="commit")[0]
+
+    def would_exceed(
+        self, key: LedgerKey, mechanism: Mechanism | Mapping[str, Any], count: int = 1
+    ) -> bool:
+        """True if this release would pass the key's cap now (counting open reservations)."""
+        return self.prospective_epsilon(key, mechanism, count) > self.policy_for(key).cap_epsilon
+
+    def prospective_epsilon(
+        self, key: LedgerKey, mechanism: Mechanism | Mapping[str, Any], count: int = 1
+    ) -> float:
+        """The eps ``key`` would reach with this release on top of committed and reserved spend."""
+        keys = self._keys(key)
+        cost = Spend.of_release(
+            self._mechanism(mechanism), check.positive_int("count", count), self._orders
+        )
+        with self._read() as connection:
+            state = self._spends(connection, keys)[keys[0]]
+            pending = self._open_costs(connection, keys).get(keys[0], Spend())
+        return self._bounds([state.plus(pending).plus(cost)])[0].epsilon
+
+    # ------------------------------------------------------------------ reading
+
+    def _spends(self, connection: Connection, keys: Sequence[LedgerKey]) -> dict[LedgerKey, Spend]:
+        found: dict[LedgerKey, Spend] = defaultdict(Spend)
+        size = self._orders.size
+        for chunk in _chunks(keys):
+            rows = connection.execute(
+                select(Account).where(tuple_(*_KEY_COLUMNS).in_([_key_tuple(k) for k in chunk]))
+            )
+            for row in rows:
+                found[_key_of(row)] = Spend.from_columns(
+                    row.rho, row.residual, row.gaussian_mu2, size
+                )
+        return found
+
+    def _receipts(self, connection: Connection, keys: list[LedgerKey]) -> list[SpendReceipt]:
+        spends = self._spends(connection, keys)
+        policies = self._policies(connection)
+        bounds = self._bounds([spends[key] for key in keys])
+        return [
+            self._receipt(key, bound, self._policy_for(policies, key))
+            for key, bound in zip(keys, bounds, strict=True)
+        ]
+
+    def epsilon_of(self, key: LedgerKey) -> float:
+        """Committed cumulative eps of ``key`` at the ledger's delta (0 if untouched)."""
+        return self.receipt(key).epsilon
+
+    def remaining(self, key: LedgerKey) -> float:
+        """Headroom before the cap, never negative."""
+        return self.receipt(key).remaining
+
+    def receipt(self, key: LedgerKey) -> SpendReceipt:
+        """The committed state of ``key`` as a receipt."""
+        keys = self._keys(key)
+        with self._read() as connection:
+            return self._receipts(connection, keys)[0]
+
+    def accounts(
+        self,
+        *,
+        window: str | None = None,
+        tenant: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[AccountStatus]:
+        """Live accounts in key order, optionally filtered, with their status."""
+        query = select(Account).order_by(*_KEY_COLUMNS).offset(offset)
+        if window is not None:
+            query = query.where(Account.window == window)
+        if tenant is not None:
+            query = query.where(Account.tenant == tenant)
+        if limit is not None:
+            query = query.limit(limit)
+        size = self._orders.size
+        with self._read() as connection:
+            rows = list(connection.execute(query))
+            policies = self._policies(connection)
+        spends = [Spend.from_columns(r.rho, r.residual, r.gaussian_mu2, size) for r in rows]
+        statuses = []
+        for row, bound in zip(rows, self._bounds(spends), strict=True):
+            key = _key_of(row)
+            policy = self._policy_for(policies, key)
+            statuses.append(
+                AccountStatus(
+                    key=key,
+                    epsilon=bound.epsilon,
+                    cap_epsilon=policy.cap_epsilon,
+                    remaining=max(0.0, policy.cap_epsilon - bound.epsilon),
+                    fraction=bound.epsilon / policy.cap_epsilon,
+                    warned=policy.warns_at(bound.epsilon),
+                    exhausted=bound.epsilon >= policy.cap_epsilon,
+                    open_reservations=row.open_reservations,
+                    releases=row.releases,
+                    method=bound.method,
+                    updated_at=row.updated_at,
+                )
+            )
+        return statuses
+
+    def history(
+        self, key: LedgerKey | None = None, *, after_seq: int = 0, limit: int | None = None
+    ) -> list[dict[str, Any]]:
+        """History entries in order (all, or those concerning ``key``), as plain dicts."""
+        query = select(HistoryEntry).where(HistoryEntry.seq > after_seq).order_by(HistoryEntry.seq)
+        if key is not None:
+            touching = select(ReservationKey.reservation_id).where(
+                ReservationKey.tenant == key.tenant,
+                ReservationKey.subject == key.subject,
+                ReservationKey.query_type == key.query_type,
+                ReservationKey.window == key.window,
+            )
+            query = query.where(
+                or_(
+                    and_(
+                        HistoryEntry.tenant == key.tenant,
+                        HistoryEntry.subject == key.subject,
+                        HistoryEntry.query_type == key.query_type,
+                        HistoryEntry.window == key.window,
+                    ),
+                    HistoryEntry.reservation_id.in_(touching),
+                )
+            )
+        if limit is not None:
+            query = query.limit(limit)
+        with self._read() as connection:
+            rows = list(connection.execute(query))
+        return [
+            {
+                "seq": row.seq,
+                "at": row.at,
+                "action": row.action,
+                "actor": row.actor,
+                "reservation_id": row.reservation_id,
+                "key": None if row.tenant is None else _key_of(row).as_dict(),
+                "payload": json.loads(row.payload),
+                "hash": row.hash,
+            }
+            for row in rows
+        ]
+
+    def open_reservations(self) -> list[Reservation]:
+        """Every reservation still open, oldest first."""
+        with self._read() as connection:
+            rows = list(
+                connection.execute(
+                    select(ReservationRow)
+                    .where(ReservationRow.state == OPEN)
+                    .order_by(ReservationRow.created_at)
+                )
+            )
+            return [
+                self._reservation_from_row(row, tuple(self._reservation_keys(connection, row.id)))
+                for row in rows
+            ]
+
+    # ------------------------------------------------------------------ windows and re-scoring
+
+    def reset(self, window: str, now: datetime | None = None) -> int:
+        """Drop the live accounts of a closed window; returns how many. History is kept.
+
+        Refuses a window that is still open under its calendar, or that is not a
+        calendar label at all (it can never be proven closed), or that still has open
+        reservations (reap them first).
+        """
+        if not isinstance(window, str):
+            raise ValueError(f"window must be a string, got {window!r}")
+        label = LedgerKey("x", "x", "x", window).window
+        moment = now or _now()
+        if not is_closed(label, moment):
+            raise LedgerError(
+                f"window {label!r} is open at {_stamp(moment)} or not a calendar window; "
+                "resetting it would refill a live budget"
+            )
+        with self._write() as connection:
+            rows = list(
+                connection.execute(
+                    select(Account.id, Account.open_reservations)
+                    .where(Account.window == label)
+                    .order_by(*_KEY_COLUMNS)
+                    .with_for_update()
+                )
+            )
+            busy = sum(1 for row in rows if row.open_reservations)
+            if busy:
+                raise LedgerError(
+                    f"window {label!r} has {busy} account(s) with open reservations; reap first"
+                )
+            connection.execute(delete(Account).where(Account.window == label))
+            history.append(
+                connection,
+                at=_stamp(_now()),
+                action="reset",
+                actor=self.actor,
+                payload={"window": label, "accounts": len(rows), "closed_at": _stamp(moment)},
+            )
+        return len(rows)
+
+    def reset_closed(self, now: datetime | None = None) -> dict[str, int]:
+        """Reset every window that is closed at ``now``; returns accounts dropped per window."""
+        moment = now or _now()
+        with self._read() as connection:
+            windows = list(connection.execute(select(Account.window).distinct()).scalars())
+        return {w: self.reset(w, moment) for w in sorted(windows) if is_closed(w, moment)}
+
+    def rescope(self, old: LedgerKey, new: LedgerKey, reason: str = "") -> SpendReceipt:
+        """Carry ``old``'s committed spend onto ``new`` (snapshot -> trajectory re-scoring).
+
+        The subject's cumulative spend is unchanged at the moment of re-classification;
+        only later releases cost more. Tenant and window must stay the same (moving spend
+        into another window would let a reset refund it).
+        """
+        if not isinstance(old, LedgerKey) or not isinstance(new, LedgerKey):
+            raise ValueError("rescope takes two LedgerKey objects")
+        if old == new:
+            raise ValueError("rescope needs two different keys")
+        if (old.tenant, old.window) != (new.tenant, new.window):
+            raise ValueError("rescope keeps tenant and window; only subject/query type may change")
+        now = _stamp(_now())
+        with self._write() as connection:
+            locked = self._upsert_locked(connection, sorted([old, new]), 0, now)
+            if locked[old].open_reservations:
+                raise LedgerError(f"{old} has open reservations; commit or reap them first")
+            carried = locked[old].spend
+            merged = locked[new].spend.plus(carried)
+            connection.execute(
+                update(Account)
+                .where(Account.id == locked[new].id)
+                .values(
+                    rho=merged.rho,
+                    residual=merged.residual_json(),
+                    gaussian_mu2=merged.gaussian_mu2,
+                    releases=Account.releases + locked[old].releases,
+                    updated_at=now,
+                )
+            )
+            connection.execute(delete(Account).where(Account.id == locked[old].id))
+            history.append(
+                connection,
+                at=now,
+                action="rescope",
+                actor=self.actor,
+                key=new,
+                payload={"from": old.as_dict(), "carried": carried.as_payload(), "reason": reason},
+            )
+            return self._receipts(connection, [new])[0]
+
+    def correct(
+        self,
+        key: LedgerKey,
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int = 1,
+        reason: str = "",
+    ) -> SpendReceipt:
+        """Charge a release the ledger missed, as a new audited entry (never an edit).
+
+        Corrections only add spend: an under-count is fixed by charging, and nothing
+        is ever refunded. The cap is not checked: the release already happened.
+        """
+        keys = self._keys(key)
+        mechanism = self._mechanism(mechanism)
+        count = check.positive_int("count", count)
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError("a correction needs a reason")
+        cost = Spend.of_release(mechanism, count, self._orders)
+        now = _stamp(_now())
+        with self._write() as connection:
+            locked = self._upsert_locked(connection, keys, 0, now)
+            self._add_spend(connection, keys, locked, cost, count, now, closes_reservation=False)
+            history.append(
+                connection,
+                at=now,
+                action="correction",
+                actor=self.actor,
+                key=keys[0],
+                payload={
+                    "mechanism": mechanism.to_spec(),
+                    "count": count,
+                    "cost": cost.as_payload(),
+                    "reason": reason,
+                },
+            )
+            return self._receipts(connection, keys)[0]
+
+    # ------------------------------------------------------------------ audit
+
+    def verify(self) -> VerifyReport:
+        """Check the hash chain, every reservation's key set, and replay history onto the accounts.
+
+        Detects edited, deleted, inserted or reordered history entries, a reservation
+        whose keys were changed, and account rows whose spend differs from what the
+        history says was charged.
+        """
+        problems: list[str] = []
+        size = self._orders.size
+        with self._read() as connection:
+            problems += [f"entry {p.seq}: {p.problem}" for p in history.chain_problems(connection)]
+            digests = dict(
+                connection.execute(select(ReservationRow.id, ReservationRow.keys_digest)).all()
+            )
+            keys_of: dict[str, list[LedgerKey]] = defaultdict(list)
+            for row in connection.execute(
+                select(ReservationKey).order_by(
+                    ReservationKey.reservation_id, ReservationKey.position
+                )
+            ):
+                keys_of[row.reservation_id].append(_key_of(row))
+            for reservation_id, digest in digests.items():
+                if history.keys_digest(keys_of[reservation_id]) != digest:
+                    problems.append(
+                        f"reservation {reservation_id}: key set does not match its digest"
+                    )
+            expected: dict[LedgerKey, Spend] = defaultdict(Spend)
+            open_count: dict[LedgerKey, int] = defaultdict(int)
+            for entry in connection.execute(select(HistoryEntry).order_by(HistoryEntry.seq)):
+                payload = json.loads(entry.payload)
+                keys = keys_of.get(entry.reservation_id or "", [])
+                if entry.action == "reserve":
+                    if payload.get("keys_digest") != digests.get(entry.reservation_id):
+                        problems.append(
+                            f"entry {entry.seq}: reservation digest differs from its entry"
+                        )
+                    for key in keys:
+                        open_count[key] += 1
+                        expected.setdefault(key, Spend())
+                elif entry.action in ("commit", "reap"):
+                    cost = Spend.from_payload(payload["cost"], size)
+                    for key in keys:
+                        expected[key] = expected[key].plus(cost)
+                        open_count[key] -= 1
+                elif entry.action == "release":
+                    for key in keys:
+                        open_count[key] -= 1
+                elif entry.action == "correction":
+                    key = _key_of(entry)
+                    expected[key] = expected[key].plus(Spend.from_payload(payload["cost"], size))
+                elif entry.action == "rescope":
+                    old = LedgerKey(**payload["from"])
+                    new = _key_of(entry)
+                    expected[new] = expected[new].plus(expected.pop(old, Spend()))
+                    open_count.pop(old, None)
+                elif entry.action == "reset":
+                    for key in [k for k in expected if k.window == payload["window"]]:
+                        del expected[key]
+                        open_count.pop(key, None)
+            accounts = {_key_of(row): row for row in connection.execute(select(Account))}
+        for key, row in accounts.items():
+            stored = Spend.from_columns(row.rho, row.residual, row.gaussian_mu2, size)
+            if key not in expected:
+                if stored.rho or stored.residual is not None:
+                    problems.append(f"account {key}: spend that no history entry charged")
+                continue
+            if not stored.close_to(expected[key]):
+                problems.append(f"account {key}: stored spend differs from the history's sum")
+            if row.open_reservations != open_count[key]:
+                problems.append(f"account {key}: open reservation count differs from the history")
+        for key, spend in expected.items():
+            if key not in accounts and (spend.rho or spend.residual is not None):
+                problems.append(f"account {key}: charged in the history but missing")
+        with self._read() as connection:
+            entries = connection.execute(
+                select(func.count()).select_from(HistoryEntry)
+            ).scalar_one()
+        return VerifyReport(entries=entries, accounts=len(accounts), problems=problems)

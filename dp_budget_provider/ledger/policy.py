@@ -1,0 +1,89 @@
+"""Budget policy: caps, warning thresholds, window calendars and where each comes from.
+
+A cap is not a taste decision; it descends from a compliance clause (e.g. GDPR Art. 25
+data minimisation expressed as a maximum cumulative eps per subject). So each policy
+row carries the clause it implements, and reports show it. delta is ledger-wide and
+fixed at creation: letting it vary per query is "delta shopping".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from dp_budget_provider.accounting import validation as check
+from dp_budget_provider.ledger.keys import canonical_part
+from dp_budget_provider.ledger.windows import WindowCalendar
+
+ANY = "*"
+DEFAULT_MIN_WINDOW = timedelta(days=1)
+
+
+@dataclass(frozen=True)
+class BudgetCap:
+    """The default cap of a ledger: cumulative eps per account at the fixed delta."""
+
+    epsilon: float
+    delta: float
+    warn_fraction: float = 0.8
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check.positive("epsilon", self.epsilon))
+        object.__setattr__(self, "delta", check.open_unit("delta", self.delta))
+        object.__setattr__(self, "warn_fraction", _warn_fraction(self.warn_fraction))
+
+
+def _warn_fraction(value: object) -> float:
+    fraction = check.positive("warn_fraction", value)
+    if fraction > 1.0:
+        raise ValueError(f"warn_fraction must be in (0, 1], got {value!r}")
+    return fraction
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The cap for one (tenant, query_type) pair; ``"*"`` matches any.
+
+    Lookup prefers an exact tenant and query type, then tenant only, then query type
+    only, then the default ``("*", "*")``.
+    """
+
+    cap_epsilon: float
+    warn_fraction: float = 0.8
+    tenant: str = ANY
+    query_type: str = ANY
+    calendar: WindowCalendar = field(default_factory=WindowCalendar)
+    min_window: timedelta = DEFAULT_MIN_WINDOW
+    compliance_clause: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cap_epsilon", check.positive("cap_epsilon", self.cap_epsilon))
+        object.__setattr__(self, "warn_fraction", _warn_fraction(self.warn_fraction))
+        object.__setattr__(self, "tenant", canonical_part("tenant", self.tenant))
+        object.__setattr__(self, "query_type", canonical_part("query_type", self.query_type))
+        if not isinstance(self.calendar, WindowCalendar):
+            raise ValueError(f"calendar must be a WindowCalendar, got {self.calendar!r}")
+        if not isinstance(self.min_window, timedelta) or self.min_window <= timedelta(0):
+            raise ValueError(f"min_window must be a positive timedelta, got {self.min_window!r}")
+        if self.calendar.shortest_window < self.min_window:
+            raise ValueError(
+                f"calendar windows of {self.calendar.shortest_window} are shorter than the "
+                f"minimum window {self.min_window}: resetting faster than the correlation "
+                "horizon lets cumulative leakage exceed the cap"
+            )
+        if not isinstance(self.compliance_clause, str):
+            raise ValueError("compliance_clause must be a string")
+
+    @property
+    def scope(self) -> tuple[str, str]:
+        """(tenant, query_type) this policy applies to."""
+        return self.tenant, self.query_type
+
+    def warns_at(self, epsilon: float) -> bool:
+        """True once ``epsilon`` reaches the warning fraction of the cap."""
+        return epsilon >= self.warn_fraction * self.cap_epsilon
+
+
+def lookup_order(tenant: str, query_type: str) -> list[tuple[str, str]]:
+    """Policy scopes to try for a key, most specific first."""
+    return [(tenant, query_type), (tenant, ANY), (ANY, query_type), (ANY, ANY)]

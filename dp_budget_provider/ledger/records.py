@@ -1,0 +1,72 @@
+"""What the ledger hands back: receipts, reservations, account status, verification reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dp_budget_provider.accounting import Mechanism
+from dp_budget_provider.ledger.keys import LedgerKey
+
+OPEN, COMMITTED, RELEASED, REAPED = "open", "committed", "released", "reaped"
+
+
+@dataclass(frozen=True)
+class SpendReceipt:
+    """One account after a debit: its cumulative eps, headroom and warning state."""
+
+    key: LedgerKey
+    epsilon: float
+    remaining: float
+    fraction: float
+    warned: bool
+    cap_epsilon: float
+    method: str
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A prospective spend holding budget on its keys until commit, release or reap.
+
+    ``prospective_epsilon`` is the largest eps any of its keys would reach (counting
+    every other open reservation) when it was made.
+    """
+
+    id: str
+    attempt_id: str
+    keys: tuple[LedgerKey, ...]
+    mechanism: Mechanism
+    count: int
+    state: str
+    prospective_epsilon: float
+    created_at: str
+
+
+@dataclass(frozen=True)
+class AccountStatus:
+    """An account as reports and the UI show it."""
+
+    key: LedgerKey
+    epsilon: float
+    cap_epsilon: float
+    remaining: float
+    fraction: float
+    warned: bool
+    exhausted: bool
+    open_reservations: int
+    releases: int
+    method: str
+    updated_at: str
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Outcome of :meth:`PrivacyBudgetLedger.verify`."""
+
+    entries: int
+    accounts: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when the chain, the reservation key sets and the account states all check out."""
+        return not self.problems

@@ -1,0 +1,151 @@
+"""The ledger's tables (SQLAlchemy 2 typed declarative models).
+
+Design notes:
+* An account's committed spend is ``rho`` (the zCDP-linear part of its RDP curve),
+  ``residual`` (the rest, JSON, NULL while zero) and ``gaussian_mu2`` (sum 1/z^2 while
+  every release was Gaussian, NULL after), exactly :class:`AccountantState`.
+* ``open_reservations`` counts the reservations in flight, so the prospective check only
+  looks up reservation costs for accounts that have any.
+* Reservations list their keys in ``dp_reservation_keys`` by value, not by account id:
+  accounts are dropped when their window is reset, the audit trail is not.
+* ``dp_history`` is append-only and hash-chained; ``dp_chain_head`` holds the last link
+  and is the row every writer locks last, so appends are serialised and gap-free.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+KEY_LENGTH = 256
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the ledger's own metadata (separate from Airflow's)."""
+
+
+class LedgerConfig(Base):
+    """The one row fixing delta, the order grid and the conversion for the ledger's life."""
+
+    __tablename__ = "dp_ledger_config"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    delta: Mapped[float] = mapped_column(Float(53))
+    orders: Mapped[str] = mapped_column(Text)
+    conversion: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[str] = mapped_column(String(40))
+
+
+class PolicyRow(Base):
+    """A cap for one (tenant, query_type) scope, '*' meaning any."""
+
+    __tablename__ = "dp_policies"
+    __table_args__ = (UniqueConstraint("tenant", "query_type", name="uq_dp_policies_scope"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    query_type: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    cap_epsilon: Mapped[float] = mapped_column(Float(53))
+    warn_fraction: Mapped[float] = mapped_column(Float(53))
+    calendar: Mapped[str] = mapped_column(String(16))
+    calendar_length_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    min_window_seconds: Mapped[int] = mapped_column(Integer)
+    compliance_clause: Mapped[str] = mapped_column(Text, default="")
+    updated_at: Mapped[str] = mapped_column(String(40))
+
+
+class Account(Base):
+    """Committed spend of one (tenant, subject, query_type, window)."""
+
+    __tablename__ = "dp_accounts"
+    __table_args__ = (
+        UniqueConstraint("tenant", "subject", "query_type", "window", name="uq_dp_accounts_key"),
+        Index("ix_dp_accounts_window", "window"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    subject: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    query_type: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    window: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    rho: Mapped[float] = mapped_column(Float(53), default=0.0)
+    residual: Mapped[str | None] = mapped_column(Text, nullable=True)
+    gaussian_mu2: Mapped[float | None] = mapped_column(Float(53), nullable=True)
+    releases: Mapped[int] = mapped_column(Integer, default=0)
+    open_reservations: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[str] = mapped_column(String(40))
+
+
+class Reservation(Base):
+    """A prospective spend: counted against its keys from reserve until commit/release/reap."""
+
+    __tablename__ = "dp_reservations"
+    __table_args__ = (Index("ix_dp_reservations_state", "state"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    attempt_id: Mapped[str] = mapped_column(String(1024), unique=True)
+    state: Mapped[str] = mapped_column(String(16))
+    mechanism: Mapped[str] = mapped_column(Text)
+    count: Mapped[int] = mapped_column(Integer)
+    cost_rho: Mapped[float] = mapped_column(Float(53))
+    cost_residual: Mapped[str | None] = mapped_column(Text, nullable=True)
+    cost_gaussian_mu2: Mapped[float | None] = mapped_column(Float(53), nullable=True)
+    key_count: Mapped[int] = mapped_column(Integer)
+    keys_digest: Mapped[str] = mapped_column(String(64))
+    prospective_epsilon: Mapped[float] = mapped_column(Float(53))
+    actor: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    created_at: Mapped[str] = mapped_column(String(40))
+    resolved_at: Mapped[str | None] = mapped_column(String(40), nullable=True)
+
+
+class ReservationKey(Base):
+    """One key of a reservation, by value (survives the account's reset)."""
+
+    __tablename__ = "dp_reservation_keys"
+    __table_args__ = (
+        Index("ix_dp_reservation_keys_key", "tenant", "subject", "query_type", "window"),
+    )
+
+    reservation_id: Mapped[str] = mapped_column(
+        String(36), ForeignKey("dp_reservations.id"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    subject: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    query_type: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    window: Mapped[str] = mapped_column(String(KEY_LENGTH))
+
+
+class HistoryEntry(Base):
+    """One append-only audit entry; ``hash`` = sha256(prev_hash + canonical JSON of the entry).
+
+    The key columns are set when the entry concerns exactly one account (the common
+    case), so an account's history is an index lookup; multi-key entries are found
+    through their reservation's keys.
+    """
+
+    __tablename__ = "dp_history"
+    __table_args__ = (Index("ix_dp_history_key", "tenant", "subject", "query_type", "window"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    at: Mapped[str] = mapped_column(String(40))
+    action: Mapped[str] = mapped_column(String(16))
+    actor: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    reservation_id: Mapped[str | None] = mapped_column(String(36), nullable=True, index=True)
+    tenant: Mapped[str | None] = mapped_column(String(KEY_LENGTH), nullable=True)
+    subject: Mapped[str | None] = mapped_column(String(KEY_LENGTH), nullable=True)
+    query_type: Mapped[str | None] = mapped_column(String(KEY_LENGTH), nullable=True)
+    window: Mapped[str | None] = mapped_column(String(KEY_LENGTH), nullable=True)
+    payload: Mapped[str] = mapped_column(Text)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64))
+
+
+class ChainHead(Base):
+    """The last history link; locked last by every writer so the chain has no forks or gaps."""
+
+    __tablename__ = "dp_chain_head"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    hash: Mapped[str] = mapped_column(String(64))

@@ -1,0 +1,115 @@
+"""Budget windows: which epoch a moment belongs to, and when an epoch is closed.
+
+A window label describes its own bounds ("2026-w28", "2026-07", "2026-07-14",
+"2026-07-14t00:00:00z+259200s"), so the ledger can prove a window is closed before
+it drops its accounts, whatever policy produced the label. A label that is not a
+calendar label can never be proven closed, so it is never reset.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Literal
+
+CalendarKind = Literal["iso_week", "month", "day", "fixed"]
+CALENDAR_KINDS: tuple[CalendarKind, ...] = ("iso_week", "month", "day", "fixed")
+UTC = timezone.utc
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+_ISO_WEEK = re.compile(r"^(\d{4})-w(\d{2})$")
+_MONTH = re.compile(r"^(\d{4})-(\d{2})$")
+_DAY = re.compile(r"^(\d{4})-(\d{2})-(\d{2})$")
+_FIXED = re.compile(r"^(\d{4})-(\d{2})-(\d{2})t(\d{2}):(\d{2}):(\d{2})z\+(\d+)s$")
+
+
+def _utc(moment: datetime) -> datetime:
+    if not isinstance(moment, datetime) or moment.tzinfo is None:
+        raise ValueError(f"moment must be a timezone-aware datetime, got {moment!r}")
+    return moment.astimezone(UTC)
+
+
+def _month_start(year: int, month: int) -> datetime:
+    return datetime(year, month, 1, tzinfo=UTC)
+
+
+def _next_month(start: datetime) -> datetime:
+    return _month_start(start.year + start.month // 12, start.month % 12 + 1)
+
+
+@dataclass(frozen=True)
+class WindowCalendar:
+    """How time is cut into budget windows: ISO weeks, calendar months, days, or fixed lengths."""
+
+    kind: CalendarKind = "iso_week"
+    length_seconds: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in CALENDAR_KINDS:
+            raise ValueError(f"calendar kind must be one of {CALENDAR_KINDS}, got {self.kind!r}")
+        if self.kind == "fixed":
+            length = self.length_seconds
+            if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
+                raise ValueError(f"a fixed calendar needs length_seconds > 0, got {length!r}")
+        elif self.length_seconds is not None:
+            raise ValueError(f"length_seconds is only for fixed calendars, not {self.kind!r}")
+
+    @property
+    def shortest_window(self) -> timedelta:
+        """The shortest window this calendar produces (for the minimum-length policy)."""
+        if self.kind == "fixed":
+            return timedelta(seconds=self.length_seconds or 0)
+        return {"iso_week": timedelta(days=7), "month": timedelta(days=28)}.get(
+            self.kind, timedelta(days=1)
+        )
+
+    def window_of(self, moment: datetime) -> str:
+        """The label of the window containing ``moment``."""
+        moment = _utc(moment)
+        if self.kind == "iso_week":
+            year, week, _ = moment.isocalendar()
+            return f"{year:04d}-w{week:02d}"
+        if self.kind == "month":
+            return f"{moment.year:04d}-{moment.month:02d}"
+        if self.kind == "day":
+            return f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d}"
+        length = self.length_seconds or 0
+        index = int((moment - _EPOCH).total_seconds()) // length
+        start = _EPOCH + timedelta(seconds=index * length)
+        return f"{start:%Y-%m-%d}t{start:%H:%M:%S}z+{length}s"
+
+    def next_window_start(self, moment: datetime) -> datetime:
+        """When the window after the one containing ``moment`` opens."""
+        return window_bounds(self.window_of(moment))[1]
+
+    def to_spec(self) -> dict[str, object]:
+        """JSON form stored with the policy."""
+        return {"kind": self.kind, "length_seconds": self.length_seconds}
+
+
+def window_bounds(label: str) -> tuple[datetime, datetime]:
+    """[start, end) of a calendar window label; ValueError for labels that are not calendar ones."""
+    if match := _ISO_WEEK.match(label):
+        start = datetime.fromisocalendar(int(match[1]), int(match[2]), 1).replace(tzinfo=UTC)
+        return start, start + timedelta(days=7)
+    if match := _MONTH.match(label):
+        start = _month_start(int(match[1]), int(match[2]))
+        return start, _next_month(start)
+    if match := _DAY.match(label):
+        start = datetime(int(match[1]), int(match[2]), int(match[3]), tzinfo=UTC)
+        return start, start + timedelta(days=1)
+    if match := _FIXED.match(label):
+        year, month, day, hour, minute, second, length = (int(part) for part in match.groups())
+        start = datetime(year, month, day, hour, minute, second, tzinfo=UTC)
+        return start, start + timedelta(seconds=length)
+    raise ValueError(f"window {label!r} is not a calendar window label")
+
+
+def is_closed(label: str, now: datetime) -> bool:
+    """True only when ``label`` is a calendar window that ended at or before ``now``."""
+    try:
+        _, end = window_bounds(label)
+    except ValueError:
+        return False
+    return end <= _utc(now)

@@ -1,0 +1,62 @@
+"""Shared fixtures: real databases. PostgreSQL must be running; tests fail, not skip, without it."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg2
+import pytest
+
+PG_ADMIN_DSN = os.environ.get(
+    "DP_BUDGET_TEST_PG", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+)
+
+
+def _admin() -> psycopg2.extensions.connection:
+    try:
+        connection = psycopg2.connect(PG_ADMIN_DSN, connect_timeout=5)
+    except psycopg2.OperationalError as error:
+        pytest.fail(f"PostgreSQL is required for the tests and is not reachable: {error}")
+    connection.autocommit = True
+    return connection
+
+
+def _dsn_part(name: str) -> str:
+    parts = dict(item.split("=", 1) for item in PG_ADMIN_DSN.split())
+    return parts.get(name, "")
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    name = f"dpb_test_{uuid.uuid4().hex[:12]}"
+    admin = _admin()
+    with admin.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield (
+            f"postgresql+psycopg2://{_dsn_part('user')}@{_dsn_part('host')}:"
+            f"{_dsn_part('port')}/{name}"
+        )
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.close()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    """A fresh embedded (file) ledger database."""
+    return f"sqlite:///{tmp_path / 'ledger.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request) -> str:
+    """Each test using this runs once on SQLite (file) and once on PostgreSQL."""
+    return request.getfixturevalue(f"{request.param}_url")
