@@ -59,4 +59,5 @@ def sqlite_url(tmp_path) -> str:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def ledger_url(request) -> str:
     """Each test using this runs once on SQLite (file) and once on PostgreSQL."""
-    return request.getfixturevalue(f"{request.param}_url")
+    fixture = {"sqlite": "sqlite_url", "postgresql": "postgres_url"}[request.param]
+    return request.getfixturevalue(fixture)

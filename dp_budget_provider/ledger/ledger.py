@@ -793,7 +793,7 @@ class PrivacyBudgetLedger:
                     select(ReservationRow.id)
                     .where(ReservationRow.state == OPEN, ReservationRow.created_at <= cutoff)
                     .order_by(ReservationRow.created_at)
-                )
+                ).scalars()
             )
         reaped = []
         for reservation_id in stale:

@@ -1,0 +1,350 @@
+"""Ledger semantics on SQLite and PostgreSQL: two-phase spend, idempotency, policies, audit."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dp_budget_provider.accounting import (
+    GaussianMechanism,
+    LaplaceMechanism,
+    PoissonSubsampledGaussianMechanism,
+    PureDPMechanism,
+    RDPAccountant,
+    ZCDPMechanism,
+)
+from dp_budget_provider.ledger import (
+    BudgetCap,
+    BudgetExhausted,
+    LedgerConfigMismatch,
+    LedgerCorrupt,
+    LedgerError,
+    LedgerSchemaError,
+    Policy,
+    PrivacyBudgetLedger,
+    ReservationStateError,
+    WindowCalendar,
+    key_for,
+)
+
+UTC = timezone.utc
+DELTA = 1e-5
+KEY = key_for("alice", "heatmap", "2026-w28")
+
+
+@pytest.fixture
+def ledger(ledger_url):
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url)
+    yield ledger
+    ledger.close()
+
+
+def snapshot(ledger_url):
+    """Every table's rows, to prove that a refused or failed call wrote nothing."""
+    engine = sa.create_engine(ledger_url)
+    tables = [
+        "dp_accounts",
+        "dp_reservations",
+        "dp_reservation_keys",
+        "dp_history",
+        "dp_chain_head",
+    ]
+    with engine.connect() as connection:
+        state = {
+            t: sorted(map(tuple, connection.execute(sa.text(f"SELECT * FROM {t}")))) for t in tables
+        }
+    engine.dispose()
+    return state
+
+
+def execute(ledger_url, statement, **params):
+    engine = sa.create_engine(ledger_url)
+    with engine.begin() as connection:
+        connection.execute(sa.text(statement), params)
+    engine.dispose()
+
+
+# -------------------------------------------------------------- one accounting, one number
+
+MECHANISMS = [
+    GaussianMechanism(3.0),
+    LaplaceMechanism(0.2),
+    PureDPMechanism(0.1),
+    ZCDPMechanism(0.01),
+    PoissonSubsampledGaussianMechanism(1.1, 0.01),
+]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(MECHANISMS), st.integers(1, 5)), min_size=1, max_size=6))
+def test_ledger_reports_exactly_what_the_accountant_reports(releases):
+    ledger = PrivacyBudgetLedger(BudgetCap(1e6, DELTA))
+    reference = RDPAccountant()
+    for mechanism, count in releases:
+        ledger.spend(KEY, mechanism, count)
+        reference.compose(mechanism, count)
+    assert ledger.epsilon_of(KEY) == pytest.approx(reference.get_epsilon(DELTA)[0], rel=1e-12)
+    assert ledger.receipt(KEY).method == reference.epsilon_bound(DELTA).method
+    ledger.close()
+
+
+def test_gaussian_only_accounts_report_the_exact_gaussian_bound(ledger):
+    for _ in range(3):
+        ledger.spend(KEY, GaussianMechanism(4.0))
+    assert ledger.receipt(KEY).method == "analytic-gaussian"
+    ledger.spend(KEY, LaplaceMechanism(0.01))
+    assert ledger.receipt(KEY).method == "rdp-improved"
+
+
+# -------------------------------------------------------------- two-phase spend
+
+
+def test_reservations_count_in_the_prospective_check(ledger):
+    release = GaussianMechanism(1.8)  # eps 2.24 alone: two (3.32) do not fit under 3.0
+    first = ledger.reserve([KEY], release, attempt="a1")
+    assert first.prospective_epsilon == pytest.approx(
+        ledger.prospective_epsilon(key_for("x", "q", "w"), release)
+    )
+    assert ledger.epsilon_of(KEY) == 0.0  # not committed yet
+    assert ledger.would_exceed(KEY, release)
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve([KEY], release, attempt="a2")
+    ledger.release(first, reason="task skipped before touching data")
+    second = ledger.reserve([KEY], release, attempt="a3")
+    receipts = ledger.commit(second)
+    assert receipts[0].epsilon == pytest.approx(first.prospective_epsilon)
+    assert ledger.verify().ok
+
+
+def test_commit_is_idempotent_per_attempt(ledger):
+    reservation = ledger.reserve([KEY], GaussianMechanism(4.0), attempt="dag/task/run/-1/1")
+    once = ledger.commit(reservation)
+    twice = ledger.commit(reservation.id)
+    assert once == twice
+    assert (
+        ledger.reserve([KEY], GaussianMechanism(4.0), attempt="dag/task/run/-1/1").id
+        == reservation.id
+    )
+    assert len([e for e in ledger.history() if e["action"] == "commit"]) == 1
+    with pytest.raises(ReservationStateError, match="different release"):
+        ledger.reserve([KEY], GaussianMechanism(3.0), attempt="dag/task/run/-1/1")
+    with pytest.raises(ReservationStateError, match="cannot be released"):
+        ledger.release(reservation)
+
+
+def test_a_retry_is_a_new_attempt_and_is_charged_again(ledger):
+    for try_number in (1, 2, 3):
+        ledger.commit(
+            ledger.reserve([KEY], GaussianMechanism(8.0), attempt=f"d/t/r/-1/{try_number}")
+        )
+    reference = RDPAccountant()
+    reference.compose(GaussianMechanism(8.0), 3)
+    assert ledger.epsilon_of(KEY) == pytest.approx(reference.get_epsilon(DELTA)[0], rel=1e-12)
+
+
+def test_released_reservations_cannot_be_committed(ledger):
+    reservation = ledger.reserve([KEY], GaussianMechanism(4.0))
+    ledger.release(reservation)
+    ledger.release(reservation)  # releasing twice is harmless
+    with pytest.raises(ReservationStateError, match="cannot be committed"):
+        ledger.commit(reservation)
+    assert ledger.epsilon_of(KEY) == 0.0
+    with pytest.raises(ReservationStateError, match="no reservation"):
+        ledger.commit("00000000-0000-0000-0000-000000000000")
+
+
+def test_multi_key_reservation_is_all_or_nothing(ledger_url, ledger):
+    subjects = [key_for(f"subject-{i:03d}", "heatmap", "2026-w28") for i in range(120)]
+    heavy = subjects[77]
+    ledger.spend(heavy, GaussianMechanism(1.8))  # leaves too little for the next release
+    before = snapshot(ledger_url)
+    with pytest.raises(BudgetExhausted) as excinfo:
+        ledger.reserve(subjects, GaussianMechanism(2.0))
+    assert excinfo.value.key == heavy
+    assert snapshot(ledger_url) == before
+    others = [k for k in subjects if k != heavy]
+    receipts = ledger.commit(ledger.reserve(others, GaussianMechanism(2.0)))
+    assert len(receipts) == len(others)
+    assert {r.key for r in receipts} == set(others)
+    assert all(r.epsilon == receipts[0].epsilon for r in receipts)
+    assert ledger.epsilon_of(others[0]) == receipts[0].epsilon
+    assert ledger.verify().ok
+
+
+def test_reap_charges_abandoned_reservations_and_never_refunds(ledger):
+    reservation = ledger.reserve([KEY], GaussianMechanism(4.0))
+    assert ledger.reap(timedelta(hours=1)) == []  # too young
+    later = datetime.now(UTC) + timedelta(hours=2)
+    assert ledger.reap(timedelta(hours=1), now=later) == [reservation.id]
+    assert ledger.epsilon_of(KEY) == pytest.approx(reservation.prospective_epsilon)
+    entry = [e for e in ledger.history() if e["action"] == "reap"][0]
+    assert "older than" in entry["payload"]["reason"]
+    assert ledger.open_reservations() == []
+    assert ledger.commit(reservation)[0].epsilon == pytest.approx(reservation.prospective_epsilon)
+    assert ledger.verify().ok
+
+
+# -------------------------------------------------------------- configuration is fixed
+
+
+def test_reopening_with_another_delta_grid_conversion_or_cap_is_refused(ledger_url, ledger):
+    ledger.spend(KEY, GaussianMechanism(4.0))
+    with pytest.raises(LedgerConfigMismatch, match="delta"):
+        PrivacyBudgetLedger(BudgetCap(3.0, 1e-6), url=ledger_url)
+    with pytest.raises(LedgerConfigMismatch, match="grid"):
+        PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url, orders=[2.0, 4.0, 8.0])
+    with pytest.raises(LedgerConfigMismatch, match="conversion"):
+        PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url, conversion="classic")
+    with pytest.raises(LedgerConfigMismatch, match="set_policy"):
+        PrivacyBudgetLedger(BudgetCap(30.0, DELTA), url=ledger_url)
+    reopened = PrivacyBudgetLedger(url=ledger_url)
+    assert reopened.epsilon_of(KEY) == ledger.epsilon_of(KEY)
+    assert reopened.delta == DELTA
+    reopened.close()
+
+
+def test_a_new_ledger_needs_a_cap(ledger_url):
+    with pytest.raises(LedgerConfigMismatch, match="needs a BudgetCap"):
+        PrivacyBudgetLedger(url=ledger_url)
+
+
+def test_unknown_schema_version_is_refused(ledger_url, ledger):
+    execute(ledger_url, "UPDATE dp_budget_alembic_version SET version_num = '9999'")
+    with pytest.raises(LedgerSchemaError, match="9999"):
+        PrivacyBudgetLedger(url=ledger_url)
+
+
+def test_nan_in_a_stored_curve_fails_closed(ledger_url, ledger):
+    ledger.spend(KEY, LaplaceMechanism(0.3))
+    execute(
+        ledger_url, "UPDATE dp_accounts SET residual = :r", r="[" + ",".join(["NaN"] * 156) + "]"
+    )
+    before = snapshot(ledger_url)
+    with pytest.raises(LedgerCorrupt, match="NaN"):
+        ledger.spend(KEY, GaussianMechanism(4.0))
+    with pytest.raises(LedgerCorrupt):
+        ledger.epsilon_of(KEY)
+    assert snapshot(ledger_url) == before
+
+
+# -------------------------------------------------------------- bad input never reaches the DB
+
+
+@pytest.mark.parametrize(
+    ("call", "error"),
+    [
+        (
+            lambda led: led.spend(KEY, {"kind": "gaussian", "noise_multiplier": float("nan")}),
+            ValueError,
+        ),
+        (lambda led: led.spend(KEY, {"kind": "quantum", "noise_multiplier": 1.0}), ValueError),
+        (lambda led: led.spend(KEY, {"kind": "laplace", "epsilon0": -1}), ValueError),
+        (lambda led: led.spend(KEY, GaussianMechanism(1.0), count=0), ValueError),
+        (lambda led: led.spend(KEY, GaussianMechanism(1.0), count=1.5), ValueError),
+        (lambda led: led.spend("alice/heatmap/2026-w28", GaussianMechanism(1.0)), ValueError),
+        (lambda led: led.spend(KEY, "gaussian"), ValueError),
+        (lambda led: led.reserve([], GaussianMechanism(1.0)), ValueError),
+        (lambda led: led.reserve([KEY, KEY], GaussianMechanism(1.0)), ValueError),
+        (lambda led: led.reserve([KEY], GaussianMechanism(1.0), attempt=""), ValueError),
+        (lambda led: led.reserve([KEY], GaussianMechanism(1.0), attempt="x" * 2000), ValueError),
+        (lambda led: led.rescope(KEY, key_for("alice", "heatmap", "2026-w29")), ValueError),
+        (lambda led: led.correct(KEY, GaussianMechanism(1.0), reason=""), ValueError),
+        (lambda led: led.reap(timedelta(hours=-1)), ValueError),
+        (lambda led: led.reset(None), ValueError),
+        (lambda led: led.set_policy({"cap_epsilon": 1.0}), ValueError),
+    ],
+)
+def test_bad_input_raises_and_writes_nothing(ledger_url, ledger, call, error):
+    before = snapshot(ledger_url)
+    with pytest.raises(error):
+        call(ledger)
+    assert snapshot(ledger_url) == before
+
+
+# -------------------------------------------------------------- windows, corrections, policies
+
+
+def test_reset_refuses_open_custom_and_busy_windows(ledger):
+    now = datetime(2026, 7, 10, tzinfo=UTC)  # inside 2026-w28
+    ledger.spend(KEY, GaussianMechanism(4.0))
+    with pytest.raises(LedgerError, match="open"):
+        ledger.reset("2026-w28", now=now)
+    custom = key_for("alice", "heatmap", "campaign-q3")
+    ledger.spend(custom, GaussianMechanism(4.0))
+    with pytest.raises(LedgerError, match="calendar"):
+        ledger.reset("campaign-q3", now=datetime(2100, 1, 1, tzinfo=UTC))
+    ledger.reserve([KEY], GaussianMechanism(4.0))
+    after = datetime(2026, 8, 1, tzinfo=UTC)
+    with pytest.raises(LedgerError, match="reap first"):
+        ledger.reset("2026-W28", now=after)
+    assert ledger.epsilon_of(KEY) > 0
+    ledger.reap(timedelta(0))
+    assert ledger.reset_closed(now=after) == {"2026-w28": 1}
+    assert ledger.epsilon_of(KEY) == 0.0
+    assert ledger.epsilon_of(custom) > 0
+    assert [e["action"] for e in ledger.history()][-1] == "reset"
+    assert ledger.verify().ok
+
+
+def test_corrections_add_spend_as_new_entries(ledger):
+    ledger.spend(KEY, GaussianMechanism(4.0))
+    before = ledger.epsilon_of(KEY)
+    receipt = ledger.correct(KEY, GaussianMechanism(4.0), reason="release missed by an old DAG")
+    assert receipt.epsilon > before
+    entry = ledger.history(KEY)[-1]
+    assert entry["action"] == "correction" and entry["payload"]["reason"].startswith("release")
+    assert ledger.verify().ok
+
+
+def test_policies_override_per_tenant_and_query_type(ledger):
+    ledger.set_policy(
+        Policy(
+            1.0,
+            tenant="acme",
+            query_type="trajectory",
+            calendar=WindowCalendar("month"),
+            compliance_clause="GDPR Art. 25: at most eps 1 per subject per month",
+        )
+    )
+    ledger.set_policy(Policy(2.0, tenant="acme"))
+    strict = key_for("bob", "trajectory", "2026-07", tenant="acme")
+    loose = key_for("bob", "heatmap", "2026-w28", tenant="ACME ")
+    assert ledger.policy_for(strict).cap_epsilon == 1.0
+    assert ledger.policy_for(strict).compliance_clause.startswith("GDPR")
+    assert ledger.policy_for(loose).cap_epsilon == 2.0
+    assert ledger.policy_for(KEY).cap_epsilon == 3.0
+    with pytest.raises(BudgetExhausted):
+        ledger.spend(strict, GaussianMechanism(2.0))
+    assert ledger.spend(loose, GaussianMechanism(2.0)).cap_epsilon == 2.0
+    assert [p.scope for p in ledger.policies()][0] == ("*", "*")
+    assert [e["action"] for e in ledger.history()].count("policy") == 3
+
+
+# -------------------------------------------------------------- tamper evidence
+
+
+@pytest.mark.parametrize(
+    ("statement", "problem"),
+    [
+        (
+            "UPDATE dp_history SET payload = replace(payload, 'count', 'kount') WHERE seq = 4",
+            "edited",
+        ),
+        ("UPDATE dp_history SET actor = 'mallory' WHERE seq = 2", "edited"),
+        ("DELETE FROM dp_history WHERE seq = 3", "missing"),
+        ("DELETE FROM dp_history WHERE seq = (SELECT max(seq) FROM dp_history)", "removed"),
+        ("UPDATE dp_accounts SET rho = rho / 2", "differs from the history"),
+        ("UPDATE dp_accounts SET \"window\" = '2026-w30'", "no history entry charged"),
+        ("DELETE FROM dp_reservation_keys", "digest"),
+    ],
+)
+def test_verify_detects_direct_sql_tampering(ledger_url, ledger, statement, problem):
+    ledger.spend(KEY, GaussianMechanism(4.0))
+    ledger.spend(KEY, GaussianMechanism(4.0))
+    assert ledger.verify().ok
+    execute(ledger_url, statement)
+    report = ledger.verify()
+    assert not report.ok
+    assert any(problem in p for p in report.problems), report.problems
