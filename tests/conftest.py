@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg2
 import pytest
+
+# Airflow reads its configuration at import: give the whole test session a private,
+# throw-away AIRFLOW_HOME before any test module imports airflow.
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="dp-budget-airflow-"))
+os.environ["AIRFLOW_HOME"] = str(_AIRFLOW_HOME)
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_AIRFLOW_HOME / "dags")
+(_AIRFLOW_HOME / "dags").mkdir()
 
 PG_ADMIN_DSN = os.environ.get(
     "DP_BUDGET_TEST_PG", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
@@ -61,3 +73,15 @@ def ledger_url(request) -> str:
     """Each test using this runs once on SQLite (file) and once on PostgreSQL."""
     fixture = {"sqlite": "sqlite_url", "postgresql": "postgres_url"}[request.param]
     return request.getfixturevalue(fixture)
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """A migrated Airflow metadata database (SQLite) under the session's AIRFLOW_HOME."""
+    airflow = Path(sys.executable).with_name("airflow")
+    result = subprocess.run(
+        [str(airflow), "db", "migrate"], capture_output=True, text=True, env=os.environ, check=False
+    )
+    if result.returncode != 0:
+        pytest.fail(f"airflow db migrate failed:\n{result.stdout}\n{result.stderr}")
+    return _AIRFLOW_HOME

@@ -9,12 +9,13 @@ its bracket, so the answer never overspends.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.accountant import RDPAccountant
 from dp_budget_provider.accounting.analytic_gaussian import calibrate_analytic_gaussian
 from dp_budget_provider.accounting.conversion import Conversion, check_conversion
-from dp_budget_provider.accounting.mechanisms import GaussianMechanism
+from dp_budget_provider.accounting.mechanisms import GaussianMechanism, Mechanism
 
 __all__ = ["CalibrationInfeasible", "calibrate_analytic_gaussian", "plan_noise_multiplier"]
 
@@ -32,11 +33,13 @@ def plan_noise_multiplier(
     delta: float,
     count: int = 1,
     conversion: Conversion = "improved",
+    mechanism_for: Callable[[float], Mechanism] = GaussianMechanism,
 ) -> float:
     """Smallest z such that ``count`` Gaussian(z) releases on top of ``spent`` stay <= target.
 
-    ``spent`` is not modified. Raises :class:`CalibrationInfeasible` when even
-    z = 1e8 does not fit.
+    ``mechanism_for`` maps z to the mechanism actually charged (discrete Gaussian noise
+    is charged as zCDP, not as a continuous Gaussian). ``spent`` is not modified.
+    Raises :class:`CalibrationInfeasible` when even z = 1e8 does not fit.
     """
     target_epsilon = check.positive("target_epsilon", target_epsilon)
     delta = check.open_unit("delta", delta)
@@ -45,7 +48,7 @@ def plan_noise_multiplier(
 
     def fits(noise_multiplier: float) -> bool:
         trial = spent.copy()
-        trial.compose(GaussianMechanism(noise_multiplier), count)
+        trial.compose(mechanism_for(noise_multiplier), count)
         return trial.get_epsilon(delta, conversion)[0] <= target_epsilon
 
     if not fits(_MAX_NOISE_MULTIPLIER):

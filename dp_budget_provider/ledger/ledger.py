@@ -28,6 +28,7 @@ from dp_budget_provider.accounting import (
     Conversion,
     EpsilonBound,
     Mechanism,
+    RDPAccountant,
 )
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.conversion import check_conversion
@@ -117,7 +118,8 @@ class PrivacyBudgetLedger:
     file, ``postgresql+psycopg2://...`` production. A new database is created with
     ``cap`` as its default policy and with the given delta, grid and conversion; an
     existing one must be opened with the same (``cap`` may be omitted to take what is
-    stored), otherwise :class:`LedgerConfigMismatch`.
+    stored), otherwise :class:`LedgerConfigMismatch`. ``if_new`` (and ``calendar``) only
+    apply when the database is new: open what exists, else create with these.
     """
 
     def __init__(
@@ -128,9 +130,13 @@ class PrivacyBudgetLedger:
         conversion: Conversion = "improved",
         *,
         actor: str | None = None,
+        if_new: BudgetCap | None = None,
+        calendar: WindowCalendar | None = None,
     ) -> None:
-        if cap is not None and not isinstance(cap, BudgetCap):
-            raise ValueError(f"cap must be a BudgetCap, got {cap!r}")
+        for name, value in (("cap", cap), ("if_new", if_new)):
+            if value is not None and not isinstance(value, BudgetCap):
+                raise ValueError(f"{name} must be a BudgetCap, got {value!r}")
+        self._new_calendar = calendar or WindowCalendar()
         self._orders = validate_orders(orders)
         self._conversion: Conversion = check_conversion(conversion)
         self.actor = actor or _default_actor()
@@ -145,7 +151,7 @@ class PrivacyBudgetLedger:
                 if database.is_initialised(connection):
                     self._check_config(connection, cap)
                 else:
-                    self._initialise(connection, cap)
+                    self._initialise(connection, cap or if_new)
             self._delta = self._stored_delta()
         except BaseException:
             self._engine.dispose()
@@ -178,7 +184,11 @@ class PrivacyBudgetLedger:
                 "conversion": self._conversion,
             },
         )
-        self._write_policy(connection, Policy(cap.epsilon, cap.warn_fraction), now)
+        self._write_policy(
+            connection,
+            Policy(cap.epsilon, cap.warn_fraction, calendar=self._new_calendar),
+            now,
+        )
 
     def _check_config(self, connection: Connection, cap: BudgetCap | None) -> None:
         config = connection.execute(select(LedgerConfig).where(LedgerConfig.id == 1)).one()
@@ -317,8 +327,13 @@ class PrivacyBudgetLedger:
 
     def policy_for(self, key: LedgerKey) -> Policy:
         """The policy that applies to ``key``."""
+        return self.policy_for_scope(key.tenant, key.query_type)
+
+    def policy_for_scope(self, tenant: str, query_type: str) -> Policy:
+        """The policy for a tenant and query type (what decides a key's window calendar)."""
+        probe = LedgerKey(tenant, "-", query_type, "-")
         with self._read() as connection:
-            return self._policy_for(self._policies(connection), key)
+            return self._policy_for(self._policies(connection), probe)
 
     # ------------------------------------------------------------------ validation helpers
 
@@ -844,6 +859,14 @@ class PrivacyBudgetLedger:
     ) -> bool:
         """True if this release would pass the key's cap now (counting open reservations)."""
         return self.prospective_epsilon(key, mechanism, count) > self.policy_for(key).cap_epsilon
+
+    def prospective_accountant(self, key: LedgerKey) -> RDPAccountant:
+        """An accountant holding ``key``'s committed and reserved spend (for noise planning)."""
+        keys = self._keys(key)
+        with self._read() as connection:
+            state = self._spends(connection, keys)[keys[0]]
+            pending = self._open_costs(connection, keys).get(keys[0], Spend())
+        return state.plus(pending).to_accountant(self._orders)
 
     def prospective_epsilon(
         self, key: LedgerKey, mechanism: Mechanism | Mapping[str, Any], count: int = 1

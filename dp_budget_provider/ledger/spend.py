@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from dp_budget_provider.accounting import (
+    AccountantState,
     Conversion,
     EpsilonBound,
     Mechanism,
@@ -68,6 +69,18 @@ class Spend:
     def epsilon(self, orders: np.ndarray, delta: float, conversion: Conversion) -> EpsilonBound:
         """The epsilon the ledger reports for this spend: exactly what RDPAccountant reports."""
         return epsilon_bound(orders, self.curve(orders), self.gaussian_mu2, delta, conversion)
+
+    def to_accountant(self, orders: np.ndarray) -> RDPAccountant:
+        """An accountant holding this spend, e.g. to plan noise on top of it."""
+        residual = np.zeros(orders.size) if self.residual is None else self.residual
+        return RDPAccountant.from_state(
+            AccountantState(
+                tuple(float(a) for a in orders),
+                self.rho,
+                tuple(float(r) for r in residual),
+                self.gaussian_mu2,
+            )
+        )
 
     def residual_json(self) -> str | None:
         """The residual as stored (NULL while zero)."""

@@ -1,0 +1,683 @@
+"""``dp-budget``: create, inspect, audit and maintain a privacy budget ledger from a shell.
+
+The ledger database comes from ``--url`` or the ``DP_BUDGET_URL`` environment variable
+(``sqlite:////path/ledger.db`` or ``postgresql+psycopg2://user@host/db``). Every command
+goes through the same :mod:`dp_budget_provider.ledger` API the Airflow operators use, and
+none imports Airflow.
+
+Exit codes: 0 success; 1 the ledger refused or failed (one ``dp-budget: error:`` line on
+stderr), or ``verify`` found problems; 2 a usage error (bad arguments, no ledger URL).
+
+Commands::
+
+    dp-budget db upgrade
+    dp-budget init --epsilon E --delta D [--warn-fraction F] [--conversion improved|classic]
+    dp-budget status [--window W] [--tenant T] [--limit N] [--offset N] [--json]
+    dp-budget show SUBJECT QUERY_TYPE WINDOW [--tenant T]
+    dp-budget history [--limit N] [--after SEQ]
+    dp-budget verify
+    dp-budget reset --window W | --closed
+    dp-budget reap --older-than DURATION [--now ISO]
+    dp-budget policy list
+    dp-budget policy set --epsilon E [--tenant T] [--query-type Q] [--warn-fraction F]
+                         [--calendar iso_week|month|day|fixed] [--length-seconds N]
+                         [--min-window-seconds N] [--clause TEXT]
+    dp-budget report [--format md|json] [--window W] [--tenant T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+
+from dp_budget_provider.accounting import CONVERSIONS
+from dp_budget_provider.ledger import (
+    ANY,
+    BudgetCap,
+    LedgerError,
+    Policy,
+    PrivacyBudgetLedger,
+    WindowCalendar,
+    database,
+    key_for,
+    report,
+)
+from dp_budget_provider.ledger.keys import canonical_part
+from dp_budget_provider.ledger.policy import DEFAULT_MIN_WINDOW
+from dp_budget_provider.ledger.schema import LedgerConfig
+from dp_budget_provider.ledger.windows import CALENDAR_KINDS
+
+URL_ENV = "DP_BUDGET_URL"
+DEFAULT_STATUS_LIMIT = 50
+DEFAULT_HISTORY_LIMIT = 100
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_DURATION = re.compile(r"(?:\d+(?:\.\d+)?[smhdw])+")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class CommandError(Exception):
+    """The command cannot do what was asked (exit 1)."""
+
+
+class UsageError(Exception):
+    """The command line is incomplete (exit 2)."""
+
+
+# ---------------------------------------------------------------------- argument types
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30s``, ``30m``, ``2h``, ``1d``, ``1w`` or combinations like ``1h30m``."""
+    compact = text.strip().lower().replace(" ", "")
+    if not _DURATION.fullmatch(compact):
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use a number and a unit s, m, h, d or w (e.g. 2h, 30m)"
+        )
+    seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(compact))
+    return timedelta(seconds=seconds)
+
+
+def parse_moment(text: str) -> datetime:
+    """An ISO 8601 moment; ``Z`` and offsets are honoured, a naive time is taken as UTC."""
+    value = text.strip()
+    if value.endswith(("Z", "z")):
+        value = value[:-1] + "+00:00"
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"invalid time {text!r}: use ISO 8601, e.g. 2026-07-14T12:00:00Z"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+# ---------------------------------------------------------------------- opening the ledger
+
+
+def _url(args: argparse.Namespace) -> str:
+    url = getattr(args, "url", None) or os.environ.get(URL_ENV)
+    if not url:
+        raise UsageError(f"no ledger database given: pass --url URL or set {URL_ENV}")
+    return url
+
+
+def _refuse_missing_sqlite_file(url: str) -> None:
+    """Reading commands must not create an empty SQLite file at a mistyped path."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return
+    if not Path(parsed.database).exists():
+        raise CommandError(
+            f"no ledger database file {parsed.database}: create one with `dp-budget init`"
+        )
+
+
+def open_ledger(url: str) -> PrivacyBudgetLedger:
+    """Open an existing ledger with the grid and conversion it was created with."""
+    _refuse_missing_sqlite_file(url)
+    engine = database.make_engine(url)
+    try:
+        with database.transaction(engine, write=False) as connection:
+            missing = database.is_empty(connection)
+            if not missing:
+                database.check_schema(connection)
+                missing = not database.is_initialised(connection)
+            if missing:
+                raise CommandError(
+                    f"no ledger in {database.safe_url(engine)}: create one with "
+                    "`dp-budget init --epsilon E --delta D`"
+                )
+            config = connection.execute(
+                select(LedgerConfig.orders, LedgerConfig.conversion).where(LedgerConfig.id == 1)
+            ).one()
+    finally:
+        engine.dispose()
+    return PrivacyBudgetLedger(
+        url=url, orders=json.loads(config.orders), conversion=config.conversion
+    )
+
+
+@contextlib.contextmanager
+def _ledger(args: argparse.Namespace) -> Iterator[PrivacyBudgetLedger]:
+    ledger = open_ledger(_url(args))
+    try:
+        yield ledger
+    finally:
+        ledger.close()
+
+
+def _is_initialised(url: str) -> bool:
+    engine = database.make_engine(url)
+    try:
+        with database.transaction(engine, write=False) as connection:
+            return not database.is_empty(connection) and database.is_initialised(connection)
+    finally:
+        engine.dispose()
+
+
+# ---------------------------------------------------------------------- output helpers
+
+
+def _columns(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: str = "") -> list[str]:
+    """Aligned columns; column indexes listed in ``right`` are right-aligned (numbers)."""
+    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        parts = [
+            value.rjust(width) if str(i) in right else value.ljust(width)
+            for i, (value, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return lines
+
+
+def _print(lines: Sequence[str]) -> None:
+    for line in lines:
+        print(line)
+
+
+def _pct(fraction: float) -> str:
+    return f"{fraction * 100:.1f}%"
+
+
+def _g(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def _filters(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    window = None if args.window is None else canonical_part("window", args.window)
+    tenant = None if args.tenant is None else canonical_part("tenant", args.tenant)
+    return window, tenant
+
+
+def _header(ledger: PrivacyBudgetLedger) -> str:
+    return (
+        f"ledger {ledger.url}  delta={_g(ledger.delta)}  conversion={ledger.conversion}  "
+        f"orders={ledger.orders.size}"
+    )
+
+
+def _history_lines(ledger: PrivacyBudgetLedger, entries: Sequence[dict[str, Any]]) -> list[str]:
+    mechanisms = report.mechanisms_by_reservation(entries)
+    epsilon_alone = report.EpsilonAlone(ledger)
+    records = [report.entry_record(e, mechanisms, epsilon_alone) for e in entries]
+    rows = [
+        (
+            r["seq"],
+            r["at"],
+            r["action"],
+            r["actor"],
+            report.entry_target(r),
+            report.entry_summary(r),
+        )
+        for r in records
+    ]
+    return _columns(["SEQ", "TIME", "ACTION", "ACTOR", "KEY", "DETAILS"], rows, right="0")
+
+
+# ---------------------------------------------------------------------- commands
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    """Create or upgrade the ledger schema (Alembic)."""
+    engine = database.make_engine(_url(args))
+    try:
+        revision = database.upgrade(engine)
+        print(f"ledger schema of {database.safe_url(engine)} is at revision {revision}")
+    finally:
+        engine.dispose()
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Create a ledger with its default cap, fixed delta and conversion."""
+    url = _url(args)
+    cap = BudgetCap(args.epsilon, args.delta, args.warn_fraction)
+    existed = _is_initialised(url)
+    ledger = PrivacyBudgetLedger(cap, url=url, conversion=args.conversion)
+    try:
+        verb = "exists already with this configuration" if existed else "created"
+        print(
+            f"ledger {ledger.url} {verb}: delta={_g(ledger.delta)}, default cap "
+            f"eps={_g(cap.epsilon)} (warning at {cap.warn_fraction:.0%}), "
+            f"conversion={ledger.conversion}, {ledger.orders.size} Rényi orders"
+        )
+    finally:
+        ledger.close()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Every live account: spend, cap, headroom, reservations, state."""
+    window, tenant = _filters(args)
+    limit = None if args.limit == 0 else args.limit
+    with _ledger(args) as ledger:
+        statuses = ledger.accounts(window=window, tenant=tenant, limit=limit, offset=args.offset)
+        total = report.count_accounts(ledger, window=window, tenant=tenant)
+        if args.json:
+            document = {
+                "ledger": {
+                    "url": ledger.url,
+                    "delta": ledger.delta,
+                    "conversion": ledger.conversion,
+                },
+                "filters": {"window": window, "tenant": tenant},
+                "total": total,
+                "offset": args.offset,
+                "limit": limit,
+                "accounts": [report.account_record(s, ledger.delta) for s in statuses],
+            }
+            print(json.dumps(document, indent=2, ensure_ascii=False))
+            return 0
+        print(_header(ledger))
+        if not statuses:
+            print("no accounts" + ("" if total == 0 else f" at offset {args.offset}"))
+        else:
+            rows = [
+                (
+                    s.key.tenant,
+                    s.key.subject,
+                    s.key.query_type,
+                    s.key.window,
+                    f"{s.epsilon:.4f}",
+                    f"{s.cap_epsilon:.4f}",
+                    f"{s.remaining:.4f}",
+                    _pct(s.fraction),
+                    s.open_reservations,
+                    s.releases,
+                    report.account_state(s),
+                )
+                for s in statuses
+            ]
+            headers = ["TENANT", "SUBJECT", "QUERY TYPE", "WINDOW", "EPS", "CAP", "REMAINING"]
+            headers += ["USED", "OPEN", "RELEASES", "STATE"]
+            _print(_columns(headers, rows, right="456789"))
+        shown = args.offset + len(statuses)
+        if shown < total:
+            print(
+                f"showing {args.offset + 1}-{shown} of {total} accounts; {total - shown} more "
+                "not shown (--offset N for the next page, --limit 0 for all)"
+            )
+        elif statuses:
+            print(f"{total} account(s)")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """One account: its state, its policy and its history."""
+    key = key_for(args.subject, args.query_type, args.window, tenant=args.tenant)
+    with _ledger(args) as ledger:
+        row = report.account_row(ledger, key)
+        entries = ledger.history(key)
+        if row is None and not entries:
+            raise CommandError(f"no account and no history for {key}")
+        policy = ledger.policy_for(key)
+        lines = [
+            f"account   {key}",
+            f"          tenant={key.tenant} subject={key.subject} query_type={key.query_type} "
+            f"window={key.window}",
+        ]
+        if row is None:
+            lines.append("state     no live account (window reset or account rescoped)")
+        else:
+            receipt = ledger.receipt(key)
+            state = report.STATE_OK
+            if receipt.epsilon >= receipt.cap_epsilon:
+                state = report.STATE_EXHAUSTED
+            elif receipt.warned:
+                state = report.STATE_WARNING
+            lines += [
+                f"state     {state}",
+                f"epsilon   {receipt.epsilon:.6g} at delta {_g(ledger.delta)} ({receipt.method})",
+                f"cap       {_g(receipt.cap_epsilon)}: remaining {receipt.remaining:.6g}, "
+                f"{_pct(receipt.fraction)} used",
+                f"releases  {row['releases']} charged, {row['open_reservations']} open "
+                f"reservation(s), updated {row['updated_at']}",
+            ]
+        calendar = policy.calendar.kind + (
+            f" ({policy.calendar.length_seconds}s)" if policy.calendar.length_seconds else ""
+        )
+        lines += [
+            f"policy    scope {policy.tenant}/{policy.query_type}: cap {_g(policy.cap_epsilon)}, "
+            f"warning at {policy.warn_fraction:.0%}, calendar {calendar}, minimum window "
+            f"{int(policy.min_window.total_seconds())}s",
+            f"clause    {policy.compliance_clause or '(none recorded)'}",
+            "",
+            f"history ({len(entries)} entries)",
+        ]
+        _print(lines)
+        _print(_history_lines(ledger, entries))
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """The audit history, one line per entry."""
+    limit = None if args.limit == 0 else args.limit
+    with _ledger(args) as ledger:
+        entries = ledger.history(after_seq=args.after, limit=None if limit is None else limit + 1)
+        more = limit is not None and len(entries) > limit
+        entries = entries[:limit] if limit is not None else entries
+        if not entries:
+            print(f"no history entries after seq {args.after}")
+            return 0
+        _print(_history_lines(ledger, entries))
+        if more:
+            print(f"more entries follow: --after {entries[-1]['seq']}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Check the hash chain, the reservations and the accounts against the history."""
+    with _ledger(args) as ledger:
+        result = report.verification_record(ledger)
+    if result["ok"]:
+        print(
+            f"OK: {result['entries']} history entries, {result['accounts']} accounts; hash "
+            "chain, reservation key sets and account spends check out"
+        )
+        return 0
+    counted = (
+        f" in {result['entries']} history entries and {result['accounts']} accounts"
+        if result["entries"] is not None
+        else ""
+    )
+    print(f"FAILED: {len(result['problems'])} problem(s){counted}")
+    _print([f"  {problem}" for problem in result["problems"]])
+    return 1
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    """Drop the live accounts of closed windows (history is kept)."""
+    with _ledger(args) as ledger:
+        if args.closed:
+            dropped = ledger.reset_closed()
+            if not dropped:
+                print("no closed window has live accounts")
+            for window, count in dropped.items():
+                print(f"reset window {window}: {count} account(s) dropped, history kept")
+        else:
+            count = ledger.reset(args.window)
+            window = canonical_part("window", args.window)
+            print(f"reset window {window}: {count} account(s) dropped, history kept")
+    return 0
+
+
+def cmd_reap(args: argparse.Namespace) -> int:
+    """Charge reservations left open by dead workers."""
+    with _ledger(args) as ledger:
+        reaped = ledger.reap(args.older_than, now=args.now)
+    if not reaped:
+        print(f"no reservation has been open longer than {args.older_than}")
+        return 0
+    _print([f"reaped {reservation_id}" for reservation_id in reaped])
+    print(f"{len(reaped)} reservation(s) charged (never refunded)")
+    return 0
+
+
+def cmd_policy_list(args: argparse.Namespace) -> int:
+    """Every policy with its compliance clause."""
+    with _ledger(args) as ledger:
+        policies = ledger.policies()
+    rows = [
+        (
+            p.tenant,
+            p.query_type,
+            _g(p.cap_epsilon),
+            f"{p.warn_fraction:.0%}",
+            p.calendar.kind
+            + (f" ({p.calendar.length_seconds}s)" if p.calendar.length_seconds else ""),
+            f"{int(p.min_window.total_seconds())}s",
+            p.compliance_clause or "-",
+        )
+        for p in policies
+    ]
+    headers = ["TENANT", "QUERY TYPE", "CAP", "WARN", "CALENDAR", "MIN WINDOW", "CLAUSE"]
+    _print(_columns(headers, rows, right="235"))
+    return 0
+
+
+def cmd_policy_set(args: argparse.Namespace) -> int:
+    """Create or replace one scope's policy; options not given keep the scope's current values."""
+    tenant = canonical_part("tenant", args.tenant)
+    query_type = canonical_part("query_type", args.query_type)
+    with _ledger(args) as ledger:
+        current = {p.scope: p for p in ledger.policies()}.get((tenant, query_type))
+        if args.calendar is not None:
+            calendar = WindowCalendar(args.calendar, args.length_seconds)
+        elif args.length_seconds is not None:
+            kind = current.calendar.kind if current else "iso_week"
+            calendar = WindowCalendar(kind, args.length_seconds)
+        else:
+            calendar = current.calendar if current else WindowCalendar()
+        if args.min_window_seconds is not None:
+            min_window = timedelta(seconds=args.min_window_seconds)
+        else:
+            min_window = current.min_window if current else DEFAULT_MIN_WINDOW
+        policy = Policy(
+            cap_epsilon=args.epsilon,
+            warn_fraction=(
+                args.warn_fraction
+                if args.warn_fraction is not None
+                else current.warn_fraction
+                if current
+                else 0.8
+            ),
+            tenant=tenant,
+            query_type=query_type,
+            calendar=calendar,
+            min_window=min_window,
+            compliance_clause=(
+                args.clause
+                if args.clause is not None
+                else current.compliance_clause
+                if current
+                else ""
+            ),
+        )
+        ledger.set_policy(policy)
+    print(
+        f"policy {policy.tenant}/{policy.query_type} {'updated' if current else 'created'}: cap "
+        f"{_g(policy.cap_epsilon)}, warning at {policy.warn_fraction:.0%}, calendar "
+        f"{policy.calendar.kind}, minimum window {int(policy.min_window.total_seconds())}s, "
+        f"clause: {policy.compliance_clause or '(none)'}"
+    )
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """The privacy report (JSON for machines, Markdown for people)."""
+    window, tenant = _filters(args)
+    with _ledger(args) as ledger:
+        document = report.build_report(ledger, window=window, tenant=tenant)
+    if args.format == "json":
+        print(json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False))
+    else:
+        print(report.render_markdown(document))
+    return 0
+
+
+# ---------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``dp-budget`` argument parser."""
+    url_help = f"ledger database URL (default: ${URL_ENV})"
+    parser = argparse.ArgumentParser(
+        prog="dp-budget",
+        description="Inspect, audit and maintain a differential-privacy budget ledger.",
+        epilog=f"The ledger URL comes from --url or ${URL_ENV}.",
+    )
+    parser.add_argument("--url", default=None, help=url_help)
+    # --url is accepted after the command too; SUPPRESS keeps a global one from being reset.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(
+        group: Any, name: str, handler: Any, help_text: str, **kwargs: Any
+    ) -> argparse.ArgumentParser:
+        sub = group.add_parser(
+            name, parents=[common], help=help_text, description=help_text, **kwargs
+        )
+        sub.set_defaults(run=handler)
+        return sub
+
+    db = commands.add_parser("db", help="schema management")
+    db_commands = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
+    command(db_commands, "upgrade", cmd_db_upgrade, "create or upgrade the ledger schema")
+
+    init = command(commands, "init", cmd_init, "create a ledger with its default cap")
+    init.add_argument("--epsilon", type=_number, required=True, help="default cap per account")
+    init.add_argument(
+        "--delta", type=_number, required=True, help="the ledger's fixed delta (never changes)"
+    )
+    init.add_argument("--warn-fraction", type=_number, default=0.8, help="default 0.8")
+    init.add_argument(
+        "--conversion", choices=CONVERSIONS, default="improved", help="default improved"
+    )
+
+    status = command(commands, "status", cmd_status, "spend and headroom of every account")
+    status.add_argument("--window", help="only this window")
+    status.add_argument("--tenant", help="only this tenant")
+    status.add_argument(
+        "--limit",
+        type=_count,
+        default=DEFAULT_STATUS_LIMIT,
+        help=f"rows to show (default {DEFAULT_STATUS_LIMIT}; 0 for all)",
+    )
+    status.add_argument("--offset", type=_count, default=0, help="rows to skip")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+
+    show = command(
+        commands,
+        "show",
+        cmd_show,
+        "one account's state, policy and history",
+        epilog="The key is (TENANT, SUBJECT, QUERY_TYPE, WINDOW); TENANT defaults to 'default'.",
+    )
+    show.add_argument("subject")
+    show.add_argument("query_type", metavar="QUERY_TYPE")
+    show.add_argument("window", metavar="WINDOW")
+    show.add_argument("--tenant", default="default", help="default: 'default'")
+
+    history = command(commands, "history", cmd_history, "the audit history, one line per entry")
+    history.add_argument(
+        "--limit",
+        type=_count,
+        default=DEFAULT_HISTORY_LIMIT,
+        help=f"entries to show (default {DEFAULT_HISTORY_LIMIT}; 0 for all)",
+    )
+    history.add_argument("--after", type=_count, default=0, metavar="SEQ", help="start after SEQ")
+
+    command(commands, "verify", cmd_verify, "check the hash chain and replay the history")
+
+    reset = command(commands, "reset", cmd_reset, "drop the accounts of closed windows")
+    which = reset.add_mutually_exclusive_group(required=True)
+    which.add_argument("--window", help="one closed window (an open one is refused)")
+    which.add_argument("--closed", action="store_true", help="every closed window")
+
+    reap = command(commands, "reap", cmd_reap, "charge reservations abandoned by dead workers")
+    reap.add_argument(
+        "--older-than",
+        type=parse_duration,
+        required=True,
+        metavar="DURATION",
+        help="e.g. 30m, 2h, 1d",
+    )
+    reap.add_argument(
+        "--now",
+        type=parse_moment,
+        default=None,
+        metavar="ISO",
+        help="take this moment as now (for tests and audits; default: the clock)",
+    )
+
+    policy = commands.add_parser("policy", help="caps per tenant and query type")
+    policy_commands = policy.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
+    command(policy_commands, "list", cmd_policy_list, "every policy and its compliance clause")
+    policy_set = command(
+        policy_commands,
+        "set",
+        cmd_policy_set,
+        "create or replace a policy (options not given keep the scope's current values)",
+    )
+    policy_set.add_argument("--tenant", default=ANY, help="default '*' (any)")
+    policy_set.add_argument("--query-type", default=ANY, help="default '*' (any)")
+    policy_set.add_argument("--epsilon", type=_number, required=True, help="cap per account")
+    policy_set.add_argument("--warn-fraction", type=_number, default=None)
+    policy_set.add_argument("--calendar", choices=CALENDAR_KINDS, default=None)
+    policy_set.add_argument(
+        "--length-seconds", type=_count, default=None, help="window length of a fixed calendar"
+    )
+    policy_set.add_argument("--min-window-seconds", type=_count, default=None)
+    policy_set.add_argument(
+        "--clause", default=None, help="the compliance clause the cap implements"
+    )
+
+    privacy_report = command(commands, "report", cmd_report, "the privacy report")
+    privacy_report.add_argument("--format", choices=("md", "json"), default="md")
+    privacy_report.add_argument("--window", help="only this window")
+    privacy_report.add_argument("--tenant", help="only this tenant")
+    return parser
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error)
+    if isinstance(error, SQLAlchemyError):
+        text = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return " ".join(text.split()) or type(error).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one ``dp-budget`` command; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UsageError as error:
+        print(f"dp-budget: error: {error}", file=sys.stderr)
+        return 2
+    except (CommandError, LedgerError, ValueError) as error:
+        print(f"dp-budget: error: {_one_line(error)}", file=sys.stderr)
+        return 1
+    except SQLAlchemyError as error:
+        print(f"dp-budget: error: database: {_one_line(error)}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away; do not print a traceback about it.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

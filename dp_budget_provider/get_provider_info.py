@@ -1,0 +1,129 @@
+"""Provider metadata Airflow reads through the ``apache_airflow_provider`` entry point."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dp_budget_provider import __version__
+
+INTEGRATION = "DP Budget"
+
+
+def _option(
+    description: str, kind: str, default: str | None, example: str | None
+) -> dict[str, Any]:
+    return {
+        "description": description,
+        "version_added": "0.1.0",
+        "type": kind,
+        "example": example,
+        "default": default,
+    }
+
+
+def get_provider_info() -> dict[str, Any]:
+    """The dict described by ``airflow/provider_info.schema.json``."""
+    return {
+        "package-name": "dp-budget-provider",
+        "name": "DP Budget",
+        "description": "Differential-privacy budgets as a gate in Airflow pipelines: a "
+        "persistent Rényi-DP ledger, a release operator, a budget-window sensor.",
+        "versions": [__version__],
+        "integrations": [{"integration-name": INTEGRATION, "tags": ["privacy"]}],
+        "hooks": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["dp_budget_provider.hooks.dp_budget"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["dp_budget_provider.operators.release"],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["dp_budget_provider.sensors.budget"],
+            }
+        ],
+        "connection-types": [
+            {
+                "connection-type": "dp_budget",
+                "hook-class-name": "dp_budget_provider.hooks.dp_budget.DPBudgetHook",
+                "hook-name": "DP Budget Ledger",
+                "conn-fields": {
+                    "url": {
+                        "label": "Ledger URL",
+                        "description": "SQLAlchemy URL of the ledger database "
+                        "(sqlite:///path or postgresql+psycopg2://...). Overrides host/schema.",
+                        "schema": {"type": ["string", "null"]},
+                    }
+                },
+                "ui-field-behaviour": {
+                    "hidden-fields": ["extra"],
+                    "relabeling": {"schema": "Database"},
+                    "placeholders": {
+                        "host": "ledger PostgreSQL host",
+                        "schema": "ledger database name",
+                        "port": "5432",
+                    },
+                },
+            }
+        ],
+        "task-decorators": [
+            {
+                "name": "dp_release",
+                "class-name": "dp_budget_provider.decorators.release.dp_release_task",
+            }
+        ],
+        "config": {
+            "dp_budget": {
+                "description": "Defaults of the differential-privacy budget ledger. They apply "
+                "when the hook creates a new ledger; an existing ledger keeps what it stores.",
+                "options": {
+                    "default_cap_epsilon": _option(
+                        "Cap on cumulative epsilon per account for a new ledger.",
+                        "float",
+                        "3.0",
+                        "1.0",
+                    ),
+                    "delta": _option(
+                        "The ledger-wide delta, fixed when the ledger is created.",
+                        "float",
+                        "1e-05",
+                        "1e-06",
+                    ),
+                    "warn_fraction": _option(
+                        "Fraction of the cap at which releases warn.", "float", "0.8", "0.9"
+                    ),
+                    "window_calendar": _option(
+                        "Budget windows of a new ledger's default policy: iso_week, month or day.",
+                        "string",
+                        "iso_week",
+                        "month",
+                    ),
+                    "embedded_ledger_path": _option(
+                        "SQLite ledger file used when no dp_budget connection exists "
+                        "(default: $AIRFLOW_HOME/dp_budget_ledger.db).",
+                        "string",
+                        None,
+                        "/var/lib/airflow/dp_budget_ledger.db",
+                    ),
+                    "reset_schedule": _option(
+                        "Schedule of the dp_budget_window_reset maintenance DAG.",
+                        "string",
+                        "@daily",
+                        "0 3 * * *",
+                    ),
+                    "reap_after": _option(
+                        "Seconds after which the reset DAG charges an open reservation.",
+                        "integer",
+                        "86400",
+                        "3600",
+                    ),
+                },
+            }
+        },
+    }

@@ -1,0 +1,861 @@
+"""The privacy report: what a ledger's guarantees are, stated completely enough to be checked.
+
+An epsilon on its own is a misleading one-number assurance. Following the accounting
+notes this project grew from, a report states, for every account: epsilon *and* delta;
+the privacy unit (which neighbouring datasets the guarantee is about); the contribution
+bounds each release declared; the accountant and its grid of Rényi orders; the
+conversion to (epsilon, delta) with its formula and citation; the full release
+schedule (every reserve, commit, release, reap, correction, rescope and reset, with
+time, mechanism, count, cost and attempt id); corrections separately; the policies with
+the compliance clauses they implement; whether the audit chain verifies; and the code
+version that produced it. :func:`build_report` returns all of that as one JSON-ready
+dict, :func:`render_markdown` renders it for people.
+
+Two read-only lookups the ledger API does not offer (an account's row, the keys of a
+resolved multi-key reservation) and an account count run here, inside the ledger
+package, on the ledger's own engine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, select
+
+import dp_budget_provider
+from dp_budget_provider.ledger import database
+from dp_budget_provider.ledger.errors import LedgerUnavailable
+from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
+from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
+from dp_budget_provider.ledger.policy import ANY, Policy, lookup_order
+from dp_budget_provider.ledger.records import AccountStatus
+from dp_budget_provider.ledger.schema import Account, ReservationKey
+from dp_budget_provider.ledger.spend import Spend
+
+REPORT_FORMAT = 1
+STATE_OK, STATE_WARNING, STATE_EXHAUSTED = "ok", "WARNING", "EXHAUSTED"
+SCHEDULE_ACTIONS = ("reserve", "commit", "release", "reap", "correction", "rescope", "reset")
+_CHUNK = 1000
+
+PRIVACY_UNIT = {
+    "unit": "subject",
+    "statement": (
+        "The privacy unit is the `subject` part of the ledger key (tenant, subject, query_type, "
+        "window). Two datasets are neighbouring when they differ in one subject's contributions "
+        "within a window: all records of that subject that feed the releases charged to one key. "
+        "An account's (epsilon, delta) bounds what the releases charged to that key reveal about "
+        "one subject. Releases charged to the same subject under another query type, tenant or "
+        "window are accounted in other accounts; their losses compose on top of each other and "
+        "this report does not bound the sum. A reset drops the accounts of a closed window, not "
+        "the privacy loss those releases caused."
+    ),
+}
+
+CONTRIBUTION_BOUNDS = (
+    "Every release declares its noise relative to its sensitivity to one subject's "
+    "contributions (the mechanism spec below: a noise multiplier sigma/Delta_2 or an epsilon0 "
+    "Delta_1/scale). The ledger never sees the data: it cannot check that the release code "
+    "enforced the declared bound (contribution clipping, deduplication, a cap on records per "
+    "subject). The guarantees in this report hold only if every release's actual sensitivity to "
+    "one subject's contributions within the window was at most the declared one."
+)
+
+ACCOUNTANT = {
+    "name": "Rényi differential privacy (RDP) accountant",
+    "composition": (
+        "The RDP curves of all releases charged to an account add up, order by order "
+        "(Mironov 2017, Prop. 1); the sum is converted to (epsilon, delta) once, at the "
+        "ledger's fixed delta, minimising over the ledger's fixed grid of orders."
+    ),
+    "citation": "I. Mironov, Rényi Differential Privacy, IEEE CSF 2017.",
+    "curves": {
+        "gaussian": "RDP(a) = a / (2 z^2), z = sigma / L2 sensitivity (Mironov 2017)",
+        "laplace": (
+            "exact Laplace RDP, eps0 = L1 sensitivity / scale "
+            "(Mironov 2017, Prop. 6; evaluated in log space)"
+        ),
+        "pure_dp": "RDP(a) = a eps0^2 / 2 (eps0-DP implies eps0^2/2-zCDP; Bun-Steinke 2016)",
+        "zcdp": "RDP(a) = rho a (rho-zCDP)",
+        "poisson_subsampled_gaussian": (
+            "Poisson-subsampled Gaussian RDP (Mironov-Talwar-Zhang 2019), as dp_accounting"
+        ),
+    },
+    "composition_model": (
+        "Mechanism parameters are fixed by pipeline code. Adaptive choice of queries is covered "
+        "by composition; parameters chosen from earlier private outputs would need a privacy "
+        "filter, which this accountant is not."
+    ),
+}
+
+CONVERSIONS = {
+    "improved": {
+        "name": "improved",
+        "formula": (
+            "epsilon = min over orders a > 1.01 of RDP(a) + log1p(-1/a) - (log(delta) + log(a)) "
+            "/ (a - 1); epsilon = 0 when delta^2 + expm1(-RDP(a)) > 0 (Bretagnolle-Huber)"
+        ),
+        "citation": (
+            "C. Canonne, G. Kamath, T. Steinke, The Discrete Gaussian for Differential Privacy, "
+            "NeurIPS 2020, Prop. 12; S. Asoodeh et al., 2020. The conversion used by Google "
+            "dp_accounting, Opacus and OpenDP."
+        ),
+        "analytic_gaussian": (
+            "While every release charged to an account is Gaussian, the composition is exactly "
+            "one Gaussian mechanism with mu = sqrt(sum 1/z_i^2) (Dong-Roth-Su 2019), and the "
+            "exact analytical epsilon (Balle-Wang 2018) is reported when it is smaller "
+            "(method 'analytic-gaussian')."
+        ),
+    },
+    "classic": {
+        "name": "classic",
+        "formula": "epsilon = min over orders a of RDP(a) + log(1/delta) / (a - 1)",
+        "citation": "I. Mironov, Rényi Differential Privacy, IEEE CSF 2017, Prop. 3.",
+        "analytic_gaussian": None,
+    },
+}
+
+DELTA_INTERPRETATION = (
+    "delta is the additive slack allowed between the output distributions on neighbouring "
+    "datasets; it is not the probability that the whole dataset is exposed. What an (epsilon, "
+    "delta) pair means in practice depends on the mechanism, the privacy unit and what an "
+    "adversary already knows. Two epsilons are comparable only when delta, the privacy unit, the "
+    "contribution bounds and the accountant are the same: a smaller epsilon for one row can be "
+    "weaker than a larger epsilon for one person's whole bounded contribution."
+)
+
+_MECHANISM_MEANING = {
+    "gaussian": "Gaussian noise, sigma = {noise_multiplier:g} x the L2 sensitivity to one subject",
+    "laplace": "continuous Laplace noise, scale = L1 sensitivity to one subject / {epsilon0:g}",
+    "pure_dp": "an epsilon0 = {epsilon0:g} pure-DP release with respect to one subject",
+    "zcdp": "a rho = {rho:g} zCDP release with respect to one subject",
+    "poisson_subsampled_gaussian": (
+        "Gaussian noise, sigma = {noise_multiplier:g} x the per-subject clipping norm, on a "
+        "Poisson subsample with rate {sampling_rate:g}"
+    ),
+}
+
+
+# ---------------------------------------------------------------------- small pieces
+
+
+def account_state(status: AccountStatus) -> str:
+    """``ok``, ``WARNING`` (past the warn fraction) or ``EXHAUSTED`` (at the cap)."""
+    if status.exhausted:
+        return STATE_EXHAUSTED
+    return STATE_WARNING if status.warned else STATE_OK
+
+
+def account_record(status: AccountStatus, delta: float) -> dict[str, Any]:
+    """One account as plain JSON values."""
+    return {
+        **status.key.as_dict(),
+        "epsilon": status.epsilon,
+        "delta": delta,
+        "cap_epsilon": status.cap_epsilon,
+        "remaining": status.remaining,
+        "fraction": status.fraction,
+        "state": account_state(status),
+        "releases": status.releases,
+        "open_reservations": status.open_reservations,
+        "method": status.method,
+        "updated_at": status.updated_at,
+    }
+
+
+def policy_record(policy: Policy) -> dict[str, Any]:
+    """One policy as plain JSON values."""
+    return {
+        "tenant": policy.tenant,
+        "query_type": policy.query_type,
+        "cap_epsilon": policy.cap_epsilon,
+        "warn_fraction": policy.warn_fraction,
+        "calendar": policy.calendar.kind,
+        "calendar_length_seconds": policy.calendar.length_seconds,
+        "min_window_seconds": int(policy.min_window.total_seconds()),
+        "compliance_clause": policy.compliance_clause,
+    }
+
+
+def describe_mechanism(spec: Mapping[str, Any] | None) -> str:
+    """``gaussian(noise_multiplier=4)``: kind and parameters in one token."""
+    if not spec:
+        return "-"
+    params = ", ".join(f"{k}={_number(v)}" for k, v in sorted(spec.items()) if k != "kind")
+    return f"{spec.get('kind', '?')}({params})"
+
+
+def mechanism_meaning(spec: Mapping[str, Any]) -> str:
+    """What a mechanism spec says about its sensitivity, in words."""
+    template = _MECHANISM_MEANING.get(str(spec.get("kind")))
+    if template is None:
+        return f"{describe_mechanism(spec)}: sensitivity as declared by its parameters"
+    try:
+        return template.format(**spec)
+    except (KeyError, ValueError):
+        return describe_mechanism(spec)
+
+
+def key_label(key: Mapping[str, str] | LedgerKey | None) -> str:
+    """``tenant/subject/query_type/window``."""
+    if key is None:
+        return "-"
+    if isinstance(key, LedgerKey):
+        return str(key)
+    return f"{key['tenant']}/{key['subject']}/{key['query_type']}/{key['window']}"
+
+
+def _number(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _canonical(name: str, value: str | None) -> str | None:
+    return None if value is None else canonical_part(name, value)
+
+
+class EpsilonAlone:
+    """Epsilon of one entry's cost on its own, at the ledger's delta (cached per cost)."""
+
+    def __init__(self, ledger: PrivacyBudgetLedger) -> None:
+        self._orders = np.asarray(ledger.orders)
+        self._delta = ledger.delta
+        self._conversion = ledger.conversion
+        self._cache: dict[str, float] = {}
+
+    def __call__(self, cost: Mapping[str, Any] | None) -> float | None:
+        if not cost:
+            return None
+        signature = json.dumps(cost, sort_keys=True)
+        if signature not in self._cache:
+            spend = Spend.from_payload(dict(cost), self._orders.size)
+            bound = spend.epsilon(self._orders, self._delta, self._conversion)
+            self._cache[signature] = bound.epsilon
+        return self._cache[signature]
+
+
+# ---------------------------------------------------------------------- history entries
+
+
+def entry_record(
+    entry: Mapping[str, Any],
+    mechanisms: Mapping[str, Mapping[str, Any]],
+    epsilon_alone: Any = None,
+) -> dict[str, Any]:
+    """A history entry as a schedule row.
+
+    ``mechanisms`` maps reservation ids to the mechanism spec of their ``reserve`` entry
+    (commit, release and reap entries do not repeat it). ``epsilon_alone`` (a callable on a
+    cost payload) adds what the entry's cost would be on its own; epsilons do not add up,
+    accounts compose curves.
+    """
+    payload = entry["payload"]
+    reservation_id = entry.get("reservation_id")
+    mechanism = payload.get("mechanism")
+    if mechanism is None and reservation_id is not None:
+        mechanism = mechanisms.get(reservation_id)
+    cost = payload.get("cost") or payload.get("carried")
+    record: dict[str, Any] = {
+        "seq": entry["seq"],
+        "at": entry["at"],
+        "action": entry["action"],
+        "actor": entry["actor"],
+        "key": entry.get("key"),
+        "key_count": payload.get("key_count", 1 if entry.get("key") else 0),
+        "reservation_id": reservation_id,
+        "attempt_id": payload.get("attempt_id"),
+        "mechanism": mechanism,
+        "count": payload.get("count"),
+        "cost": cost,
+        "epsilon_alone": epsilon_alone(cost) if epsilon_alone is not None else None,
+        "reason": payload.get("reason"),
+        "hash": entry.get("hash"),
+    }
+    if entry["action"] == "reserve":
+        record["prospective_epsilon"] = payload.get("prospective_epsilon")
+    if entry["action"] in ("reserve", "commit", "reap") and "keys_digest" in payload:
+        record["keys_digest"] = payload["keys_digest"]
+    if entry["action"] == "rescope":
+        record["from"] = payload.get("from")
+    if entry["action"] == "reset":
+        record["window"] = payload.get("window")
+        record["accounts_dropped"] = payload.get("accounts")
+        record["closed_at"] = payload.get("closed_at")
+    if entry["action"] in ("create", "policy"):
+        record["settings"] = payload
+    return record
+
+
+def entry_summary(record: Mapping[str, Any]) -> str:
+    """What happened in one schedule row, in one line."""
+    action = record["action"]
+    settings = record.get("settings") or {}
+    if action == "create":
+        return (
+            f"ledger created: delta {_number(settings.get('delta'))}, "
+            f"{settings.get('conversion')} conversion, {len(settings.get('orders', []))} orders"
+        )
+    if action == "policy":
+        clause = settings.get("compliance_clause") or ""
+        text = (
+            f"policy {settings.get('tenant')}/{settings.get('query_type')}: cap "
+            f"{_number(settings.get('cap_epsilon'))}, warn {_number(settings.get('warn_fraction'))}"
+            f", {(settings.get('calendar') or {}).get('kind')}"
+        )
+        return text + (f", clause: {clause}" if clause else "")
+    if action == "reset":
+        return (
+            f"window {record.get('window')} reset, {record.get('accounts_dropped')} account(s) "
+            "dropped (history kept)"
+        )
+    parts = []
+    if record.get("mechanism"):
+        count = record.get("count")
+        parts.append(describe_mechanism(record["mechanism"]) + (f" x{count}" if count else ""))
+    elif record.get("count"):
+        parts.append(f"x{record['count']}")
+    if action == "rescope" and record.get("from"):
+        parts.append(f"from {key_label(record['from'])}")
+    if record.get("epsilon_alone") is not None:
+        label = "carried eps alone" if action == "rescope" else "eps alone"
+        parts.append(f"{label} {record['epsilon_alone']:.4g}")
+    if record.get("attempt_id"):
+        parts.append(f"attempt {record['attempt_id']}")
+    if record.get("reason"):
+        parts.append(f"reason: {record['reason']}")
+    return ", ".join(parts) or "-"
+
+
+def entry_target(record: Mapping[str, Any]) -> str:
+    """The key an entry concerns, ``N keys`` for a multi-key one, ``-`` for none."""
+    if record.get("key"):
+        return key_label(record["key"])
+    if record.get("key_count"):
+        return f"{record['key_count']} keys"
+    if record.get("window"):
+        return f"window {record['window']}"
+    return "-"
+
+
+def mechanisms_by_reservation(entries: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Reservation id -> mechanism spec, from the ``reserve`` entries."""
+    return {
+        entry["reservation_id"]: entry["payload"]["mechanism"]
+        for entry in entries
+        if entry["action"] == "reserve" and entry.get("reservation_id")
+    }
+
+
+# ---------------------------------------------------------------------- reads the API lacks
+
+
+def _read(ledger: PrivacyBudgetLedger) -> Any:
+    return database.transaction(ledger._engine, write=False)
+
+
+def count_accounts(
+    ledger: PrivacyBudgetLedger, *, window: str | None = None, tenant: str | None = None
+) -> int:
+    """How many live accounts match (``status`` says how many it did not show)."""
+    query = select(func.count()).select_from(Account)
+    if window is not None:
+        query = query.where(Account.window == canonical_part("window", window))
+    if tenant is not None:
+        query = query.where(Account.tenant == canonical_part("tenant", tenant))
+    with _read(ledger) as connection:
+        return int(connection.execute(query).scalar_one())
+
+
+def account_row(ledger: PrivacyBudgetLedger, key: LedgerKey) -> dict[str, Any] | None:
+    """Release count, open reservations and last update of ``key``'s live account, or None."""
+    query = select(Account.releases, Account.open_reservations, Account.updated_at).where(
+        Account.tenant == key.tenant,
+        Account.subject == key.subject,
+        Account.query_type == key.query_type,
+        Account.window == key.window,
+    )
+    with _read(ledger) as connection:
+        row = connection.execute(query).one_or_none()
+    if row is None:
+        return None
+    return {
+        "releases": row.releases,
+        "open_reservations": row.open_reservations,
+        "updated_at": row.updated_at,
+    }
+
+
+def _reservation_keys(
+    ledger: PrivacyBudgetLedger, reservation_ids: Sequence[str]
+) -> dict[str, list[dict[str, str]]]:
+    keys: dict[str, list[dict[str, str]]] = {rid: [] for rid in reservation_ids}
+    with _read(ledger) as connection:
+        for start in range(0, len(reservation_ids), _CHUNK):
+            chunk = reservation_ids[start : start + _CHUNK]
+            rows = connection.execute(
+                select(ReservationKey)
+                .where(ReservationKey.reservation_id.in_(chunk))
+                .order_by(ReservationKey.reservation_id, ReservationKey.position)
+            )
+            for row in rows:
+                keys[row.reservation_id].append(
+                    {
+                        "tenant": row.tenant,
+                        "subject": row.subject,
+                        "query_type": row.query_type,
+                        "window": row.window,
+                    }
+                )
+    return keys
+
+
+# ---------------------------------------------------------------------- code version
+
+
+def code_version() -> dict[str, Any]:
+    """Package version, and the git commit when the package runs from a git checkout."""
+    return {
+        "package": "dp-budget-provider",
+        "version": dp_budget_provider.__version__,
+        "git_commit": _git_commit(Path(dp_budget_provider.__file__).resolve().parent.parent),
+    }
+
+
+def _git_commit(root: Path) -> str | None:
+    """HEAD of the checkout at ``root`` (read from .git, without running git), else None."""
+    dot_git = root / ".git"
+    try:
+        if dot_git.is_file():
+            line = dot_git.read_text().strip()
+            if not line.startswith("gitdir:"):
+                return None
+            git_dir = (root / line.removeprefix("gitdir:").strip()).resolve()
+        elif dot_git.is_dir():
+            git_dir = dot_git
+        else:
+            return None
+        head = (git_dir / "HEAD").read_text().strip()
+        if not head.startswith("ref:"):
+            return head if re.fullmatch(r"[0-9a-f]{40,64}", head) else None
+        ref = head.removeprefix("ref:").strip()
+        common = git_dir
+        if (git_dir / "commondir").is_file():
+            common = (git_dir / (git_dir / "commondir").read_text().strip()).resolve()
+        for base in (git_dir, common):
+            if (base / ref).is_file():
+                sha = (base / ref).read_text().strip()
+                return sha if re.fullmatch(r"[0-9a-f]{40,64}", sha) else None
+        packed = common / "packed-refs"
+        if packed.is_file():
+            for line in packed.read_text().splitlines():
+                sha, _, name = line.partition(" ")
+                if name == ref and re.fullmatch(r"[0-9a-f]{40,64}", sha):
+                    return sha
+    except OSError:
+        return None
+    return None
+
+
+# ---------------------------------------------------------------------- the report
+
+
+def verification_record(ledger: PrivacyBudgetLedger) -> dict[str, Any]:
+    """:meth:`PrivacyBudgetLedger.verify` as plain values, failing closed.
+
+    A verifier that stops on a damaged entry must not read as a pass, nor hide the
+    damage behind a crash: if verification cannot complete, the record says so as a
+    problem. Only an unreachable database is raised (nothing was checked at all).
+    """
+    try:
+        result = ledger.verify()
+    except LedgerUnavailable:
+        raise
+    except Exception as error:
+        return {
+            "ok": False,
+            "entries": None,
+            "accounts": None,
+            "problems": [f"verification could not complete: {type(error).__name__}: {error}"],
+        }
+    return {
+        "ok": result.ok,
+        "entries": result.entries,
+        "accounts": result.accounts,
+        "problems": list(result.problems),
+    }
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no inf/NaN: write them as strings rather than emit invalid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _matches(key: Mapping[str, str], window: str | None, tenant: str | None) -> bool:
+    return (window is None or key["window"] == window) and (
+        tenant is None or key["tenant"] == tenant
+    )
+
+
+def build_report(
+    ledger: PrivacyBudgetLedger,
+    *,
+    window: str | None = None,
+    tenant: str | None = None,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The privacy report of ``ledger`` (optionally one window and/or tenant) as one dict.
+
+    Everything in it is plain JSON (``json.dumps`` works on it). Verification always
+    covers the whole ledger: a chain cannot be checked in part.
+    """
+    window = _canonical("window", window)
+    tenant = _canonical("tenant", tenant)
+    generated = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    delta = ledger.delta
+    policies = ledger.policies()
+    scopes = {policy.scope: policy for policy in policies}
+    accounts = []
+    for status in ledger.accounts(window=window, tenant=tenant):
+        record = account_record(status, delta)
+        scope = next(
+            s for s in lookup_order(status.key.tenant, status.key.query_type) if s in scopes
+        )
+        record["policy_scope"] = {"tenant": scope[0], "query_type": scope[1]}
+        record["compliance_clause"] = scopes[scope].compliance_clause
+        accounts.append(record)
+
+    entries = ledger.history()
+    mechanisms = mechanisms_by_reservation(entries)
+    epsilon_alone = EpsilonAlone(ledger)
+    filtered = window is not None or tenant is not None
+    multi_key = sorted(
+        {
+            e["reservation_id"]
+            for e in entries
+            if filtered and e["key"] is None and e.get("reservation_id")
+        }
+    )
+    keys_of = _reservation_keys(ledger, multi_key) if multi_key else {}
+
+    def in_scope(entry: Mapping[str, Any]) -> bool:
+        if not filtered:
+            return True
+        if entry["action"] == "reset":
+            return window is None or entry["payload"].get("window") == window
+        if entry["key"] is not None:
+            return _matches(entry["key"], window, tenant)
+        return any(_matches(k, window, tenant) for k in keys_of.get(entry["reservation_id"], []))
+
+    schedule = []
+    policy_changes = []
+    created_at = None
+    for entry in entries:
+        if entry["action"] == "create":
+            created_at = entry["at"]
+        elif entry["action"] == "policy":
+            if tenant is None or entry["payload"].get("tenant") in (ANY, tenant):
+                policy_changes.append(entry_record(entry, mechanisms))
+        elif entry["action"] in SCHEDULE_ACTIONS and in_scope(entry):
+            record = entry_record(entry, mechanisms, epsilon_alone)
+            if filtered and record["key"] is None and entry.get("reservation_id"):
+                record["keys_in_scope"] = sum(
+                    _matches(k, window, tenant) for k in keys_of.get(entry["reservation_id"], [])
+                )
+            schedule.append(record)
+    corrections = [record for record in schedule if record["action"] == "correction"]
+
+    mechanism_uses: dict[str, dict[str, Any]] = {}
+    for record in schedule:
+        if record["action"] not in ("commit", "reap", "correction") or not record["mechanism"]:
+            continue
+        signature = json.dumps(record["mechanism"], sort_keys=True)
+        use = mechanism_uses.setdefault(
+            signature,
+            {
+                "mechanism": record["mechanism"],
+                "meaning": mechanism_meaning(record["mechanism"]),
+                "invocations_charged": 0,
+                "entries": [],
+            },
+        )
+        use["invocations_charged"] += record["count"] or 0
+        use["entries"].append(record["seq"])
+
+    verification = verification_record(ledger)
+    orders = [float(order) for order in np.asarray(ledger.orders)]
+    report = {
+        "report_format": REPORT_FORMAT,
+        "generated_at": generated.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "code_version": code_version(),
+        "ledger": {
+            "url": ledger.url,
+            "created_at": created_at,
+            "delta": delta,
+            "conversion": ledger.conversion,
+            "history_head": entries[-1]["hash"] if entries else None,
+            "history_entries": len(entries),
+        },
+        "scope": {"window": window, "tenant": tenant},
+        "delta": delta,
+        "delta_interpretation": DELTA_INTERPRETATION,
+        "privacy_unit": PRIVACY_UNIT,
+        "contribution_bounds": {
+            "statement": CONTRIBUTION_BOUNDS,
+            "mechanisms": list(mechanism_uses.values()),
+        },
+        "accountant": {**ACCOUNTANT, "order_count": len(orders)},
+        "conversion": CONVERSIONS[ledger.conversion],
+        "orders": orders,
+        "accounts": accounts,
+        "schedule": schedule,
+        "corrections": corrections,
+        "policies": [
+            policy_record(p) for p in policies if tenant is None or p.tenant in (ANY, tenant)
+        ],
+        "policy_changes": policy_changes,
+        "verification": verification,
+    }
+    return _finite(report)
+
+
+# ---------------------------------------------------------------------- Markdown
+
+
+def _cell(value: Any) -> str:
+    text = "-" if value is None or value == "" else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def _eps(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float | int) else _cell(value)
+
+
+def _orders_text(orders: Sequence[float]) -> str:
+    return ", ".join(_number(float(order)) for order in orders)
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    """The report for people: the same content as the JSON, as Markdown."""
+    version = report["code_version"]
+    ledger = report["ledger"]
+    verification = report["verification"]
+    scope = report["scope"]
+    conversion = report["conversion"]
+    accountant = report["accountant"]
+    commit = f" (git commit {version['git_commit']})" if version.get("git_commit") else ""
+    scope_text = (
+        ", ".join(f"{name} `{value}`" for name, value in scope.items() if value is not None)
+        or "the whole ledger"
+    )
+    if verification["ok"]:
+        verified = (
+            f"**Verification: OK**: {verification['entries']} history entries and "
+            f"{verification['accounts']} accounts check out (hash chain, reservation key sets, "
+            "replay of the history onto the accounts)."
+        )
+    else:
+        verified = (
+            f"**Verification: FAILED**: {len(verification['problems'])} problem(s); the figures "
+            "below come from a ledger whose audit trail does not check out."
+        )
+    out = [
+        "# Privacy report",
+        "",
+        f"- Generated: {report['generated_at']}",
+        f"- Ledger: `{ledger['url']}`, created {ledger['created_at'] or '-'}, "
+        f"{ledger['history_entries']} history entries, head hash `{ledger['history_head']}`",
+        f"- Scope: {scope_text}",
+        f"- Code: {version['package']} {version['version']}{commit}",
+        f"- {verified}",
+        "",
+        "## Guarantee per account",
+        "",
+        f"Each row is an (epsilon, delta)-DP statement at delta = {_number(report['delta'])} "
+        "for the releases charged to that key, with respect to the privacy unit below.",
+        "",
+    ]
+    if report["accounts"]:
+        out += _table(
+            [
+                "tenant",
+                "subject",
+                "query type",
+                "window",
+                "epsilon",
+                "delta",
+                "cap",
+                "remaining",
+                "used",
+                "state",
+                "releases",
+                "open reservations",
+                "method",
+            ],
+            (
+                (
+                    a["tenant"],
+                    a["subject"],
+                    a["query_type"],
+                    a["window"],
+                    _eps(a["epsilon"]),
+                    _number(a["delta"]),
+                    _eps(a["cap_epsilon"]),
+                    _eps(a["remaining"]),
+                    f"{a['fraction'] * 100:.1f}%",
+                    a["state"],
+                    a["releases"],
+                    a["open_reservations"],
+                    a["method"],
+                )
+                for a in report["accounts"]
+            ),
+        )
+    else:
+        out.append("No live accounts in scope.")
+    out += [
+        "",
+        "## Privacy unit (adjacency)",
+        "",
+        report["privacy_unit"]["statement"],
+        "",
+        "## Contribution bounds and sensitivity",
+        "",
+        report["contribution_bounds"]["statement"],
+        "",
+    ]
+    uses = report["contribution_bounds"]["mechanisms"]
+    if uses:
+        out += _table(
+            ["mechanism", "meaning", "invocations charged", "entries"],
+            (
+                (
+                    f"`{describe_mechanism(u['mechanism'])}`",
+                    u["meaning"],
+                    u["invocations_charged"],
+                    ", ".join(str(s) for s in u["entries"]),
+                )
+                for u in uses
+            ),
+        )
+    else:
+        out.append("No release has been charged in scope.")
+    out += [
+        "",
+        "## Accountant",
+        "",
+        f"{accountant['name']}. {accountant['composition']} {accountant['citation']}",
+        "",
+        *(f"- `{kind}`: {curve}" for kind, curve in accountant["curves"].items()),
+        "",
+        accountant["composition_model"],
+        "",
+        "## Conversion to (epsilon, delta)",
+        "",
+        f"- Name: `{conversion['name']}`",
+        f"- Formula: {conversion['formula']}",
+        f"- Citation: {conversion['citation']}",
+    ]
+    if conversion.get("analytic_gaussian"):
+        out.append(f"- Gaussian-only accounts: {conversion['analytic_gaussian']}")
+    out += [
+        "",
+        f"## Orders grid ({len(report['orders'])} orders)",
+        "",
+        _orders_text(report["orders"]),
+        "",
+        "## Policies",
+        "",
+    ]
+    out += _table(
+        ["tenant", "query type", "cap epsilon", "warn at", "calendar", "min window", "clause"],
+        (
+            (
+                p["tenant"],
+                p["query_type"],
+                _eps(p["cap_epsilon"]),
+                f"{p['warn_fraction'] * 100:g}%",
+                p["calendar"]
+                + (f" ({p['calendar_length_seconds']}s)" if p["calendar_length_seconds"] else ""),
+                f"{p['min_window_seconds']}s",
+                p["compliance_clause"],
+            )
+            for p in report["policies"]
+        ),
+    )
+    if report["policy_changes"]:
+        out += ["", "Policy changes:", ""]
+        out += [
+            f"- #{c['seq']} {c['at']} by {c['actor']}: {entry_summary(c)}"
+            for c in report["policy_changes"]
+        ]
+    out += [
+        "",
+        "## Release schedule",
+        "",
+        "Every reserve, commit, release, reap, correction, rescope and reset in scope. "
+        "'eps alone' is the epsilon of that entry's cost on its own; accounts compose "
+        "curves, so these do not add up to the account's epsilon.",
+        "",
+    ]
+    if report["schedule"]:
+        out += _table(
+            ["seq", "time", "action", "actor", "key", "mechanism", "count", "eps alone", "attempt"],
+            (
+                (
+                    r["seq"],
+                    r["at"],
+                    r["action"],
+                    r["actor"],
+                    entry_target(r),
+                    f"`{describe_mechanism(r['mechanism'])}`" if r["mechanism"] else "-",
+                    r["count"],
+                    _eps(r["epsilon_alone"]) if r["epsilon_alone"] is not None else "-",
+                    r["attempt_id"],
+                )
+                for r in report["schedule"]
+            ),
+        )
+    else:
+        out.append("No entries in scope.")
+    out += ["", "## Corrections", ""]
+    if report["corrections"]:
+        out += _table(
+            ["seq", "time", "actor", "key", "mechanism", "count", "eps alone", "reason"],
+            (
+                (
+                    c["seq"],
+                    c["at"],
+                    c["actor"],
+                    entry_target(c),
+                    f"`{describe_mechanism(c['mechanism'])}`",
+                    c["count"],
+                    _eps(c["epsilon_alone"]) if c["epsilon_alone"] is not None else "-",
+                    c["reason"],
+                )
+                for c in report["corrections"]
+            ),
+        )
+    else:
+        out.append("None.")
+    out += ["", "## Verification", "", verified]
+    if verification["problems"]:
+        out += ["", *(f"- {problem}" for problem in verification["problems"])]
+    out += ["", "## How to read this report", "", report["delta_interpretation"], ""]
+    return "\n".join(out)

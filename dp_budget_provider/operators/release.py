@@ -1,0 +1,285 @@
+"""DPReleaseOperator: a differentially private release gated by the budget ledger.
+
+Flow: reserve (prospective check) -> run the callable -> add the noise -> commit ->
+return the noisy release. A refusal means no release at all: the callable never runs
+and nothing is written. Once the callable has started, the attempt is charged whatever
+happens next (an error that depends on the data is itself an observable output); a
+retry is a new attempt and is charged again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from airflow.sdk import BaseNotifier, BaseOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.observability.stats import Stats
+
+from dp_budget_provider.accounting import (
+    GaussianMechanism,
+    Mechanism,
+    RDPAccountant,
+    plan_noise_multiplier,
+)
+from dp_budget_provider.accounting.release import NOISE_KINDS, charged_gaussian, plan_noise
+from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+from dp_budget_provider.ledger import (
+    BudgetExhausted,
+    LedgerKey,
+    PrivacyBudgetLedger,
+    SpendReceipt,
+    key_for,
+)
+
+RECEIPT_XCOM_KEY = "dp_budget_receipt"
+ON_EXHAUSTED = ("fail", "skip")
+
+
+class DPBudgetExhaustedError(AirflowFailException):
+    """The release would pass the cap; no release happened. Not retried: budget does not refill."""
+
+
+def attempt_id(context: Mapping[str, Any]) -> str:
+    """(dag_id, task_id, run_id, map_index, try_number): the idempotency key of a commit."""
+    ti = context["ti"]
+    return f"{ti.dag_id}/{ti.task_id}/{context['run_id']}/{ti.map_index}/{ti.try_number}"
+
+
+def window_moment(context: Mapping[str, Any]) -> datetime:
+    """The moment whose budget window a run spends: its data interval start, else logical date."""
+    for name in ("data_interval_start", "logical_date"):
+        moment = context.get(name)
+        if moment is not None:
+            return moment
+    return datetime.now(timezone.utc)
+
+
+class DPReleaseOperator(BaseOperator):
+    """Release ``python_callable``'s exact, clipped answer with DP noise, within budget.
+
+    :param python_callable: returns the exact, already-clipped query answer (a number or
+        an array-like); its sensitivity must be the declared one.
+    :param mechanism: a ``GaussianMechanism``/``LaplaceMechanism`` or its spec; a Gaussian
+        spec may say ``"noise_multiplier": "auto"`` to use the least noise that keeps
+        every key within ``target_epsilon`` (default: its cap).
+    :param l2_sensitivity: L2 sensitivity of the answer (Gaussian).
+    :param l1_sensitivity: L1 sensitivity of the answer (Laplace).
+    :param subject: the privacy unit charged; or ``subjects`` for one release over many.
+    :param tenant: ledger tenant. :param query_type: release family.
+    :param window: budget window; default: the run's data interval under the policy calendar.
+    :param count: how many invocations of the mechanism this release is.
+    :param noise: ``"float"`` or ``"discrete"`` (exact integer noise for counts).
+    :param on_exhausted: ``"fail"`` (raise :class:`DPBudgetExhaustedError`) or ``"skip"``.
+    :param on_budget_warning: a notifier called when a key passes its warning fraction.
+    """
+
+    template_fields: Sequence[str] = (
+        "subject",
+        "subjects",
+        "tenant",
+        "query_type",
+        "window",
+        "op_args",
+        "op_kwargs",
+    )
+    ui_color = "#e8f0fe"
+
+    def __init__(
+        self,
+        *,
+        python_callable: Callable[..., Any],
+        mechanism: Mechanism | Mapping[str, Any],
+        query_type: str,
+        subject: str | None = None,
+        subjects: Collection[str] | str | None = None,
+        tenant: str = "default",
+        window: str | None = None,
+        l2_sensitivity: float | None = None,
+        l1_sensitivity: float | None = None,
+        count: int = 1,
+        noise: str = "float",
+        on_exhausted: str = "fail",
+        target_epsilon: float | None = None,
+        op_args: Collection[Any] | None = None,
+        op_kwargs: Mapping[str, Any] | None = None,
+        on_budget_warning: BaseNotifier | None = None,
+        dp_budget_conn_id: str = DPBudgetHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not callable(python_callable):
+            raise ValueError("python_callable must be callable")
+        if (subject is None) == (subjects is None):
+            raise ValueError("give exactly one of subject or subjects")
+        if noise not in NOISE_KINDS:
+            raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
+        if on_exhausted not in ON_EXHAUSTED:
+            raise ValueError(f"on_exhausted must be one of {ON_EXHAUSTED}, got {on_exhausted!r}")
+        self.python_callable = python_callable
+        self.mechanism = mechanism if isinstance(mechanism, Mechanism) else dict(mechanism)
+        self._auto = self._is_auto(self.mechanism)
+        if not self._auto:
+            # Validate now, at parse time: a bad spec must never reach a run.
+            plan_noise(
+                self._fixed_mechanism(),
+                noise=noise,  # type: ignore[arg-type]
+                l2_sensitivity=l2_sensitivity,
+                l1_sensitivity=l1_sensitivity,
+            )
+        elif l2_sensitivity is None:
+            raise ValueError(
+                'noise_multiplier="auto" is for Gaussian releases: give l2_sensitivity'
+            )
+        self.subject = subject
+        self.subjects = subjects
+        self.tenant = tenant
+        self.query_type = query_type
+        self.window = window
+        self.l2_sensitivity = l2_sensitivity
+        self.l1_sensitivity = l1_sensitivity
+        self.count = count
+        self.noise = noise
+        self.on_exhausted = on_exhausted
+        self.target_epsilon = target_epsilon
+        self.op_args = list(op_args or [])
+        self.op_kwargs = dict(op_kwargs or {})
+        self.on_budget_warning = on_budget_warning
+        self.dp_budget_conn_id = dp_budget_conn_id
+
+    # ------------------------------------------------------------------ mechanism
+
+    @staticmethod
+    def _is_auto(mechanism: Mechanism | dict[str, Any]) -> bool:
+        return (
+            isinstance(mechanism, dict)
+            and mechanism.get("kind") == GaussianMechanism.kind
+            and mechanism.get("noise_multiplier") == "auto"
+        )
+
+    def _fixed_mechanism(self) -> Mechanism:
+        if isinstance(self.mechanism, Mechanism):
+            return self.mechanism
+        return Mechanism.from_spec(self.mechanism)
+
+    def _auto_mechanism(self, ledger: PrivacyBudgetLedger, keys: list[LedgerKey]) -> Mechanism:
+        """The least noise that keeps every key within its target (the noisiest key decides)."""
+        needed = 0.0
+        seen: set[tuple[Any, ...]] = set()
+        for key in keys:
+            accountant: RDPAccountant = ledger.prospective_accountant(key)
+            state = accountant.state()
+            signature = (state.rho, state.residual, state.gaussian_mu_squared)
+            cap = ledger.policy_for(key).cap_epsilon
+            target = min(cap, self.target_epsilon) if self.target_epsilon else cap
+            if (signature, target) in seen:
+                continue
+            seen.add((signature, target))
+            needed = max(
+                needed,
+                plan_noise_multiplier(
+                    accountant,
+                    target,
+                    ledger.delta,
+                    self.count,
+                    ledger.conversion,
+                    mechanism_for=charged_gaussian(self.noise),  # type: ignore[arg-type]
+                ),
+            )
+        self.log.info("noise_multiplier='auto' resolved to %.6g for %d key(s)", needed, len(keys))
+        return GaussianMechanism(needed)
+
+    # ------------------------------------------------------------------ keys
+
+    def _keys(self, ledger: PrivacyBudgetLedger, context: Mapping[str, Any]) -> list[LedgerKey]:
+        window = self.window
+        if not window:
+            calendar = ledger.policy_for_scope(self.tenant, self.query_type).calendar
+            window = calendar.window_of(window_moment(context))
+        subjects = [self.subject] if self.subject is not None else self.subjects
+        if isinstance(subjects, str):
+            raise ValueError("subjects must be a collection of subject ids, not one string")
+        keys = [key_for(s, self.query_type, window, tenant=self.tenant) for s in subjects or []]
+        if not keys:
+            raise ValueError("subjects is empty: a release must charge at least one subject")
+        return keys
+
+    # ------------------------------------------------------------------ execute
+
+    def execute(self, context: Any) -> Any:
+        ledger = DPBudgetHook(dp_budget_conn_id=self.dp_budget_conn_id).get_ledger()
+        keys = self._keys(ledger, context)
+        mechanism = self._auto_mechanism(ledger, keys) if self._auto else self._fixed_mechanism()
+        plan = plan_noise(
+            mechanism,
+            noise=self.noise,  # type: ignore[arg-type]
+            l2_sensitivity=self.l2_sensitivity,
+            l1_sensitivity=self.l1_sensitivity,
+        )
+        try:
+            reservation = ledger.reserve(
+                keys, plan.charged, self.count, attempt=attempt_id(context)
+            )
+        except BudgetExhausted as refusal:
+            Stats.incr("dp_budget.refusals", tags={"query_type": keys[0].query_type})
+            message = f"no release: {refusal}"
+            if self.on_exhausted == "skip":
+                raise AirflowSkipException(message) from refusal
+            raise DPBudgetExhaustedError(message) from refusal
+        self.log.info(
+            "reserved %s on %d key(s), eps would reach %.6g",
+            plan.charged.to_spec(),
+            len(keys),
+            reservation.prospective_epsilon,
+        )
+        try:
+            answer = self.python_callable(*self.op_args, **self.op_kwargs)
+            release = plan.add_noise(answer)
+        finally:
+            # From here on the data was touched: charged on success and on failure alike.
+            receipts = ledger.commit(reservation)
+        summary = self._summary(receipts, reservation.id, plan.charged)
+        context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
+        self._report(receipts, summary, context)
+        return release
+
+    @staticmethod
+    def _summary(
+        receipts: list[SpendReceipt], reservation_id: str, charged: Mechanism
+    ) -> dict[str, Any]:
+        worst = max(receipts, key=lambda r: r.fraction)
+        return {
+            "reservation_id": reservation_id,
+            "mechanism": charged.to_spec(),
+            "keys": len(receipts),
+            "key": worst.key.as_dict(),
+            "epsilon": worst.epsilon,
+            "cap_epsilon": worst.cap_epsilon,
+            "remaining": worst.remaining,
+            "fraction": worst.fraction,
+            "warned": any(r.warned for r in receipts),
+            "method": worst.method,
+        }
+
+    def _report(self, receipts: list[SpendReceipt], summary: dict[str, Any], context: Any) -> None:
+        Stats.incr("dp_budget.spends", tags={"query_type": receipts[0].key.query_type})
+        Stats.gauge(
+            "dp_budget.epsilon_fraction",
+            summary["fraction"],
+            tags={"tenant": receipts[0].key.tenant, "query_type": receipts[0].key.query_type},
+        )
+        warned = [r for r in receipts if r.warned]
+        if not warned:
+            return
+        self.log.warning(
+            "privacy budget warning: %d key(s) past the warning fraction; worst %s at eps %.6g "
+            "of cap %.6g",
+            len(warned),
+            summary["key"],
+            summary["epsilon"],
+            summary["cap_epsilon"],
+        )
+        Stats.incr("dp_budget.warnings", len(warned))
+        if self.on_budget_warning is not None:
+            self.on_budget_warning({**context, RECEIPT_XCOM_KEY: summary})

@@ -1,0 +1,133 @@
+"""BudgetSensor: hold a DAG until its release fits the budget, if need be in the next window.
+
+In deferrable mode the sensor holds no worker slot while it waits: it defers to the
+start of the next budget window (the policy's calendar says when), re-checks there,
+and defers again if the release still does not fit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from airflow.providers.standard.triggers.temporal import DateTimeTrigger
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.configuration import conf
+from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
+
+from dp_budget_provider.accounting import Mechanism
+from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+from dp_budget_provider.ledger import PrivacyBudgetLedger, key_for
+
+
+def utcnow() -> datetime:
+    """The sensor's clock (a function of its own so tests can move it)."""
+    return datetime.now(timezone.utc)
+
+
+class BudgetSensor(BaseSensorOperator):
+    """Succeeds when ``count`` releases of ``mechanism`` fit on every key; returns the window.
+
+    The window is ``window`` if given, else the current window of the policy calendar at
+    check time, so a release refused this week passes once next week opens. The window
+    label that has room is the sensor's XCom value, for the release task to use.
+    """
+
+    template_fields: Sequence[str] = ("subject", "subjects", "tenant", "query_type", "window")
+
+    def __init__(
+        self,
+        *,
+        mechanism: Mechanism | Mapping[str, Any],
+        query_type: str,
+        subject: str | None = None,
+        subjects: Collection[str] | None = None,
+        tenant: str = "default",
+        window: str | None = None,
+        count: int = 1,
+        dp_budget_conn_id: str = DPBudgetHook.default_conn_name,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if (subject is None) == (subjects is None):
+            raise ValueError("give exactly one of subject or subjects")
+        self.mechanism = (
+            mechanism if isinstance(mechanism, Mechanism) else Mechanism.from_spec(mechanism)
+        )
+        self.query_type = query_type
+        self.subject = subject
+        self.subjects = subjects
+        self.tenant = tenant
+        self.window = window
+        self.count = count
+        self.dp_budget_conn_id = dp_budget_conn_id
+        self.deferrable = deferrable
+
+    def _ledger(self) -> PrivacyBudgetLedger:
+        return DPBudgetHook(dp_budget_conn_id=self.dp_budget_conn_id).get_ledger()
+
+    def _window(self, ledger: PrivacyBudgetLedger, now: datetime) -> str:
+        if self.window:
+            return self.window
+        return ledger.policy_for_scope(self.tenant, self.query_type).calendar.window_of(now)
+
+    def _fits(self, ledger: PrivacyBudgetLedger, window: str) -> bool:
+        subjects = [self.subject] if self.subject is not None else list(self.subjects or [])
+        keys = [key_for(s, self.query_type, window, tenant=self.tenant) for s in subjects]
+        if not keys:
+            raise AirflowFailException("subjects is empty: nothing to wait for")
+        fresh = key_for("-", self.query_type, window, tenant=self.tenant)
+        if ledger.would_exceed(fresh, self.mechanism, self.count):
+            raise AirflowFailException(
+                f"{self.count} x {self.mechanism.to_spec()} exceeds the cap even on an empty "
+                "account: no window will ever fit it"
+            )
+        return not any(ledger.would_exceed(key, self.mechanism, self.count) for key in keys)
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        ledger = self._ledger()
+        window = self._window(ledger, utcnow())
+        fits = self._fits(ledger, window)
+        self.log.info("window %s %s the release", window, "fits" if fits else "cannot fit")
+        return PokeReturnValue(is_done=fits, xcom_value=window if fits else None)
+
+    # ------------------------------------------------------------------ deferrable mode
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        deadline = utcnow() + timedelta(seconds=self.timeout)
+        return self._check_or_defer(deadline)
+
+    def execute_complete(self, context: Any, event: Any = None, deadline: str = "") -> Any:
+        """Back from the trigger at a window start: check again, or wait for the next one."""
+        return self._check_or_defer(datetime.fromisoformat(deadline))
+
+    def _check_or_defer(self, deadline: datetime) -> str:
+        ledger = self._ledger()
+        now = utcnow()
+        window = self._window(ledger, now)
+        if self._fits(ledger, window):
+            self.log.info("window %s fits the release", window)
+            return window
+        if self.window:
+            wake = now + timedelta(seconds=self.poke_interval)
+        else:
+            calendar = ledger.policy_for_scope(self.tenant, self.query_type).calendar
+            wake = calendar.next_window_start(now)
+        if wake > deadline:
+            message = (
+                f"window {window} cannot fit the release and the next check at {wake.isoformat()} "
+                f"is past the sensor timeout ({deadline.isoformat()})"
+            )
+            if self.soft_fail:
+                raise AirflowSkipException(message)
+            raise AirflowSensorTimeout(message)
+        self.log.info("window %s cannot fit the release: deferring until %s", window, wake)
+        self.defer(
+            trigger=DateTimeTrigger(moment=wake),
+            method_name="execute_complete",
+            kwargs={"deadline": deadline.isoformat()},
+        )

@@ -1,0 +1,230 @@
+"""DPReleaseOperator under dag.test() on a real Airflow metadata DB; ledger on SQLite and PG."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant
+from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
+from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
+
+DELTA = 1e-5
+
+RELEASE_DAG = """
+from datetime import datetime, timedelta, timezone
+import json, pathlib
+from airflow.sdk import DAG, task
+from dp_budget_provider.operators.release import DPReleaseOperator
+
+OUT = pathlib.Path({out!r})
+
+def answer():
+    OUT.with_suffix(".ran").write_text("ran")
+    {body}
+
+with DAG("DAG_ID", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc)) as dag:
+    release = DPReleaseOperator(
+        task_id="release",
+        python_callable=answer,
+        mechanism={mechanism!r},
+        l2_sensitivity=1.0,
+        l1_sensitivity=1.0,
+        subject={subject!r},
+        query_type="heatmap",
+        window="2026-w28",
+        noise={noise!r},
+        on_exhausted={on_exhausted!r},
+        retries={retries},
+        retry_delay=timedelta(seconds=0),
+    )
+
+    @task
+    def record(value, ti=None):
+        receipt = ti.xcom_pull(task_ids="release", key="dp_budget_receipt")
+        OUT.write_text(json.dumps({{"value": value, "receipt": receipt}}))
+
+    record(release.output)
+"""
+
+
+def run_release(
+    tmp_path,
+    *,
+    body="return [[3, 1], [0, 7]]",
+    mechanism=None,
+    subject="alice",
+    noise="float",
+    on_exhausted="fail",
+    retries=0,
+):
+    out = tmp_path / "out.json"
+    source = RELEASE_DAG.format(
+        out=str(out),
+        body=body,
+        mechanism=mechanism or {"kind": "gaussian", "noise_multiplier": 4.0},
+        subject=subject,
+        noise=noise,
+        on_exhausted=on_exhausted,
+        retries=retries,
+    )
+    dag_run = load_dag(source).test()
+    result = json.loads(out.read_text()) if out.exists() else None
+    return dag_run, result, out.with_suffix(".ran").exists()
+
+
+@pytest.fixture
+def ledger(airflow_db, ledger_url, monkeypatch):
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url)
+    ledger_connection(monkeypatch, ledger_url)
+    yield ledger
+    ledger.close()
+
+
+KEY = key_for("alice", "heatmap", "2026-w28")
+
+
+def expected_eps(*releases):
+    accountant = RDPAccountant()
+    for mechanism in releases:
+        accountant.compose(mechanism)
+    return accountant.get_epsilon(DELTA)[0]
+
+
+def test_success_commits_exactly_once_and_returns_the_noisy_release(ledger, tmp_path):
+    dag_run, result, ran = run_release(tmp_path)
+    assert str(dag_run.state) == "success"
+    assert ran
+    noisy = result["value"]
+    assert len(noisy) == 2 and len(noisy[0]) == 2
+    assert noisy != [[3, 1], [0, 7]]  # noise was added (continuous: equality has probability 0)
+    receipt = result["receipt"]
+    assert receipt["epsilon"] == pytest.approx(expected_eps(GaussianMechanism(4.0)), rel=1e-12)
+    assert receipt["mechanism"] == {"kind": "gaussian", "noise_multiplier": 4.0}
+    assert receipt["keys"] == 1 and receipt["key"]["subject"] == "alice"
+    assert ledger.epsilon_of(KEY) == pytest.approx(receipt["epsilon"])
+    actions = [e["action"] for e in ledger.history(KEY)]
+    assert actions == ["reserve", "commit"]
+    attempt = ledger.history(KEY)[-1]["payload"]["attempt_id"]
+    assert attempt.endswith("/release/" + dag_run.run_id + "/-1/1")
+
+
+def test_refusal_runs_nothing_writes_nothing_and_fails(ledger, tmp_path):
+    ledger.spend(KEY, GaussianMechanism(1.4))  # 2.98 of 3.0 spent: z=4 (-> 3.18) cannot fit
+    before = ledger.history()
+    dag_run, result, ran = run_release(tmp_path)
+    assert str(dag_run.state) == "failed"
+    assert task_states(dag_run)["release"] == "failed"
+    assert not ran and result is None
+    assert ledger.history() == before
+
+
+def test_refusal_with_on_exhausted_skip_skips(ledger, tmp_path):
+    ledger.spend(KEY, GaussianMechanism(1.4))
+    dag_run, result, ran = run_release(tmp_path, on_exhausted="skip")
+    assert task_states(dag_run)["release"] == "skipped"
+    assert not ran and result is None
+
+
+def test_a_callable_failing_after_it_started_is_charged(ledger, tmp_path):
+    dag_run, _, ran = run_release(tmp_path, body="raise RuntimeError('data-dependent failure')")
+    assert ran and task_states(dag_run)["release"] == "failed"
+    assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(GaussianMechanism(4.0)), rel=1e-12)
+
+
+def test_a_task_retried_twice_is_charged_three_times(ledger, tmp_path):
+    dag_run, _, _ = run_release(tmp_path, body="raise RuntimeError('flaky')", retries=2)
+    assert task_states(dag_run)["release"] == "failed"
+    commits = [e for e in ledger.history(KEY) if e["action"] == "commit"]
+    assert [c["payload"]["attempt_id"].rsplit("/", 1)[1] for c in commits] == ["1", "2", "3"]
+    assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(*[GaussianMechanism(4.0)] * 3))
+
+
+def test_discrete_laplace_counts_are_integers_and_charged_as_pure_dp(ledger, tmp_path):
+    dag_run, result, _ = run_release(
+        tmp_path,
+        body="return [12, 0, 5]",
+        mechanism={"kind": "laplace", "epsilon0": 0.5},
+        noise="discrete",
+    )
+    assert str(dag_run.state) == "success"
+    assert all(isinstance(v, int) for v in result["value"])
+    assert result["receipt"]["mechanism"] == {"kind": "pure_dp", "epsilon0": 0.5}
+
+
+def test_auto_noise_multiplier_spends_exactly_to_the_cap(ledger, tmp_path):
+    ledger.spend(KEY, GaussianMechanism(4.0))
+    dag_run, result, _ = run_release(
+        tmp_path, mechanism={"kind": "gaussian", "noise_multiplier": "auto"}
+    )
+    assert str(dag_run.state) == "success"
+    assert result["receipt"]["epsilon"] == pytest.approx(3.0, rel=1e-6)
+    assert result["receipt"]["epsilon"] <= 3.0
+
+
+def test_templated_subject(ledger, tmp_path):
+    dag_run, result, _ = run_release(
+        tmp_path, subject="subject-{{ ti.task_id }}-{{ params.get('x', 7) }}"
+    )
+    assert result["receipt"]["key"]["subject"] == "subject-release-7"
+
+
+RACE_SCRIPT = """
+import json, os, sys, tempfile, subprocess
+home = tempfile.mkdtemp()
+os.environ.update(AIRFLOW_HOME=home, AIRFLOW__CORE__LOAD_EXAMPLES="False",
+                  AIRFLOW__CORE__DAGS_FOLDER=os.path.join(home, "dags"))
+os.makedirs(os.path.join(home, "dags"))
+subprocess.run([os.path.join(os.path.dirname(sys.executable), "airflow"), "db", "migrate"],
+               check=True, capture_output=True)
+sys.path.insert(0, {root!r})
+from tests.airflow.dag_runner import load_dag
+states = []
+for _ in range(6):
+    states.append(str(load_dag({source!r}).test().state))
+print(json.dumps(states))
+"""
+
+
+def test_two_processes_racing_on_one_key_never_exceed_the_cap(ledger, ledger_url, tmp_path):
+    source = RELEASE_DAG.format(
+        out=str(tmp_path / "ignored.json"),
+        body="return 1.0",
+        mechanism={"kind": "gaussian", "noise_multiplier": 3.0},
+        subject="alice",
+        noise="float",
+        on_exhausted="fail",
+        retries=0,
+    )
+    root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
+    script = textwrap.dedent(RACE_SCRIPT.format(root=root, source=source))
+    env = {
+        **__import__("os").environ,
+        "AIRFLOW_CONN_DP_BUDGET_DEFAULT": json.dumps(
+            {"conn_type": "dp_budget", "extra": {"url": ledger_url}}
+        ),
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    states = [json.loads(p.communicate(timeout=600)[0].strip().splitlines()[-1]) for p in procs]
+    successes = sum(s.count("success") for s in states)
+    assert ledger.epsilon_of(KEY) <= 3.0
+    assert ledger.epsilon_of(KEY) == pytest.approx(
+        expected_eps(*[GaussianMechanism(3.0)] * successes), rel=1e-12
+    )
+    commits = [e for e in ledger.history(KEY) if e["action"] == "commit"]
+    assert len(commits) == successes >= 1
+    assert sum(s.count("failed") for s in states) == 12 - successes
+    assert ledger.verify().ok
