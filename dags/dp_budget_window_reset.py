@@ -66,4 +66,4 @@ def dp_budget_window_reset() -> None:
     log_summary(reaped, resets, verified)
 
 
-dp_budget_window_reset()
+window_reset_dag = dp_budget_window_reset()

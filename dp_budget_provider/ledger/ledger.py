@@ -41,7 +41,7 @@ from dp_budget_provider.ledger.errors import (
     LedgerError,
     ReservationStateError,
 )
-from dp_budget_provider.ledger.keys import LedgerKey
+from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
 from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy, lookup_order
 from dp_budget_provider.ledger.records import (
     COMMITTED,
@@ -349,6 +349,12 @@ class PrivacyBudgetLedger:
         if len(ordered) != len(listed):
             raise ValueError("the same key appears more than once in one release")
         return ordered
+
+    @staticmethod
+    def _one_key(key: LedgerKey) -> list[LedgerKey]:
+        if not isinstance(key, LedgerKey):
+            raise ValueError(f"expected one LedgerKey (see key_for), got {key!r}")
+        return [key]
 
     @staticmethod
     def _mechanism(mechanism: Mechanism | Mapping[str, Any]) -> Mechanism:
@@ -838,9 +844,7 @@ class PrivacyBudgetLedger:
         attempt: str | None = None,
     ) -> SpendReceipt:
         """Reserve and commit one release on one key in a single transaction."""
-        keys = self._keys(key)
-        if len(keys) != 1:
-            raise ValueError("spend takes one key; use reserve/commit for many")
+        keys = self._one_key(key)
         mechanism = self._mechanism(mechanism)
         count = check.positive_int("count", count)
         attempt_id = self._attempt(attempt)
@@ -930,9 +934,9 @@ class PrivacyBudgetLedger:
         """Live accounts in key order, optionally filtered, with their status."""
         query = select(Account).order_by(*_KEY_COLUMNS).offset(offset)
         if window is not None:
-            query = query.where(Account.window == window)
+            query = query.where(Account.window == canonical_part("window", window))
         if tenant is not None:
-            query = query.where(Account.tenant == tenant)
+            query = query.where(Account.tenant == canonical_part("tenant", tenant))
         if limit is not None:
             query = query.limit(limit)
         size = self._orders.size
@@ -1120,7 +1124,7 @@ class PrivacyBudgetLedger:
         Corrections only add spend: an under-count is fixed by charging, and nothing
         is ever refunded. The cap is not checked: the release already happened.
         """
-        keys = self._keys(key)
+        keys = self._one_key(key)
         mechanism = self._mechanism(mechanism)
         count = check.positive_int("count", count)
         if not isinstance(reason, str) or not reason.strip():
@@ -1146,6 +1150,47 @@ class PrivacyBudgetLedger:
             return self._receipts(connection, keys)[0]
 
     # ------------------------------------------------------------------ audit
+
+    @staticmethod
+    def _replay(
+        entry: Any,
+        keys_of: Mapping[str, list[LedgerKey]],
+        digests: Mapping[str, str],
+        expected: dict[LedgerKey, Spend],
+        open_count: dict[LedgerKey, int],
+        size: int,
+    ) -> list[str]:
+        """Apply one history entry to the replayed account states; returns problems found."""
+        problems: list[str] = []
+        payload = json.loads(entry.payload)
+        keys = keys_of.get(entry.reservation_id or "", [])
+        if entry.action == "reserve":
+            if payload.get("keys_digest") != digests.get(entry.reservation_id):
+                problems.append(f"entry {entry.seq}: reservation digest differs from its entry")
+            for key in keys:
+                open_count[key] += 1
+                expected.setdefault(key, Spend())
+        elif entry.action in ("commit", "reap"):
+            cost = Spend.from_payload(payload["cost"], size)
+            for key in keys:
+                expected[key] = expected[key].plus(cost)
+                open_count[key] -= 1
+        elif entry.action == "release":
+            for key in keys:
+                open_count[key] -= 1
+        elif entry.action == "correction":
+            key = _key_of(entry)
+            expected[key] = expected[key].plus(Spend.from_payload(payload["cost"], size))
+        elif entry.action == "rescope":
+            old = LedgerKey(**payload["from"])
+            new = _key_of(entry)
+            expected[new] = expected[new].plus(expected.pop(old, Spend()))
+            open_count.pop(old, None)
+        elif entry.action == "reset":
+            for key in [k for k in expected if k.window == payload["window"]]:
+                del expected[key]
+                open_count.pop(key, None)
+        return problems
 
     def verify(self) -> VerifyReport:
         """Check the hash chain, every reservation's key set, and replay history onto the accounts.
@@ -1176,36 +1221,10 @@ class PrivacyBudgetLedger:
             expected: dict[LedgerKey, Spend] = defaultdict(Spend)
             open_count: dict[LedgerKey, int] = defaultdict(int)
             for entry in connection.execute(select(HistoryEntry).order_by(HistoryEntry.seq)):
-                payload = json.loads(entry.payload)
-                keys = keys_of.get(entry.reservation_id or "", [])
-                if entry.action == "reserve":
-                    if payload.get("keys_digest") != digests.get(entry.reservation_id):
-                        problems.append(
-                            f"entry {entry.seq}: reservation digest differs from its entry"
-                        )
-                    for key in keys:
-                        open_count[key] += 1
-                        expected.setdefault(key, Spend())
-                elif entry.action in ("commit", "reap"):
-                    cost = Spend.from_payload(payload["cost"], size)
-                    for key in keys:
-                        expected[key] = expected[key].plus(cost)
-                        open_count[key] -= 1
-                elif entry.action == "release":
-                    for key in keys:
-                        open_count[key] -= 1
-                elif entry.action == "correction":
-                    key = _key_of(entry)
-                    expected[key] = expected[key].plus(Spend.from_payload(payload["cost"], size))
-                elif entry.action == "rescope":
-                    old = LedgerKey(**payload["from"])
-                    new = _key_of(entry)
-                    expected[new] = expected[new].plus(expected.pop(old, Spend()))
-                    open_count.pop(old, None)
-                elif entry.action == "reset":
-                    for key in [k for k in expected if k.window == payload["window"]]:
-                        del expected[key]
-                        open_count.pop(key, None)
+                try:
+                    problems += self._replay(entry, keys_of, digests, expected, open_count, size)
+                except (ValueError, KeyError, TypeError, LedgerCorrupt) as error:
+                    problems.append(f"entry {entry.seq}: unreadable payload ({error!r}); edited?")
             accounts = {_key_of(row): row for row in connection.execute(select(Account))}
         for key, row in accounts.items():
             stored = Spend.from_columns(row.rho, row.residual, row.gaussian_mu2, size)

@@ -10,6 +10,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from airflow.sdk import DAG
+
 
 def ledger_connection(monkeypatch: Any, url: str) -> None:
     """Point the default dp_budget connection at ``url`` (the documented env-var contract)."""
@@ -18,7 +20,7 @@ def ledger_connection(monkeypatch: Any, url: str) -> None:
 
 
 def load_dag(source: str) -> Any:
-    """Write ``source`` into the dags folder and import it; returns its module-level ``dag``."""
+    """Write ``source`` into the dags folder and import it; returns the DAG it defines."""
     name = f"test_dag_{uuid.uuid4().hex[:10]}"
     path = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / f"{name}.py"
     path.write_text(textwrap.dedent(source).replace("DAG_ID", name))
@@ -26,7 +28,9 @@ def load_dag(source: str) -> Any:
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.dag
+    dags = [value for value in vars(module).values() if isinstance(value, DAG)]
+    assert len(dags) == 1, f"expected one DAG in the source, found {len(dags)}"
+    return dags[0]
 
 
 def task_states(dag_run: Any) -> dict[str, str]:

@@ -1,0 +1,86 @@
+"""DPBudgetHook: which ledger a connection points at, and the embedded default."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from dp_budget_provider.hooks import dp_budget
+from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+from dp_budget_provider.ledger import LedgerConfigMismatch
+
+
+def conn(monkeypatch, conn_id, **fields):
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "dp_budget", **fields})
+    )
+
+
+def test_extra_url_names_the_ledger(monkeypatch, sqlite_url):
+    conn(monkeypatch, "dp_budget_default", extra={"url": sqlite_url})
+    assert DPBudgetHook().ledger_url() == sqlite_url
+
+
+def test_host_fields_build_a_postgresql_url(monkeypatch):
+    conn(
+        monkeypatch,
+        "ledger_pg",
+        host="db.internal",
+        port=6432,
+        schema="ledger",
+        login="dp",
+        password="s3cr/t",
+    )
+    url = DPBudgetHook("ledger_pg").ledger_url()
+    assert url == "postgresql+psycopg2://dp:s3cr%2Ft@db.internal:6432/ledger"
+
+
+def test_connection_without_url_or_host_is_an_error(monkeypatch):
+    conn(monkeypatch, "empty_ledger")
+    with pytest.raises(ValueError, match="neither extra.url nor a host"):
+        DPBudgetHook("empty_ledger").ledger_url()
+
+
+def test_a_missing_named_connection_is_an_error_not_a_default(monkeypatch):
+    with pytest.raises(AirflowNotFoundException):
+        DPBudgetHook("does_not_exist").ledger_url()
+
+
+def test_embedded_default_without_a_connection_is_announced_once(
+    monkeypatch, tmp_path, caplog, capfd
+):
+    monkeypatch.delenv("AIRFLOW_CONN_DP_BUDGET_DEFAULT", raising=False)
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    dp_budget._announced_embedded.clear()
+    with caplog.at_level("INFO"):
+        first = DPBudgetHook().ledger_url()
+        second = DPBudgetHook().ledger_url()
+    assert first == second == f"sqlite:///{tmp_path / 'dp_budget_ledger.db'}"
+    out, err = capfd.readouterr()
+    logged = caplog.text + out + err
+    assert logged.count("embedded SQLite budget ledger") == 1
+
+
+def test_a_new_ledger_takes_its_defaults_from_config(monkeypatch, sqlite_url):
+    conn(monkeypatch, "dp_budget_default", extra={"url": sqlite_url})
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__DEFAULT_CAP_EPSILON", "1.5")
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__DELTA", "1e-07")
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__WINDOW_CALENDAR", "month")
+    ledger = DPBudgetHook().get_ledger()
+    policy = ledger.policies()[0]
+    assert (policy.cap_epsilon, ledger.delta, policy.calendar.kind) == (1.5, 1e-7, "month")
+    # An existing ledger keeps what it stores, whatever the config says now.
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__DELTA", "1e-05")
+    assert DPBudgetHook().get_ledger().delta == 1e-7
+    ok, message = DPBudgetHook().test_connection()
+    assert ok and "ledger OK" in message
+
+
+def test_opening_a_ledger_with_a_conflicting_cap_stays_refused(sqlite_url):
+    from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger
+
+    PrivacyBudgetLedger(BudgetCap(1.0, 1e-5), url=sqlite_url).close()
+    with pytest.raises(LedgerConfigMismatch):
+        PrivacyBudgetLedger(BudgetCap(2.0, 1e-5), url=sqlite_url)

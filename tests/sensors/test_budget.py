@@ -1,0 +1,151 @@
+"""BudgetSensor: deferral to the next window (time-travelled clock and a real dag.test run)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferred
+
+from dp_budget_provider.accounting import GaussianMechanism
+from dp_budget_provider.ledger import (
+    BudgetCap,
+    Policy,
+    PrivacyBudgetLedger,
+    WindowCalendar,
+    key_for,
+)
+from dp_budget_provider.sensors import budget
+from dp_budget_provider.sensors.budget import BudgetSensor
+from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
+
+UTC = timezone.utc
+BIG = GaussianMechanism(1.5)  # eps 2.75: one per window under a cap of 3
+
+
+@pytest.fixture
+def ledger(airflow_db, sqlite_url, monkeypatch):
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=sqlite_url)
+    ledger_connection(monkeypatch, sqlite_url)
+    yield ledger
+    ledger.close()
+
+
+def sensor(**overrides):
+    arguments = dict(
+        task_id="wait",
+        mechanism=BIG,
+        subject="alice",
+        query_type="heatmap",
+        deferrable=True,
+        timeout=timedelta(days=30),
+    )
+    return BudgetSensor(**{**arguments, **overrides})
+
+
+def at(monkeypatch, moment):
+    monkeypatch.setattr(budget, "utcnow", lambda: moment)
+
+
+def test_defers_to_the_next_iso_week_and_completes_there(ledger, monkeypatch):
+    ledger.spend(key_for("alice", "heatmap", "2026-w29"), BIG)
+    at(monkeypatch, datetime(2026, 7, 14, 12, 0, tzinfo=UTC))  # inside 2026-w29
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor().execute({})
+    assert deferred.value.trigger.moment == datetime(2026, 7, 20, tzinfo=UTC)
+    assert deferred.value.method_name == "execute_complete"
+    deadline = deferred.value.kwargs["deadline"]
+    at(monkeypatch, datetime(2026, 7, 20, 0, 0, 1, tzinfo=UTC))
+    assert sensor().execute_complete({}, deadline=deadline) == "2026-w30"
+
+
+def test_defers_again_when_the_next_window_is_full_too(ledger, monkeypatch):
+    for window in ("2026-w29", "2026-w30"):
+        ledger.spend(key_for("alice", "heatmap", window), BIG)
+    at(monkeypatch, datetime(2026, 7, 20, 0, 0, 1, tzinfo=UTC))
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor().execute_complete({}, deadline="2026-08-30T00:00:00+00:00")
+    assert deferred.value.trigger.moment == datetime(2026, 7, 27, tzinfo=UTC)
+
+
+def test_times_out_when_the_next_window_is_past_the_timeout(ledger, monkeypatch):
+    ledger.spend(key_for("alice", "heatmap", "2026-w29"), BIG)
+    at(monkeypatch, datetime(2026, 7, 14, 12, 0, tzinfo=UTC))
+    with pytest.raises(AirflowSensorTimeout, match="timeout"):
+        sensor(timeout=timedelta(days=1)).execute({})
+    with pytest.raises(AirflowSkipException):
+        sensor(timeout=timedelta(days=1), soft_fail=True).execute({})
+
+
+def test_succeeds_at_once_when_the_release_fits(ledger, monkeypatch):
+    at(monkeypatch, datetime(2026, 7, 14, 12, 0, tzinfo=UTC))
+    assert sensor().execute({}) == "2026-w29"
+
+
+def test_a_release_too_big_for_any_window_fails_immediately(ledger, monkeypatch):
+    at(monkeypatch, datetime(2026, 7, 14, 12, 0, tzinfo=UTC))
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with pytest.raises(AirflowFailException, match="no window will ever fit"):
+        sensor(mechanism=GaussianMechanism(0.5)).execute({})
+
+
+SENSOR_DAG = """
+from datetime import datetime, timedelta, timezone
+from airflow.sdk import DAG
+from dp_budget_provider.operators.release import DPReleaseOperator
+from dp_budget_provider.sensors.budget import BudgetSensor
+
+SPEC = {{"kind": "gaussian", "noise_multiplier": 1.5}}
+with DAG("DAG_ID", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc)) as dag:
+    wait = BudgetSensor(task_id="wait", mechanism=SPEC, subject="alice", query_type="burst",
+                        tenant="demo", {mode}, poke_interval=1,
+                        timeout=timedelta(seconds={timeout}), soft_fail={soft_fail})
+    release = DPReleaseOperator(task_id="release", python_callable=lambda: 1.0, mechanism=SPEC,
+                                l2_sensitivity=1.0, subject="alice", query_type="burst",
+                                tenant="demo", window=wait.output)
+    wait >> release
+"""
+
+
+def short_windows(ledger, seconds):
+    ledger.set_policy(
+        Policy(
+            3.0,
+            tenant="demo",
+            calendar=WindowCalendar("fixed", seconds),
+            min_window=timedelta(seconds=seconds),
+            compliance_clause="demo only: windows of a few seconds",
+        )
+    )
+    return WindowCalendar("fixed", seconds)
+
+
+def test_dag_defers_until_the_next_window_opens_then_releases_there(ledger):
+    calendar = short_windows(ledger, 6)
+    now = datetime.now(UTC)
+    current = calendar.window_of(now)
+    ledger.spend(key_for("alice", "burst", current, tenant="demo"), BIG)
+    dag_run = load_dag(
+        SENSOR_DAG.format(mode="deferrable=True", timeout=60, soft_fail=False)
+    ).test()
+    assert task_states(dag_run) == {"wait": "success", "release": "success"}
+    released = [e for e in ledger.history() if e["action"] == "commit"][-1]
+    assert released["key"]["window"] != current
+    assert datetime.now(UTC) >= calendar.next_window_start(now)
+
+
+@pytest.mark.parametrize(("soft_fail", "state"), [(False, "failed"), (True, "skipped")])
+def test_poke_mode_honours_timeout_and_soft_fail(ledger, soft_fail, state):
+    short_windows(ledger, 3600)
+    ledger.spend(
+        key_for(
+            "alice",
+            "burst",
+            WindowCalendar("fixed", 3600).window_of(datetime.now(UTC)),
+            tenant="demo",
+        ),
+        BIG,
+    )
+    dag_run = load_dag(SENSOR_DAG.format(mode='mode="poke"', timeout=2, soft_fail=soft_fail)).test()
+    assert task_states(dag_run)["wait"] == state

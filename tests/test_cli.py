@@ -1,0 +1,598 @@
+"""The ``dp-budget`` CLI, run as a real subprocess and in-process, on SQLite and PostgreSQL."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from dp_budget_provider import __version__
+from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
+from dp_budget_provider.cli import main, parse_duration, parse_moment
+from dp_budget_provider.ledger import (
+    BudgetCap,
+    Policy,
+    PrivacyBudgetLedger,
+    WindowCalendar,
+    database,
+    key_for,
+)
+
+UTC = timezone.utc
+DELTA = 1e-5
+CLOSED = "2020-w01"
+OPEN_WINDOW = WindowCalendar().window_of(datetime.now(UTC))
+ALICE = key_for("alice", "heatmap", CLOSED)
+BOB = key_for("bob", "heatmap", CLOSED)
+ERIN = key_for("erin", "heatmap", CLOSED)
+DAVE = key_for("dave", "count", OPEN_WINDOW, tenant="acme")
+CLAUSE = "DPA 2026-04 s.3: at most eps 2 per customer per week"
+
+
+def run(*args, url=None, env_url=None):
+    """The CLI as a user runs it: a separate process, DP_BUDGET_URL only when asked."""
+    env = {k: v for k, v in os.environ.items() if k != "DP_BUDGET_URL"}
+    if env_url is not None:
+        env["DP_BUDGET_URL"] = env_url
+    command = [sys.executable, "-m", "dp_budget_provider.cli"]
+    command += ["--url", url] if url else []
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+def call(capsys, *args):
+    """The CLI in-process: (exit code, stdout, stderr)."""
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:  # argparse usage errors
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(result):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dp-budget: error:"), result.stderr
+
+
+def seed(url):
+    """A ledger with ok, WARNING and EXHAUSTED accounts, a multi-key release, an open one."""
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=url)
+    ledger.spend(ALICE, GaussianMechanism(4.0), count=3, attempt="heat/run1/1")  # seq 3, 4
+    ledger.commit(ledger.reserve([ALICE, BOB], LaplaceMechanism(0.1), attempt="pair/run1/1"))
+    ledger.spend(BOB, GaussianMechanism(1.6), attempt="heat/run1/2")  # past 80%
+    ledger.spend(ERIN, GaussianMechanism(2.0), attempt="heat/run1/3")
+    ledger.correct(ERIN, GaussianMechanism(1.0), reason="missed release")  # past the cap
+    ledger.set_policy(Policy(2.0, tenant="acme", compliance_clause=CLAUSE))
+    reservation = ledger.reserve(DAVE, GaussianMechanism(4.0), attempt="count/run1/1")
+    ledger.close()
+    return reservation
+
+
+@pytest.fixture
+def seeded(sqlite_url):
+    seed(sqlite_url)
+    return sqlite_url
+
+
+@pytest.fixture
+def seeded_any(ledger_url):
+    seed(ledger_url)
+    return ledger_url
+
+
+def open_ledger(url):
+    return PrivacyBudgetLedger(url=url)
+
+
+# ---------------------------------------------------------------------- url and errors
+
+
+def test_no_url_is_a_usage_error():
+    result = run("status")
+    assert result.returncode == 2
+    assert_one_line_error(result)
+    assert "DP_BUDGET_URL" in result.stderr
+
+
+def test_url_from_environment_option_before_or_after_the_command(seeded):
+    assert run("verify", env_url=seeded).returncode == 0
+    assert run("verify", url=seeded).returncode == 0
+    assert run("verify", "--url", seeded).returncode == 0
+
+
+def test_missing_sqlite_file_is_not_created(tmp_path):
+    path = tmp_path / "typo.db"
+    result = run("status", url=f"sqlite:///{path}")
+    assert_one_line_error(result)
+    assert "no ledger database file" in result.stderr
+    assert not path.exists()
+
+
+def test_unreachable_database_is_one_line():
+    result = run("status", url="postgresql+psycopg2://nobody@127.0.0.1:1/none")
+    assert result.returncode == 1
+    assert_one_line_error(result)
+
+
+def test_console_script_is_installed(seeded):
+    script = Path(sys.executable).with_name("dp-budget")
+    assert script.exists()
+    result = subprocess.run(
+        [str(script), "--url", seeded, "verify"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0 and result.stdout.startswith("OK")
+
+
+# ---------------------------------------------------------------------- db upgrade, init
+
+
+def test_db_upgrade_then_init_on_an_empty_database(ledger_url):
+    result = run("db", "upgrade", url=ledger_url)
+    assert result.returncode == 0, result.stderr
+    assert f"revision {database.head_revision()}" in result.stdout
+    assert run("db", "upgrade", url=ledger_url).returncode == 0  # idempotent
+
+    not_yet = run("status", url=ledger_url)
+    assert_one_line_error(not_yet)
+    assert "dp-budget init" in not_yet.stderr
+
+    created = run("init", "--epsilon", "3", "--delta", "1e-5", url=ledger_url)
+    assert created.returncode == 0, created.stderr
+    assert "created" in created.stdout
+    ledger = open_ledger(ledger_url)
+    assert ledger.delta == DELTA
+    assert ledger.policies()[0].cap_epsilon == 3.0
+    ledger.close()
+
+
+def test_init_is_idempotent_and_refuses_another_configuration(sqlite_url, capsys):
+    code, out, _ = call(capsys, "--url", sqlite_url, "init", "--epsilon", "3", "--delta", "1e-6")
+    assert code == 0 and "created" in out
+    code, out, _ = call(capsys, "--url", sqlite_url, "init", "--epsilon", "3", "--delta", "1e-6")
+    assert code == 0 and "exists already" in out
+    result = run("init", "--epsilon", "3", "--delta", "1e-5", url=sqlite_url)
+    assert_one_line_error(result)
+    assert "delta" in result.stderr
+
+
+def test_a_classic_ledger_opens_with_its_own_conversion(sqlite_url, capsys):
+    assert (
+        run(
+            "init", "--epsilon", "9", "--delta", "1e-5", "--conversion", "classic", url=sqlite_url
+        ).returncode
+        == 0
+    )
+    ledger = PrivacyBudgetLedger(url=sqlite_url, conversion="classic")
+    ledger.spend(ALICE, GaussianMechanism(4.0), count=20)
+    ledger.close()
+    code, out, _ = call(capsys, "--url", sqlite_url, "status", "--json")
+    assert code == 0
+    document = json.loads(out)
+    assert document["ledger"]["conversion"] == "classic"
+    assert document["accounts"][0]["epsilon"] == pytest.approx(5.989924526737262)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--epsilon", "0", "--delta", "1e-5"),
+        ("--epsilon", "3", "--delta", "1.5"),
+        ("--epsilon", "3", "--delta", "1e-5", "--warn-fraction", "2"),
+    ],
+)
+def test_init_rejects_invalid_caps(sqlite_url, args):
+    assert_one_line_error(run("init", *args, url=sqlite_url))
+
+
+# ---------------------------------------------------------------------- status
+
+
+def table(out):
+    """Header and rows of the first aligned table in ``out``."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(("TENANT", "SEQ")))
+    rows = []
+    for line in lines[start + 1 :]:
+        if not line.strip() or line.startswith(("showing", "more entries")) or "account(s)" in line:
+            break
+        rows.append(line)
+    return lines[start], rows
+
+
+def test_status_table_is_aligned_with_states(seeded_any):
+    result = run("status", url=seeded_any)
+    assert result.returncode == 0, result.stderr
+    header, rows = table(result.stdout)
+    assert "delta=1e-05" in result.stdout.splitlines()[0]
+    assert len(rows) == 4
+    state_at = header.index("STATE")
+    states = {row.split()[1]: row[state_at:].strip() for row in rows}
+    assert states == {"alice": "ok", "bob": "WARNING", "erin": "EXHAUSTED", "dave": "ok"}
+    ledger = open_ledger(seeded_any)
+    eps_end = header.index("EPS") + len("EPS")
+    for row in rows:
+        tenant, subject, query_type, window = row.split()[:4]
+        epsilon = ledger.receipt(key_for(subject, query_type, window, tenant=tenant)).epsilon
+        assert row[:eps_end].endswith(f"{epsilon:.4f}")  # right-aligned under EPS
+    ledger.close()
+    dave = next(row for row in rows if " dave " in row)
+    assert dave[header.index("OPEN") : header.index("OPEN") + 4].strip() == "1"
+    assert "4 account(s)" in result.stdout
+
+
+def test_status_json_and_filters(seeded_any, capsys):
+    code, out, _ = call(capsys, "--url", seeded_any, "status", "--json", "--window", "2020-W01")
+    assert code == 0
+    document = json.loads(out)
+    assert document["total"] == 3
+    assert document["filters"] == {"window": CLOSED, "tenant": None}
+    by_subject = {a["subject"]: a for a in document["accounts"]}
+    assert set(by_subject) == {"alice", "bob", "erin"}
+    assert by_subject["erin"]["state"] == "EXHAUSTED"
+    assert by_subject["bob"]["state"] == "WARNING"
+    assert by_subject["alice"]["delta"] == DELTA
+    assert by_subject["alice"]["releases"] == 4
+
+    code, out, _ = call(capsys, "--url", seeded_any, "status", "--tenant", "ACME", "--json")
+    assert [a["subject"] for a in json.loads(out)["accounts"]] == ["dave"]
+
+
+def test_status_pages_large_ledgers(sqlite_url, capsys):
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
+    keys = [key_for(f"user{i:03d}", "count", CLOSED) for i in range(60)]
+    ledger.commit(ledger.reserve(keys, GaussianMechanism(5.0)))
+    ledger.close()
+    code, out, _ = call(capsys, "--url", sqlite_url, "status")
+    assert code == 0
+    assert len(table(out)[1]) == 50
+    assert "showing 1-50 of 60 accounts; 10 more not shown" in out
+    code, out, _ = call(capsys, "--url", sqlite_url, "status", "--offset", "50")
+    assert [row.split()[1] for row in table(out)[1]] == [f"user{i:03d}" for i in range(50, 60)]
+    code, out, _ = call(capsys, "--url", sqlite_url, "status", "--limit", "0")
+    assert len(table(out)[1]) == 60 and "more not shown" not in out
+
+
+def test_status_of_an_empty_ledger(sqlite_url, capsys):
+    PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=sqlite_url).close()
+    code, out, _ = call(capsys, "--url", sqlite_url, "status")
+    assert code == 0 and "no accounts" in out
+
+
+# ---------------------------------------------------------------------- show, history
+
+
+def test_show_account_policy_and_history(seeded_any):
+    result = run("show", "--tenant", "acme", "dave", "count", OPEN_WINDOW, url=seeded_any)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert f"account   acme/dave/count/{OPEN_WINDOW}" in out
+    assert "1 open reservation(s)" in out
+    assert "scope acme/*: cap 2" in out
+    assert f"clause    {CLAUSE}" in out
+    header, rows = table(out)
+    assert [row.split()[2] for row in rows] == ["reserve"]
+    assert "gaussian(noise_multiplier=4) x1" in rows[0]
+
+
+def test_show_default_tenant_lists_multi_key_releases(seeded):
+    result = run("show", "Alice", "heatmap", "2020-W01", url=seeded)  # canonicalised
+    assert result.returncode == 0, result.stderr
+    ledger = open_ledger(seeded)
+    expected = [e["seq"] for e in ledger.history(ALICE)]
+    epsilon = ledger.receipt(ALICE).epsilon
+    ledger.close()
+    _, rows = table(result.stdout)
+    assert [int(row.split()[0]) for row in rows] == expected
+    assert any("2 keys" in row and "laplace(epsilon0=0.1)" in row for row in rows)
+    assert f"epsilon   {epsilon:.6g} at delta 1e-05" in result.stdout
+    assert "clause    (none recorded)" in result.stdout
+
+
+def test_show_unknown_key_fails(seeded):
+    result = run("show", "mallory", "heatmap", CLOSED, url=seeded)
+    assert_one_line_error(result)
+    assert "no account and no history" in result.stderr
+
+
+def test_show_a_reset_account_keeps_its_history(seeded, capsys):
+    assert call(capsys, "--url", seeded, "reset", "--window", CLOSED)[0] == 0
+    code, out, _ = call(capsys, "--url", seeded, "show", "alice", "heatmap", CLOSED)
+    assert code == 0
+    assert "no live account" in out
+    _, rows = table(out)
+    assert [row.split()[2] for row in rows] == ["reserve", "commit", "reserve", "commit"]
+
+
+def test_history_one_line_per_entry(seeded_any):
+    result = run("history", url=seeded_any)
+    assert result.returncode == 0, result.stderr
+    ledger = open_ledger(seeded_any)
+    entries = ledger.history()
+    ledger.close()
+    _, rows = table(result.stdout)
+    assert [int(row.split()[0]) for row in rows] == [e["seq"] for e in entries]
+    assert [row.split()[2] for row in rows] == [e["action"] for e in entries]
+    commit = rows[3]
+    assert "default/alice/heatmap/2020-w01" in commit
+    assert "gaussian(noise_multiplier=4) x3" in commit and "attempt heat/run1/1" in commit
+    correction = next(row for row in rows if row.split()[2] == "correction")
+    assert "reason: missed release" in correction
+
+
+def test_history_pages(seeded, capsys):
+    code, out, _ = call(capsys, "--url", seeded, "history", "--limit", "2")
+    _, rows = table(out)
+    assert [int(row.split()[0]) for row in rows] == [1, 2]
+    assert "more entries follow: --after 2" in out
+    code, out, _ = call(capsys, "--url", seeded, "history", "--after", "3", "--limit", "1")
+    assert [int(row.split()[0]) for row in table(out)[1]] == [4]
+    code, out, _ = call(capsys, "--url", seeded, "history", "--after", "999")
+    assert code == 0 and "no history entries after seq 999" in out
+
+
+# ---------------------------------------------------------------------- verify
+
+
+def test_verify_ok(seeded_any):
+    result = run("verify", url=seeded_any)
+    ledger = open_ledger(seeded_any)
+    entries = len(ledger.history())
+    ledger.close()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"OK: {entries} history entries, 4 accounts")
+
+
+def test_verify_detects_a_history_row_edited_with_sql(seeded_any):
+    engine = sa.create_engine(seeded_any)
+    with engine.begin() as connection:
+        payload = connection.execute(sa.text("SELECT payload FROM dp_history WHERE seq = 3"))
+        edited = json.loads(payload.scalar_one())
+        assert edited["mechanism"] == {"kind": "gaussian", "noise_multiplier": 4.0}
+        edited["mechanism"]["noise_multiplier"] = 40.0  # hide most of the cost
+        connection.execute(
+            sa.text("UPDATE dp_history SET payload = :payload WHERE seq = 3"),
+            {"payload": json.dumps(edited)},
+        )
+    engine.dispose()
+    result = run("verify", url=seeded_any)
+    assert result.returncode == 1
+    assert result.stdout.startswith("FAILED:")
+    assert "entry 3: content does not match its hash (entry edited)" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_verify_that_cannot_complete_fails(seeded, capsys):
+    engine = sa.create_engine(seeded)
+    with engine.begin() as connection:  # a corrupt stored curve makes verify() raise
+        nan_curve = "[" + ",".join(["NaN"] * 156) + "]"
+        connection.execute(sa.text("UPDATE dp_accounts SET residual = :r"), {"r": nan_curve})
+    engine.dispose()
+    code, out, err = call(capsys, "--url", seeded, "verify")
+    assert code == 1
+    assert "FAILED" in out and "verification could not complete" in out
+    assert "Traceback" not in err
+
+
+# ---------------------------------------------------------------------- reset, reap
+
+
+def test_reset_refuses_an_open_window(seeded):
+    result = run("reset", "--window", OPEN_WINDOW, url=seeded)
+    assert_one_line_error(result)
+    assert "open" in result.stderr
+    ledger = open_ledger(seeded)
+    assert [s.key for s in ledger.accounts(window=OPEN_WINDOW)] == [DAVE]
+    ledger.close()
+
+
+def test_reset_refuses_a_label_that_is_no_calendar_window(seeded):
+    assert_one_line_error(run("reset", "--window", "forever", url=seeded))
+
+
+def test_reset_one_closed_window_keeps_history(seeded):
+    ledger = open_ledger(seeded)
+    before = len(ledger.history())
+    ledger.close()
+    result = run("reset", "--window", "2020-W01", url=seeded)
+    assert result.returncode == 0, result.stderr
+    assert "reset window 2020-w01: 3 account(s) dropped, history kept" in result.stdout
+    ledger = open_ledger(seeded)
+    assert [s.key for s in ledger.accounts()] == [DAVE]
+    assert len(ledger.history()) == before + 1
+    assert ledger.verify().ok
+    ledger.close()
+
+
+def test_reset_closed_resets_every_closed_window(seeded, capsys):
+    code, out, _ = call(capsys, "--url", seeded, "reset", "--closed")
+    assert code == 0
+    assert out.splitlines() == ["reset window 2020-w01: 3 account(s) dropped, history kept"]
+    code, out, _ = call(capsys, "--url", seeded, "reset", "--closed")
+    assert code == 0 and "no closed window has live accounts" in out
+
+
+def test_reset_needs_a_window_or_closed(seeded, capsys):
+    assert call(capsys, "--url", seeded, "reset")[0] == 2
+    assert call(capsys, "--url", seeded, "reset", "--closed", "--window", CLOSED)[0] == 2
+
+
+def test_reap_charges_a_stale_reservation(sqlite_url):
+    reservation = seed(sqlite_url)
+    young = run("reap", "--older-than", "1h", url=sqlite_url)
+    assert young.returncode == 0, young.stderr
+    assert "no reservation has been open longer than 1:00:00" in young.stdout
+
+    later = (datetime.now(UTC) + timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    result = run("reap", "--older-than", "1h", "--now", later, url=sqlite_url)
+    assert result.returncode == 0, result.stderr
+    assert f"reaped {reservation.id}" in result.stdout
+    assert "1 reservation(s) charged" in result.stdout
+    ledger = open_ledger(sqlite_url)
+    assert ledger.epsilon_of(DAVE) == pytest.approx(reservation.prospective_epsilon)
+    assert ledger.open_reservations() == []
+    assert ledger.history()[-1]["action"] == "reap"
+    assert ledger.verify().ok
+    ledger.close()
+
+
+def test_reap_with_a_short_duration_after_a_pause(seeded, capsys):
+    time.sleep(0.3)
+    code, out, _ = call(capsys, "--url", seeded, "reap", "--older-than", "0.2s")
+    assert code == 0
+    assert out.splitlines()[-1] == "1 reservation(s) charged (never refunded)"
+
+
+@pytest.mark.parametrize("duration", ["2", "h", "-1h", "1y", "2 hours", ""])
+def test_bad_duration_is_a_usage_error(seeded, duration):
+    result = run("reap", f"--older-than={duration}", url=seeded)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "invalid duration" in result.stderr
+
+
+def test_bad_now_is_a_usage_error(seeded):
+    result = run("reap", "--older-than", "1h", "--now", "yesterday", url=seeded)
+    assert result.returncode == 2
+    assert "invalid time" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_duration_and_moment_parsing():
+    assert parse_duration("2h") == timedelta(hours=2)
+    assert parse_duration("30m") == timedelta(minutes=30)
+    assert parse_duration("1d") == timedelta(days=1)
+    assert parse_duration("1h30m") == timedelta(minutes=90)
+    assert parse_duration("0s") == timedelta(0)
+    assert parse_moment("2026-07-14T12:00:00Z") == datetime(2026, 7, 14, 12, tzinfo=UTC)
+    assert parse_moment("2026-07-14T14:00:00+02:00") == datetime(2026, 7, 14, 12, tzinfo=UTC)
+    assert parse_moment("2026-07-14T12:00:00").tzinfo is not None
+
+
+# ---------------------------------------------------------------------- policy
+
+
+def test_policy_list_and_set(seeded):
+    listed = run("policy", "list", url=seeded)
+    assert listed.returncode == 0, listed.stderr
+    header, rows = table(listed.stdout)
+    assert header.split()[:3] == ["TENANT", "QUERY", "TYPE"]
+    assert [row.split()[:2] for row in rows] == [["*", "*"], ["acme", "*"]]
+    assert rows[1].endswith(CLAUSE)
+
+    result = run(
+        "policy", "set", "--tenant", "acme", "--query-type", "count", "--epsilon", "1.5",
+        "--warn-fraction", "0.5", "--calendar", "day", "--clause", "contract 7 s.2",
+        url=seeded,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "policy acme/count created" in result.stdout
+    ledger = open_ledger(seeded)
+    policy = ledger.policy_for(DAVE)
+    assert (policy.cap_epsilon, policy.warn_fraction, policy.calendar.kind) == (1.5, 0.5, "day")
+    assert policy.compliance_clause == "contract 7 s.2"
+    assert ledger.history()[-1]["action"] == "policy"
+    ledger.close()
+
+
+def test_policy_set_keeps_what_is_not_given(seeded, capsys):
+    code, out, _ = call(
+        capsys, "--url", seeded, "policy", "set", "--tenant", "acme", "--epsilon", "2.5"
+    )
+    assert code == 0 and "policy acme/* updated" in out
+    ledger = open_ledger(seeded)
+    policy = ledger.policy_for(DAVE)
+    ledger.close()
+    assert policy.cap_epsilon == 2.5 and policy.compliance_clause == CLAUSE
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--epsilon", "2", "--calendar", "fixed"),  # no length
+        ("--epsilon", "2", "--calendar", "fixed", "--length-seconds", "3600"),  # < min window
+        (
+            "--epsilon",
+            "-1",
+        ),
+        ("--epsilon", "2", "--tenant", " "),
+    ],
+)
+def test_policy_set_rejects_invalid_policies(seeded, args):
+    assert_one_line_error(run("policy", "set", *args, url=seeded))
+
+
+def test_policy_set_fixed_calendar(seeded, capsys):
+    code, out, err = call(
+        capsys, "--url", seeded, "policy", "set", "--query-type", "count", "--epsilon", "1",
+        "--calendar", "fixed", "--length-seconds", "3600", "--min-window-seconds", "3600",
+    )  # fmt: skip
+    assert code == 0, err
+    code, out, _ = call(capsys, "--url", seeded, "policy", "list")
+    assert "fixed (3600s)" in out
+
+
+# ---------------------------------------------------------------------- report
+
+
+def test_report_json(seeded_any):
+    result = run("report", "--format", "json", url=seeded_any)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    ledger = open_ledger(seeded_any)
+    entries = ledger.history()
+    ledger.close()
+    spend_actions = {"reserve", "commit", "release", "reap", "correction", "rescope", "reset"}
+    assert [r["seq"] for r in document["schedule"]] == [
+        e["seq"] for e in entries if e["action"] in spend_actions
+    ]
+    first_commit = next(r for r in document["schedule"] if r["action"] == "commit")
+    assert first_commit["mechanism"] == {"kind": "gaussian", "noise_multiplier": 4.0}
+    assert first_commit["attempt_id"] == "heat/run1/1" and first_commit["count"] == 3
+    assert document["conversion"]["name"] == "improved"
+    assert document["conversion"]["formula"] and document["conversion"]["citation"]
+    assert [c["reason"] for c in document["corrections"]] == ["missed release"]
+    assert document["verification"]["ok"] is True
+    assert document["code_version"]["version"] == __version__
+    assert document["privacy_unit"]["unit"] == "subject"
+    assert {a["subject"]: a["state"] for a in document["accounts"]} == {
+        "alice": "ok",
+        "bob": "WARNING",
+        "erin": "EXHAUSTED",
+        "dave": "ok",
+    }
+    assert CLAUSE in [p["compliance_clause"] for p in document["policies"]]
+
+
+def test_report_markdown(seeded_any):
+    result = run("report", "--format", "md", url=seeded_any)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("# Privacy report")
+    for heading in ("## Guarantee per account", "## Release schedule", "## Corrections"):
+        assert heading in out
+    assert "**Verification: OK**" in out
+    assert "missed release" in out and CLAUSE in out
+
+
+def test_report_filters_and_reports_failed_verification(seeded, capsys):
+    code, out, _ = call(capsys, "--url", seeded, "report", "--format", "json", "--tenant", "acme")
+    assert code == 0
+    document = json.loads(out)
+    assert [a["subject"] for a in document["accounts"]] == ["dave"]
+    assert [r["action"] for r in document["schedule"]] == ["reserve"]
+
+    engine = sa.create_engine(seeded)
+    with engine.begin() as connection:
+        connection.execute(sa.text("UPDATE dp_history SET actor = 'nobody' WHERE seq = 5"))
+    engine.dispose()
+    code, out, _ = call(capsys, "--url", seeded, "report")
+    assert code == 0
+    assert "**Verification: FAILED**" in out and "- entry 5:" in out

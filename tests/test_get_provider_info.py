@@ -1,0 +1,64 @@
+"""Provider registration: the metadata validates against Airflow's schema and Airflow finds it."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import airflow
+import jsonschema
+
+from dp_budget_provider.get_provider_info import get_provider_info
+
+
+def test_provider_info_validates_against_airflows_schema():
+    schema = json.loads((Path(airflow.__file__).parent / "provider_info.schema.json").read_text())
+    jsonschema.validate(get_provider_info(), schema)
+
+
+def test_every_registered_module_and_class_imports():
+    info = get_provider_info()
+    for section in ("hooks", "operators", "sensors"):
+        for entry in info[section]:
+            for module in entry["python-modules"]:
+                importlib.import_module(module)
+    for item in info["connection-types"]:
+        module, _, name = item["hook-class-name"].rpartition(".")
+        assert getattr(importlib.import_module(module), name).conn_type == item["connection-type"]
+    for decorator in info["task-decorators"]:
+        module, _, name = decorator["class-name"].rpartition(".")
+        assert callable(getattr(importlib.import_module(module), name))
+
+
+def test_entry_point_is_installed():
+    found = [
+        ep
+        for ep in entry_points(group="apache_airflow_provider")
+        if ep.value.startswith("dp_budget_provider")
+    ]
+    assert [ep.load()()["package-name"] for ep in found] == ["dp-budget-provider"]
+
+
+def _airflow(*args: str) -> str:
+    airflow_cli = Path(sys.executable).with_name("airflow")
+    result = subprocess.run(
+        [str(airflow_cli), *args], capture_output=True, text=True, env=os.environ, check=True
+    )
+    return result.stdout
+
+
+def test_airflow_lists_the_provider_and_its_connection_type(airflow_db):
+    assert "dp-budget-provider" in _airflow("providers", "list")
+    hooks = json.loads(_airflow("providers", "hooks", "--output", "json"))
+    assert {"connection_type": "dp_budget", "hook_name": "DP Budget Ledger"}.items() <= next(
+        h for h in hooks if h.get("connection_type") == "dp_budget"
+    ).items()
+    widgets = json.loads(_airflow("providers", "widgets", "--output", "json"))
+    assert any(w["connection_parameter_name"] == "extra__dp_budget__url" for w in widgets)
+    configs = _airflow("providers", "configs")
+    assert "dp_budget" in configs and "default_cap_epsilon" in configs
