@@ -29,6 +29,7 @@ with DAG(
     schedule="@weekly",
     start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
+    params={"tenant": "acme"},
     tags=["dp-budget", "example"],
     doc_md=__doc__,
 ) as dag:
@@ -39,7 +40,7 @@ with DAG(
         l2_sensitivity=1.0,
         subjects=SUBJECTS,
         query_type="heatmap",
-        tenant="acme",
+        tenant="{{ params.tenant }}",
     )
 
 

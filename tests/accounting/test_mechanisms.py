@@ -128,13 +128,43 @@ def test_naive_laplace_formula_overflows_where_ours_does_not():
     assert math.isfinite(LaplaceMechanism(e).rdp(np.array([a]))[0])
 
 
-def test_pure_dp_and_zcdp_curves():
-    np.testing.assert_array_equal(PureDPMechanism(0.5).rdp(DEFAULT_ORDERS), DEFAULT_ORDERS * 0.125)
+def randomised_response_rdp(a, e):
+    """D_a between Bernoulli(p) and Bernoulli(1-p), p = e^eps/(1+e^eps), in 50-digit arithmetic."""
+    import mpmath
+
+    mpmath.mp.dps = 50
+    a, e = mpmath.mpf(a), mpmath.mpf(e)
+    p = mpmath.exp(e) / (1 + mpmath.exp(e))
+    total = p**a * (1 - p) ** (1 - a) + (1 - p) ** a * p ** (1 - a)
+    return float(mpmath.log(total) / (a - 1))
+
+
+@given(st.floats(1e-3, 30.0), st.sampled_from(list(DEFAULT_ORDERS)))
+def test_pure_dp_curve_is_randomised_response_and_below_both_classic_bounds(eps0, order):
+    ours = PureDPMechanism(eps0).rdp(np.array([order]))[0]
+    assert ours == pytest.approx(randomised_response_rdp(order, eps0), rel=1e-9, abs=1e-15)
+    assert ours <= order * eps0**2 / 2 and ours <= eps0
+
+
+def test_pure_dp_bounds_the_geometric_mechanism_and_is_tighter_than_zcdp():
+    # Discrete Laplace with eps0 = 1/scale at sensitivity 1: exact Rényi divergence by summation.
+    eps0, a = 0.7, 3.0
+    ys = np.arange(-400, 401)
+    p = np.exp(-eps0 * np.abs(ys))
+    p /= p.sum()
+    q = np.exp(-eps0 * np.abs(ys - 1))
+    q /= q.sum()
+    geometric = np.log(np.sum(p**a * q ** (1 - a))) / (a - 1)
+    assert geometric <= PureDPMechanism(eps0).rdp(np.array([a]))[0] + 1e-12
+    assert (
+        geometric > LaplaceMechanism(eps0).rdp(np.array([a]))[0]
+    )  # continuous curve would under-count
+    assert np.all(PureDPMechanism(0.5).rdp(DEFAULT_ORDERS) < DEFAULT_ORDERS * 0.125)
+
+
+def test_zcdp_curve():
     np.testing.assert_array_equal(ZCDPMechanism(0.3).rdp(DEFAULT_ORDERS), DEFAULT_ORDERS * 0.3)
-    # Exact Laplace is tighter than the generic pure-DP bound.
-    assert np.all(
-        LaplaceMechanism(0.5).rdp(DEFAULT_ORDERS) <= PureDPMechanism(0.5).rdp(DEFAULT_ORDERS)
-    )
+    assert ZCDPMechanism(0.3).zcdp_rho == 0.3 and PureDPMechanism(0.3).zcdp_rho is None
 
 
 def test_mechanisms_are_frozen_and_hashable():
