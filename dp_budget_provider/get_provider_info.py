@@ -48,6 +48,12 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["dp_budget_provider.sensors.budget"],
             }
         ],
+        "triggers": [
+            {
+                "integration-name": INTEGRATION,
+                "python-modules": ["dp_budget_provider.triggers.budget_window"],
+            }
+        ],
         "connection-types": [
             {
                 "connection-type": "dp_budget",

@@ -23,7 +23,7 @@ def test_provider_info_validates_against_airflows_schema():
 
 def test_every_registered_module_and_class_imports():
     info = get_provider_info()
-    for section in ("hooks", "operators", "sensors"):
+    for section in ("hooks", "operators", "sensors", "triggers"):
         for entry in info[section]:
             for module in entry["python-modules"]:
                 importlib.import_module(module)

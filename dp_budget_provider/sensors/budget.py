@@ -11,7 +11,6 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from airflow.providers.standard.triggers.temporal import DateTimeTrigger
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, AirflowSkipException
@@ -19,6 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, A
 from dp_budget_provider.accounting import Mechanism
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 from dp_budget_provider.ledger import PrivacyBudgetLedger, key_for
+from dp_budget_provider.triggers.budget_window import BudgetWindowTrigger
 
 
 def utcnow() -> datetime:
@@ -101,9 +101,9 @@ class BudgetSensor(BaseSensorOperator):
         deadline = utcnow() + timedelta(seconds=self.timeout)
         return self._check_or_defer(deadline)
 
-    def execute_complete(self, context: Any, event: Any = None, deadline: str = "") -> Any:
+    def execute_complete(self, context: Any, event: Mapping[str, str]) -> Any:
         """Back from the trigger at a window start: check again, or wait for the next one."""
-        return self._check_or_defer(datetime.fromisoformat(deadline))
+        return self._check_or_defer(datetime.fromisoformat(event["deadline"]))
 
     def _check_or_defer(self, deadline: datetime) -> str:
         ledger = self._ledger()
@@ -127,7 +127,6 @@ class BudgetSensor(BaseSensorOperator):
             raise AirflowSensorTimeout(message)
         self.log.info("window %s cannot fit the release: deferring until %s", window, wake)
         self.defer(
-            trigger=DateTimeTrigger(moment=wake),
+            trigger=BudgetWindowTrigger(moment=wake, deadline=deadline),
             method_name="execute_complete",
-            kwargs={"deadline": deadline.isoformat()},
         )

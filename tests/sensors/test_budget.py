@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -52,11 +54,14 @@ def test_defers_to_the_next_iso_week_and_completes_there(ledger, monkeypatch):
     at(monkeypatch, datetime(2026, 7, 14, 12, 0, tzinfo=UTC))  # inside 2026-w29
     with pytest.raises(TaskDeferred) as deferred:
         sensor().execute({})
-    assert deferred.value.trigger.moment == datetime(2026, 7, 20, tzinfo=UTC)
+    trigger = deferred.value.trigger
+    assert trigger.moment == datetime(2026, 7, 20, tzinfo=UTC)
+    assert trigger.deadline == datetime(2026, 8, 13, 12, 0, tzinfo=UTC)  # start + 30 days
     assert deferred.value.method_name == "execute_complete"
-    deadline = deferred.value.kwargs["deadline"]
+    # The trigger's event carries the deadline back (dag.test() drops defer kwargs).
+    event = asyncio.run(anext(trigger.__class__(datetime.now(UTC), trigger.deadline).run()))
     at(monkeypatch, datetime(2026, 7, 20, 0, 0, 1, tzinfo=UTC))
-    assert sensor().execute_complete({}, deadline=deadline) == "2026-w30"
+    assert sensor().execute_complete({}, event=event.payload) == "2026-w30"
 
 
 def test_defers_again_when_the_next_window_is_full_too(ledger, monkeypatch):
@@ -64,7 +69,7 @@ def test_defers_again_when_the_next_window_is_full_too(ledger, monkeypatch):
         ledger.spend(key_for("alice", "heatmap", window), BIG)
     at(monkeypatch, datetime(2026, 7, 20, 0, 0, 1, tzinfo=UTC))
     with pytest.raises(TaskDeferred) as deferred:
-        sensor().execute_complete({}, deadline="2026-08-30T00:00:00+00:00")
+        sensor().execute_complete({}, event={"deadline": "2026-08-30T00:00:00+00:00"})
     assert deferred.value.trigger.moment == datetime(2026, 7, 27, tzinfo=UTC)
 
 
@@ -91,6 +96,8 @@ def test_a_release_too_big_for_any_window_fails_immediately(ledger, monkeypatch)
 
 
 SENSOR_DAG = """
+import asyncio
+import time
 from datetime import datetime, timedelta, timezone
 from airflow.sdk import DAG
 from dp_budget_provider.operators.release import DPReleaseOperator
@@ -122,17 +129,20 @@ def short_windows(ledger, seconds):
 
 
 def test_dag_defers_until_the_next_window_opens_then_releases_there(ledger):
-    calendar = short_windows(ledger, 6)
+    calendar = short_windows(ledger, 20)
     now = datetime.now(UTC)
-    current = calendar.window_of(now)
-    ledger.spend(key_for("alice", "burst", current, tenant="demo"), BIG)
+    if (calendar.next_window_start(now) - now).total_seconds() < 15:
+        time.sleep((calendar.next_window_start(now) - now).total_seconds() + 0.2)
+        now = datetime.now(UTC)
+    exhausted = calendar.window_of(now)
+    ledger.spend(key_for("alice", "burst", exhausted, tenant="demo"), BIG)
     dag_run = load_dag(
         SENSOR_DAG.format(mode="deferrable=True", timeout=60, soft_fail=False)
     ).test()
     assert task_states(dag_run) == {"wait": "success", "release": "success"}
     released = [e for e in ledger.history() if e["action"] == "commit"][-1]
-    assert released["key"]["window"] != current
-    assert datetime.now(UTC) >= calendar.next_window_start(now)
+    assert released["key"]["window"] == calendar.window_of(calendar.next_window_start(now))
+    assert released["at"] >= calendar.next_window_start(now).strftime("%Y-%m-%dT%H:%M:%S")
 
 
 @pytest.mark.parametrize(("soft_fail", "state"), [(False, "failed"), (True, "skipped")])
