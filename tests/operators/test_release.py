@@ -228,3 +228,39 @@ def test_two_processes_racing_on_one_key_never_exceed_the_cap(ledger, ledger_url
     assert len(commits) == successes >= 1
     assert sum(s.count("failed") for s in states) == 12 - successes
     assert ledger.verify().ok
+
+
+WARNING_DAG = """
+from datetime import datetime, timezone
+import json, pathlib
+from airflow.sdk import DAG, BaseNotifier
+from dp_budget_provider.operators.release import DPReleaseOperator
+
+class FileNotifier(BaseNotifier):
+    def notify(self, context):
+        pathlib.Path({out!r}).write_text(json.dumps(context["dp_budget_receipt"]))
+
+with DAG("DAG_ID", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc)) as dag:
+    DPReleaseOperator(task_id="release", python_callable=lambda: 1.0,
+                      mechanism={{"kind": "gaussian", "noise_multiplier": 4.0}}, l2_sensitivity=1.0,
+                      subject="alice", query_type="heatmap", window="2026-w28",
+                      on_budget_warning=FileNotifier())
+"""
+
+
+def test_warning_notifier_and_metrics_fire_past_the_warning_fraction(ledger, tmp_path, monkeypatch):
+    from dp_budget_provider.operators import release as release_module
+
+    calls = []
+    monkeypatch.setattr(release_module.Stats, "incr", lambda name, *a, **k: calls.append(name))
+    monkeypatch.setattr(release_module.Stats, "gauge", lambda name, *a, **k: calls.append(name))
+    out = tmp_path / "warning.json"
+    assert str(load_dag(WARNING_DAG.format(out=str(out))).test().state) == "success"
+    assert not out.exists()  # eps 0.93 of 3: no warning yet
+    assert calls == ["dp_budget.spends", "dp_budget.epsilon_fraction"]
+    ledger.spend(KEY, GaussianMechanism(1.8))
+    assert str(load_dag(WARNING_DAG.format(out=str(out))).test().state) == "success"
+    warning = json.loads(out.read_text())
+    assert warning["warned"] and warning["fraction"] >= 0.8
+    assert warning["key"]["subject"] == "alice"
+    assert calls[-1] == "dp_budget.warnings"
