@@ -83,16 +83,23 @@ def safe_url(engine: Engine) -> str:
 
 
 @contextlib.contextmanager
-def transaction(engine: Engine, *, write: bool) -> Iterator[Connection]:
+def transaction(engine: Engine, *, write: bool, snapshot: bool = False) -> Iterator[Connection]:
     """One transaction; write transactions take SQLite's write lock up front.
 
-    Any database-level failure (unreachable server, connection killed mid-transaction)
-    is re-raised as :class:`LedgerUnavailable` after the rollback.
+    ``snapshot`` makes every statement of a read see the same state (PostgreSQL
+    REPEATABLE READ READ ONLY; SQLite WAL readers already do). Any database-level failure
+    (unreachable server, connection killed mid-transaction) is re-raised as
+    :class:`LedgerUnavailable` after the rollback.
     """
     try:
         with engine.connect() as connection:
-            connection.execution_options(**{_WRITE: write})
+            options: dict[str, Any] = {_WRITE: write}
+            if snapshot and connection.dialect.name == "postgresql":
+                options["isolation_level"] = "REPEATABLE READ"
+            connection.execution_options(**options)
             with connection.begin():
+                if snapshot and connection.dialect.name == "postgresql":
+                    connection.exec_driver_sql("SET TRANSACTION READ ONLY")
                 yield connection
     except (exc.OperationalError, exc.InterfaceError) as error:
         raise LedgerUnavailable(

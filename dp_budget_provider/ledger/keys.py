@@ -45,6 +45,22 @@ class LedgerKey:
         for field in ("tenant", "subject", "query_type", "window"):
             object.__setattr__(self, field, canonical_part(field, getattr(self, field)))
 
+    @classmethod
+    def from_canonical(cls, tenant: str, subject: str, query_type: str, window: str) -> LedgerKey:
+        """A key from parts already canonical (rows the ledger itself wrote): no re-validation.
+
+        Reading back ten thousand keys of one release must not re-run NFKC on each.
+        """
+        key = object.__new__(cls)
+        for field, value in (
+            ("tenant", tenant),
+            ("subject", subject),
+            ("query_type", query_type),
+            ("window", window),
+        ):
+            object.__setattr__(key, field, value)
+        return key
+
     def __str__(self) -> str:
         return f"{self.tenant}/{self.subject}/{self.query_type}/{self.window}"
 

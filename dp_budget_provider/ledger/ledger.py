@@ -15,12 +15,12 @@ import json
 import socket
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
-from sqlalchemy import Connection, and_, delete, func, insert, or_, select, text, tuple_, update
+from sqlalchemy import Connection, and_, delete, exc, insert, or_, select, text, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from dp_budget_provider.accounting import (
@@ -33,7 +33,7 @@ from dp_budget_provider.accounting import (
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.conversion import check_conversion
 from dp_budget_provider.accounting.orders import validate_orders
-from dp_budget_provider.ledger import database, history
+from dp_budget_provider.ledger import audit, database, history
 from dp_budget_provider.ledger.errors import (
     BudgetExhausted,
     LedgerConfigMismatch,
@@ -65,7 +65,9 @@ from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.spend import Spend
 from dp_budget_provider.ledger.windows import WindowCalendar, is_closed
 
+_T = TypeVar("_T")
 _CHUNK = 1000
+_BOUND_CACHE_SIZE = 100_000
 _KEY_COLUMNS = (Account.tenant, Account.subject, Account.query_type, Account.window)
 
 
@@ -91,8 +93,19 @@ def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]
         yield items[start : start + size]
 
 
-def _key_of(row: Any) -> LedgerKey:
-    return LedgerKey(row.tenant, row.subject, row.query_type, row.window)
+_key_of = audit._key_of  # one way to turn a stored row into a key
+
+
+def _lock_order(connection: Connection) -> list[Any]:
+    """ORDER BY clauses that sort keys exactly like Python's ``sorted`` (code points).
+
+    Every writer locks accounts in this one order, so two transactions can never wait on
+    each other in a cycle. PostgreSQL must compare bytes (collation "C"): a linguistic
+    collation would order some keys differently from the upsert path and deadlock.
+    """
+    if connection.dialect.name == "postgresql":
+        return [column.collate("C") for column in _KEY_COLUMNS]
+    return list(_KEY_COLUMNS)
 
 
 def _key_tuple(key: LedgerKey) -> tuple[str, str, str, str]:
@@ -137,6 +150,7 @@ class PrivacyBudgetLedger:
             if value is not None and not isinstance(value, BudgetCap):
                 raise ValueError(f"{name} must be a BudgetCap, got {value!r}")
         self._new_calendar = calendar or WindowCalendar()
+        self._bound_cache: dict[tuple[Any, ...], EpsilonBound] = {}
         self._orders = validate_orders(orders)
         self._conversion: Conversion = check_conversion(conversion)
         self.actor = actor or _default_actor()
@@ -405,63 +419,81 @@ class PrivacyBudgetLedger:
                 locked[_key_of(row)] = _Locked(row, size)
         return locked
 
-    def _lock_existing(
-        self, connection: Connection, keys: Sequence[LedgerKey]
-    ) -> dict[LedgerKey, _Locked]:
-        """Lock the existing accounts among ``keys`` in key order (absent keys are skipped)."""
-        locked: dict[LedgerKey, _Locked] = {}
-        size = self._orders.size
-        for chunk in _chunks(keys):
-            rows = connection.execute(
-                select(Account)
-                .where(tuple_(*_KEY_COLUMNS).in_([_key_tuple(k) for k in chunk]))
-                .order_by(*_KEY_COLUMNS)
-                .with_for_update()
+    def _lock_reservation(
+        self, connection: Connection, reservation_id: str, key_count: int
+    ) -> tuple[list[LedgerKey], dict[LedgerKey, _Locked]]:
+        """Lock every account a reservation holds, in key order, joined on the server side.
+
+        One indexed join instead of key lists: a release over 10^5 subjects locks its
+        accounts with one statement.
+        """
+        joined = and_(
+            ReservationKey.tenant == Account.tenant,
+            ReservationKey.subject == Account.subject,
+            ReservationKey.query_type == Account.query_type,
+            ReservationKey.window == Account.window,
+        )
+        rows = connection.execute(
+            select(Account)
+            .join(ReservationKey, joined)
+            .where(ReservationKey.reservation_id == reservation_id)
+            .order_by(ReservationKey.position)
+            .with_for_update(of=Account)
+        ).all()
+        if len(rows) != key_count:
+            raise LedgerCorrupt(
+                f"reservation {reservation_id} holds {key_count} keys but only {len(rows)} "
+                "accounts exist"
             )
-            for row in rows:
-                locked[_key_of(row)] = _Locked(row, size)
-        return locked
+        size = self._orders.size
+        keys = [_key_of(row) for row in rows]
+        return keys, {key: _Locked(row, size) for key, row in zip(keys, rows, strict=True)}
 
     def _open_costs(
-        self, connection: Connection, keys: Sequence[LedgerKey], exclude: str | None = None
+        self, connection: Connection, keys: Sequence[LedgerKey]
     ) -> dict[LedgerKey, Spend]:
-        """Summed cost of the open reservations on each of ``keys`` (except ``exclude``)."""
+        """Summed cost of the open reservations on each of ``keys``.
+
+        Starts from the (few) open reservations, not from the keys' whole reservation
+        history, so a key with ten thousand past releases costs no more than a new one.
+        """
         pending: dict[LedgerKey, Spend] = defaultdict(Spend)
         size = self._orders.size
-        key_columns = (
-            ReservationKey.tenant,
-            ReservationKey.subject,
-            ReservationKey.query_type,
-            ReservationKey.window,
-        )
-        for chunk in _chunks(keys):
-            query = (
+        costs = {
+            row.id: Spend.from_columns(row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, size)
+            for row in connection.execute(
                 select(
-                    *key_columns,
                     ReservationRow.id,
                     ReservationRow.cost_rho,
                     ReservationRow.cost_residual,
                     ReservationRow.cost_gaussian_mu2,
-                )
-                .join(ReservationRow, ReservationRow.id == ReservationKey.reservation_id)
-                .where(ReservationRow.state == OPEN)
-                .where(tuple_(*key_columns).in_([_key_tuple(k) for k in chunk]))
+                ).where(ReservationRow.state == OPEN)
             )
-            if exclude is not None:
-                query = query.where(ReservationRow.id != exclude)
-            for row in connection.execute(query):
-                cost = Spend.from_columns(
-                    row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, size
-                )
+        }
+        if not costs:
+            return pending
+        wanted = set(keys)
+        for chunk in _chunks(list(costs)):
+            for row in connection.execute(
+                select(ReservationKey).where(ReservationKey.reservation_id.in_(chunk))
+            ):
                 key = _key_of(row)
-                pending[key] = pending[key].plus(cost)
+                if key in wanted:
+                    pending[key] = pending[key].plus(costs[row.reservation_id])
         return pending
 
     # ------------------------------------------------------------------ epsilon
 
     def _bounds(self, spends: Sequence[Spend]) -> list[EpsilonBound]:
-        """Epsilon of many spends, converting each distinct spend once."""
-        cache: dict[tuple[Any, ...], EpsilonBound] = {}
+        """Epsilon of many spends, converting each distinct spend once.
+
+        The conversion is a pure function of the spend (delta, grid and conversion are
+        fixed for the ledger's life), so results are kept across calls: a one-step spend
+        converts its prospective total once, for the check and for the receipt.
+        """
+        cache = self._bound_cache
+        if len(cache) > _BOUND_CACHE_SIZE:
+            cache.clear()
         bounds = []
         for spend in spends:
             signature = (
@@ -507,12 +539,28 @@ class PrivacyBudgetLedger:
         count = check.positive_int("count", count)
         attempt_id = self._attempt(attempt)
         cost = Spend.of_release(mechanism, count, self._orders)
-        with self._write() as connection:
+
+        def run(connection: Connection) -> Reservation:
             existing = self._reservation_by_attempt(connection, attempt_id)
             if existing is not None:
                 return self._same_reservation(existing, ordered, mechanism, count)
             reservation, _ = self._reserve(connection, ordered, mechanism, count, attempt_id, cost)
             return reservation
+
+        return self._once_per_attempt(run)
+
+    def _once_per_attempt(self, run: Callable[[Connection], _T]) -> _T:
+        """Run a reserving transaction; if a concurrent twin with the same attempt id won the
+        race (unique violation on attempt_id), run it once more: it then finds the twin's
+        reservation and answers idempotently instead of failing."""
+        for last in (False, True):
+            try:
+                with self._write() as connection:
+                    return run(connection)
+            except exc.IntegrityError as error:
+                if last or "attempt_id" not in str(error.orig):
+                    raise
+        raise AssertionError("unreachable")
 
     @staticmethod
     def _attempt(attempt: str | None) -> str:
@@ -653,28 +701,34 @@ class PrivacyBudgetLedger:
         self,
         connection: Connection,
         row: Any,
-        keys: list[LedgerKey],
         *,
         state: str,
         action: str,
         extra: dict[str, Any] | None = None,
+        locked: tuple[list[LedgerKey], dict[LedgerKey, _Locked]] | None = None,
     ) -> list[SpendReceipt]:
-        """Turn an open reservation into committed spend on each of its keys."""
+        """Turn an open reservation into committed spend on each of its keys.
+
+        ``locked`` passes accounts the transaction already holds (a one-step spend);
+        otherwise they are locked here through the reservation's keys.
+        """
         now = _stamp(_now())
         size = self._orders.size
         cost = Spend.from_columns(row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, size)
-        locked = self._lock_existing(connection, keys)
-        missing = [key for key in keys if key not in locked]
-        if missing:
-            raise LedgerCorrupt(f"reservation {row.id} holds {missing[0]}, whose account is gone")
+        keys, accounts = locked or self._lock_reservation(connection, row.id, row.key_count)
         after = self._add_spend(
-            connection, keys, locked, cost, row.count, now, closes_reservation=True
+            connection, keys, accounts, cost, row.count, now, closes_reservation=True
         )
         connection.execute(
             update(ReservationRow)
             .where(ReservationRow.id == row.id)
             .values(state=state, resolved_at=now)
         )
+        policies = self._policies(connection)
+        receipts = [
+            self._receipt(key, bound, self._policy_for(policies, key))
+            for key, bound in zip(keys, self._bounds(after), strict=True)
+        ]
         history.append(
             connection,
             at=now,
@@ -691,11 +745,7 @@ class PrivacyBudgetLedger:
                 **(extra or {}),
             },
         )
-        policies = self._policies(connection)
-        return [
-            self._receipt(key, bound, self._policy_for(policies, key))
-            for key, bound in zip(keys, self._bounds(after), strict=True)
-        ]
+        return receipts
 
     def _add_spend(
         self,
@@ -756,14 +806,13 @@ class PrivacyBudgetLedger:
         """Charge a reservation (the release happened); a second commit charges nothing."""
         with self._write() as connection:
             row = self._open_row(connection, reservation)
-            keys = self._reservation_keys(connection, row.id)
             if row.state in (COMMITTED, REAPED):
-                return self._receipts(connection, keys)
+                return self._receipts(connection, self._reservation_keys(connection, row.id))
             if row.state != OPEN:
                 raise ReservationStateError(
                     f"reservation {row.id} was {row.state}; it cannot be committed"
                 )
-            return self._charge(connection, row, keys, state=COMMITTED, action="commit")
+            return self._charge(connection, row, state=COMMITTED, action="commit")
 
     def release(self, reservation: Reservation | str, reason: str = "") -> None:
         """Drop a reservation whose release never touched the data (nothing is charged)."""
@@ -775,8 +824,7 @@ class PrivacyBudgetLedger:
                 raise ReservationStateError(
                     f"reservation {row.id} was {row.state}; it cannot be released"
                 )
-            keys = self._reservation_keys(connection, row.id)
-            locked = self._lock_existing(connection, keys)
+            keys, locked = self._lock_reservation(connection, row.id, row.key_count)
             now = _stamp(_now())
             for chunk in _chunks([locked[key].id for key in keys]):
                 connection.execute(
@@ -822,11 +870,9 @@ class PrivacyBudgetLedger:
                 row = self._open_row(connection, reservation_id)
                 if row.state != OPEN:
                     continue
-                keys = self._reservation_keys(connection, row.id)
                 self._charge(
                     connection,
                     row,
-                    keys,
                     state=REAPED,
                     action="reap",
                     extra={"reason": f"open since {row.created_at}, older than {older_than}"},
@@ -849,14 +895,21 @@ class PrivacyBudgetLedger:
         count = check.positive_int("count", count)
         attempt_id = self._attempt(attempt)
         cost = Spend.of_release(mechanism, count, self._orders)
-        with self._write() as connection:
+
+        def run(connection: Connection) -> SpendReceipt:
             existing = self._reservation_by_attempt(connection, attempt_id)
             if existing is not None:
                 self._same_reservation(existing, keys, mechanism, count)
                 return self._receipts(connection, keys)[0]
-            reservation, _ = self._reserve(connection, keys, mechanism, count, attempt_id, cost)
+            reservation, locked = self._reserve(
+                connection, keys, mechanism, count, attempt_id, cost
+            )
             row = self._open_row(connection, reservation)
-            return self._charge(connection, row, keys, state=COMMITTED, action="commit")[0]
+            return self._charge(
+                connection, row, state=COMMITTED, action="commit", locked=(keys, locked)
+            )[0]
+
+        return self._once_per_attempt(run)
 
     def would_exceed(
         self, key: LedgerKey, mechanism: Mechanism | Mapping[str, Any], count: int = 1
@@ -1044,7 +1097,7 @@ class PrivacyBudgetLedger:
                 connection.execute(
                     select(Account.id, Account.open_reservations)
                     .where(Account.window == label)
-                    .order_by(*_KEY_COLUMNS)
+                    .order_by(*_lock_order(connection))
                     .with_for_update()
                 )
             )
@@ -1151,96 +1204,13 @@ class PrivacyBudgetLedger:
 
     # ------------------------------------------------------------------ audit
 
-    @staticmethod
-    def _replay(
-        entry: Any,
-        keys_of: Mapping[str, list[LedgerKey]],
-        digests: Mapping[str, str],
-        expected: dict[LedgerKey, Spend],
-        open_count: dict[LedgerKey, int],
-        size: int,
-    ) -> list[str]:
-        """Apply one history entry to the replayed account states; returns problems found."""
-        problems: list[str] = []
-        payload = json.loads(entry.payload)
-        keys = keys_of.get(entry.reservation_id or "", [])
-        if entry.action == "reserve":
-            if payload.get("keys_digest") != digests.get(entry.reservation_id):
-                problems.append(f"entry {entry.seq}: reservation digest differs from its entry")
-            for key in keys:
-                open_count[key] += 1
-                expected.setdefault(key, Spend())
-        elif entry.action in ("commit", "reap"):
-            cost = Spend.from_payload(payload["cost"], size)
-            for key in keys:
-                expected[key] = expected[key].plus(cost)
-                open_count[key] -= 1
-        elif entry.action == "release":
-            for key in keys:
-                open_count[key] -= 1
-        elif entry.action == "correction":
-            key = _key_of(entry)
-            expected[key] = expected[key].plus(Spend.from_payload(payload["cost"], size))
-        elif entry.action == "rescope":
-            old = LedgerKey(**payload["from"])
-            new = _key_of(entry)
-            expected[new] = expected[new].plus(expected.pop(old, Spend()))
-            open_count.pop(old, None)
-        elif entry.action == "reset":
-            for key in [k for k in expected if k.window == payload["window"]]:
-                del expected[key]
-                open_count.pop(key, None)
-        return problems
-
     def verify(self) -> VerifyReport:
         """Check the hash chain, every reservation's key set, and replay history onto the accounts.
 
         Detects edited, deleted, inserted or reordered history entries, a reservation
         whose keys were changed, and account rows whose spend differs from what the
-        history says was charged.
+        history says was charged. All reads come from one snapshot, so writers running
+        meanwhile cannot make a healthy ledger look corrupt.
         """
-        problems: list[str] = []
-        size = self._orders.size
-        with self._read() as connection:
-            problems += [f"entry {p.seq}: {p.problem}" for p in history.chain_problems(connection)]
-            digests = dict(
-                connection.execute(select(ReservationRow.id, ReservationRow.keys_digest)).all()
-            )
-            keys_of: dict[str, list[LedgerKey]] = defaultdict(list)
-            for row in connection.execute(
-                select(ReservationKey).order_by(
-                    ReservationKey.reservation_id, ReservationKey.position
-                )
-            ):
-                keys_of[row.reservation_id].append(_key_of(row))
-            for reservation_id, digest in digests.items():
-                if history.keys_digest(keys_of[reservation_id]) != digest:
-                    problems.append(
-                        f"reservation {reservation_id}: key set does not match its digest"
-                    )
-            expected: dict[LedgerKey, Spend] = defaultdict(Spend)
-            open_count: dict[LedgerKey, int] = defaultdict(int)
-            for entry in connection.execute(select(HistoryEntry).order_by(HistoryEntry.seq)):
-                try:
-                    problems += self._replay(entry, keys_of, digests, expected, open_count, size)
-                except (ValueError, KeyError, TypeError, LedgerCorrupt) as error:
-                    problems.append(f"entry {entry.seq}: unreadable payload ({error!r}); edited?")
-            accounts = {_key_of(row): row for row in connection.execute(select(Account))}
-        for key, row in accounts.items():
-            stored = Spend.from_columns(row.rho, row.residual, row.gaussian_mu2, size)
-            if key not in expected:
-                if stored.rho or stored.residual is not None:
-                    problems.append(f"account {key}: spend that no history entry charged")
-                continue
-            if not stored.close_to(expected[key]):
-                problems.append(f"account {key}: stored spend differs from the history's sum")
-            if row.open_reservations != open_count[key]:
-                problems.append(f"account {key}: open reservation count differs from the history")
-        for key, spend in expected.items():
-            if key not in accounts and (spend.rho or spend.residual is not None):
-                problems.append(f"account {key}: charged in the history but missing")
-        with self._read() as connection:
-            entries = connection.execute(
-                select(func.count()).select_from(HistoryEntry)
-            ).scalar_one()
-        return VerifyReport(entries=entries, accounts=len(accounts), problems=problems)
+        with database.transaction(self._engine, write=False, snapshot=True) as connection:
+            return audit.verify(connection, self._orders.size)

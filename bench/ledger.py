@@ -1,0 +1,350 @@
+"""Benchmarks of the privacy budget ledger against what its database can do at best.
+
+Run: ``.venv/bin/python bench/ledger.py`` (PostgreSQL at ``DP_BUDGET_TEST_PG``, by
+default ``host=127.0.0.1 port=5432 user=postgres``; ``pgbench`` on the PATH).
+``--duration`` sets the seconds of each throughput run (default 10).
+
+Every benchmark measures its baseline in the same run, on the same server, and prints
+the ratio; each creates its own scratch databases and drops them afterwards.
+
+* hot key: 8 processes doing reserve + commit on one key, releases/s, vs ``pgbench``
+  with 8 clients each running BEGIN; SELECT ... FOR UPDATE; UPDATE; END on one row.
+* distinct keys: 8 processes, each on its own keys, vs ``pgbench -N`` with 8 clients.
+* many subjects: one release reserved and committed over 10^4 and 10^5 subject keys,
+  vs one ``UPDATE ... FROM unnest(ids)`` of the same rows in a copy of the accounts.
+* embedded SQLite: releases/s of ``spend`` from one process vs the same transaction
+  shape (BEGIN IMMEDIATE; SELECT; UPDATE; INSERT; COMMIT) in raw sqlite3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing
+import os
+import re
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg2
+
+from dp_budget_provider.accounting import GaussianMechanism
+from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
+
+PG_ADMIN_DSN = os.environ.get(
+    "DP_BUDGET_TEST_PG", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+)
+PROCESSES = 8
+WINDOW = "2026-11"
+# A cap no benchmark can reach, and a tiny cost per release: nothing is ever refused.
+CAP = BudgetCap(epsilon=1e9, delta=1e-5)
+MECHANISM = GaussianMechanism(1000.0)
+GOAL_THROUGHPUT = 0.3
+GOAL_BULK = 3.0
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def _dsn(name: str) -> str:
+    return dict(item.split("=", 1) for item in PG_ADMIN_DSN.split()).get(name, "")
+
+
+@contextlib.contextmanager
+def scratch_database(purpose: str) -> Iterator[tuple[str, str]]:
+    """A fresh PostgreSQL database: yields (name, SQLAlchemy URL); dropped afterwards."""
+    name = f"dpb_bench_{purpose}_{uuid.uuid4().hex[:8]}"
+    admin = psycopg2.connect(PG_ADMIN_DSN)
+    admin.autocommit = True
+    with admin.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield name, f"postgresql+psycopg2://{_dsn('user')}@{_dsn('host')}:{_dsn('port')}/{name}"
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.close()
+
+
+def connect(database: str) -> psycopg2.extensions.connection:
+    return psycopg2.connect(
+        host=_dsn("host"), port=_dsn("port"), user=_dsn("user"), dbname=database
+    )
+
+
+def pgbench(database: str, *arguments: str) -> str:
+    command = [
+        "pgbench",
+        "-h",
+        _dsn("host"),
+        "-p",
+        _dsn("port"),
+        "-U",
+        _dsn("user"),
+        *arguments,
+        database,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return done.stdout + done.stderr
+
+
+def pgbench_tps(database: str, *arguments: str) -> float:
+    output = pgbench(database, *arguments)
+    match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", output)
+    if match is None:
+        raise RuntimeError(f"could not read tps from pgbench:\n{output}")
+    return float(match.group(1))
+
+
+# ---------------------------------------------------------------------------- ledger workers
+
+
+def release_loop(url: str, keys: list, mode: str, duration: float, barrier, results) -> None:
+    """Releases on ``keys`` (round robin) for ``duration`` seconds after the barrier."""
+    ledger = PrivacyBudgetLedger(url=url)
+    ledger.commit(ledger.reserve(keys[0], MECHANISM))  # connection and caches warm
+    barrier.wait(120)
+    done, start = 0, time.perf_counter()
+    deadline = start + duration
+    while time.perf_counter() < deadline:
+        key = keys[done % len(keys)]
+        if mode == "spend":
+            ledger.spend(key, MECHANISM)
+        else:
+            ledger.commit(ledger.reserve(key, MECHANISM))
+        done += 1
+    results.put((done, time.perf_counter() - start))
+    ledger.close()
+
+
+def ledger_throughput(url: str, key_sets: list[list], mode: str, duration: float) -> float:
+    """Releases per second of ``len(key_sets)`` processes, one key set each."""
+    results = SPAWN.Queue()
+    barrier = SPAWN.Barrier(len(key_sets))
+    processes = [
+        SPAWN.Process(target=release_loop, args=(url, keys, mode, duration, barrier, results))
+        for keys in key_sets
+    ]
+    for process in processes:
+        process.start()
+    reports = [results.get(timeout=duration + 300) for _ in processes]
+    for process in processes:
+        process.join()
+    releases = sum(done for done, _ in reports)
+    return releases / max(elapsed for _, elapsed in reports)
+
+
+# ---------------------------------------------------------------------------- benchmarks
+
+HOT_SCRIPT = """BEGIN;
+SELECT v FROM hot WHERE id = 1 FOR UPDATE;
+UPDATE hot SET v = v + 1 WHERE id = 1;
+END;
+"""
+
+
+def bench_hot_key(duration: float) -> list[tuple]:
+    with scratch_database("hot") as (_, url):
+        PrivacyBudgetLedger(cap=CAP, url=url).close()
+        hot = [key_for("hot-subject", "count", WINDOW)]
+        ours = ledger_throughput(url, [hot] * PROCESSES, "reserve-commit", duration)
+        ours_spend = ledger_throughput(url, [hot] * PROCESSES, "spend", duration)
+    with scratch_database("pgbench_hot") as (name, _), tempfile.TemporaryDirectory() as tmp:
+        with connect(name) as connection, connection.cursor() as cursor:
+            cursor.execute("CREATE TABLE hot (id integer PRIMARY KEY, v bigint NOT NULL)")
+            cursor.execute("INSERT INTO hot VALUES (1, 0)")
+        connection.close()
+        script = Path(tmp) / "hot.sql"
+        script.write_text(HOT_SCRIPT)
+        base = pgbench_tps(
+            name, "-n", "-c", str(PROCESSES), "-j", "2", "-T", str(int(duration)), "-f", str(script)
+        )
+    return [
+        (
+            "hot key, reserve+commit",
+            ours,
+            "releases/s",
+            base,
+            "pgbench FOR UPDATE tps",
+            ours / base,
+            f">= {GOAL_THROUGHPUT}",
+        ),
+        (
+            "hot key, spend (1 txn)",
+            ours_spend,
+            "releases/s",
+            base,
+            "pgbench FOR UPDATE tps",
+            ours_spend / base,
+            "(info)",
+        ),
+    ]
+
+
+def bench_distinct_keys(duration: float) -> list[tuple]:
+    with scratch_database("distinct") as (_, url):
+        PrivacyBudgetLedger(cap=CAP, url=url).close()
+        key_sets = [
+            [key_for(f"worker-{w}-subject-{j}", "count", WINDOW) for j in range(16)]
+            for w in range(PROCESSES)
+        ]
+        ours = ledger_throughput(url, key_sets, "reserve-commit", duration)
+    with scratch_database("pgbench_n") as (name, _):
+        pgbench(name, "-i", "-q", "-s", "1")
+        base = pgbench_tps(
+            name, "-n", "-N", "-c", str(PROCESSES), "-j", "2", "-T", str(int(duration))
+        )
+    return [
+        (
+            "distinct keys, reserve+commit",
+            ours,
+            "releases/s",
+            base,
+            "pgbench -N tps",
+            ours / base,
+            f">= {GOAL_THROUGHPUT}",
+        ),
+    ]
+
+
+def bench_many_subjects() -> list[tuple]:
+    rows, times = [], {}
+    with scratch_database("subjects") as (name, url):
+        ledger = PrivacyBudgetLedger(cap=CAP, url=url)
+        for size in (10**4, 10**5):
+            keys = [key_for(f"n{size}-subject-{i:06d}", "count", WINDOW) for i in range(size)]
+            start = time.perf_counter()
+            reservation = ledger.reserve(keys, MECHANISM)
+            reserved = time.perf_counter()
+            ledger.commit(reservation)
+            committed = time.perf_counter()
+            times[size] = (reserved - start, committed - reserved, committed - start)
+            print(
+                f"  {size:>6} subjects: reserve {times[size][0]:.3f} s, commit "
+                f"{times[size][1]:.3f} s, total {times[size][2]:.3f} s",
+                file=sys.stderr,
+            )
+        ledger.close()
+        with connect(name) as connection, connection.cursor() as cursor:
+            cursor.execute("CREATE TABLE accounts_copy AS SELECT * FROM dp_accounts")
+            cursor.execute("ALTER TABLE accounts_copy ADD PRIMARY KEY (id)")
+            cursor.execute("ANALYZE accounts_copy")
+        for size in (10**4, 10**5):
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT id FROM dp_accounts WHERE subject LIKE %s", (f"n{size}-subject-%",)
+                )
+                ids = [row[0] for row in cursor.fetchall()]
+            assert len(ids) == size
+            start = time.perf_counter()
+            with connection, connection.cursor() as cursor:
+                cursor.execute(
+                    "UPDATE accounts_copy SET rho = rho + %s, releases = releases + 1 "
+                    "FROM unnest(%s::int[]) AS u(id) WHERE accounts_copy.id = u.id",
+                    (MECHANISM.zcdp_rho, ids),
+                )
+                assert cursor.rowcount == size
+            raw = time.perf_counter() - start
+            reserve, commit, total = times[size]
+            rows.append(
+                (
+                    f"{size} subjects: reserve {reserve:.2f} s + commit {commit:.2f} s",
+                    total,
+                    "s per release",
+                    raw,
+                    "raw UPDATE ... unnest s",
+                    total / raw,
+                    f"<= {GOAL_BULK}" if size == 10**5 else "(info)",
+                )
+            )
+        connection.close()
+    growth = times[10**5][2] / times[10**4][2]
+    rows.append(("growth t(10^5) / t(10^4)", growth, "x", 10.0, "linear", growth / 10.0, "~1"))
+    return rows
+
+
+def bench_sqlite(duration: float) -> list[tuple]:
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'ledger.db'}"
+        ledger = PrivacyBudgetLedger(cap=CAP, url=url)
+        keys = [key_for(f"embedded-{i}", "count", WINDOW) for i in range(4)]
+        ledger.spend(keys[0], MECHANISM)
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < duration:
+            ledger.spend(keys[done % len(keys)], MECHANISM)
+            done += 1
+        ours = done / (time.perf_counter() - start)
+        ledger.close()
+
+        raw = sqlite3.connect(Path(tmp) / "raw.db", isolation_level=None)
+        for pragma in ("journal_mode=WAL", "busy_timeout=60000", "synchronous=FULL"):
+            raw.execute(f"PRAGMA {pragma}")
+        raw.execute("CREATE TABLE account (id INTEGER PRIMARY KEY, rho REAL, releases INTEGER)")
+        raw.execute("CREATE TABLE history (seq INTEGER PRIMARY KEY, account INTEGER, rho REAL)")
+        raw.executemany("INSERT INTO account VALUES (?, 0.0, 0)", [(i,) for i in range(4)])
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < duration:
+            account = done % 4
+            raw.execute("BEGIN IMMEDIATE")
+            raw.execute("SELECT rho, releases FROM account WHERE id = ?", (account,)).fetchone()
+            raw.execute(
+                "UPDATE account SET rho = rho + ?, releases = releases + 1 WHERE id = ?",
+                (MECHANISM.zcdp_rho, account),
+            )
+            raw.execute(
+                "INSERT INTO history (account, rho) VALUES (?, ?)", (account, MECHANISM.zcdp_rho)
+            )
+            raw.execute("COMMIT")
+            done += 1
+        base = done / (time.perf_counter() - start)
+        raw.close()
+    return [
+        (
+            "embedded SQLite, spend, 1 process",
+            ours,
+            "releases/s",
+            base,
+            "raw sqlite3 txn/s",
+            ours / base,
+            "(info)",
+        ),
+    ]
+
+
+def print_table(rows: list[tuple]) -> None:
+    print()
+    print("| benchmark | ours | unit | baseline | baseline is | ratio | goal |")
+    print("|---|---|---|---|---|---|---|")
+    for name, ours, unit, base, base_name, ratio, goal in rows:
+        print(f"| {name} | {ours:.4g} | {unit} | {base:.4g} | {base_name} | {ratio:.3g} | {goal} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per throughput run")
+    duration = parser.parse_args().duration
+    rows: list[tuple] = []
+    for title, run in (
+        ("hot key", lambda: bench_hot_key(duration)),
+        ("distinct keys", lambda: bench_distinct_keys(duration)),
+        ("many subjects", bench_many_subjects),
+        ("embedded SQLite", lambda: bench_sqlite(duration)),
+    ):
+        print(f"running: {title}", file=sys.stderr)
+        start = time.perf_counter()
+        rows += run()
+        print(f"  done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    print(f"{PROCESSES} processes, {os.cpu_count()} cores, {duration:g} s per throughput run")
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

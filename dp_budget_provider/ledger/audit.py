@@ -1,0 +1,108 @@
+"""Auditing a ledger: the hash chain, reservation key sets, and a replay of the history.
+
+The replay recomputes every live account's spend from the history alone (commits, reaps,
+corrections, re-scopes, resets) and compares it with the stored accounts, so lowering an
+account's spend directly in SQL is caught even though the chain itself is intact.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Connection, func, select
+
+from dp_budget_provider.ledger import history
+from dp_budget_provider.ledger.errors import LedgerCorrupt
+from dp_budget_provider.ledger.keys import LedgerKey
+from dp_budget_provider.ledger.records import VerifyReport
+from dp_budget_provider.ledger.schema import Account, HistoryEntry, Reservation, ReservationKey
+from dp_budget_provider.ledger.spend import Spend
+
+
+def _key_of(row: Any) -> LedgerKey:
+    return LedgerKey.from_canonical(row.tenant, row.subject, row.query_type, row.window)
+
+
+class _Replay:
+    """Account spends and open-reservation counts as the history says they should be."""
+
+    def __init__(
+        self, keys_of: Mapping[str, list[LedgerKey]], digests: Mapping[str, str], size: int
+    ) -> None:
+        self.keys_of = keys_of
+        self.digests = digests
+        self.size = size
+        self.expected: dict[LedgerKey, Spend] = defaultdict(Spend)
+        self.open_count: dict[LedgerKey, int] = defaultdict(int)
+
+    def apply(self, entry: Any) -> list[str]:
+        """Apply one entry; returns problems it shows (bad payloads raise)."""
+        payload = json.loads(entry.payload)
+        keys = self.keys_of.get(entry.reservation_id or "", [])
+        if entry.action == "reserve":
+            for key in keys:
+                self.open_count[key] += 1
+                self.expected.setdefault(key, Spend())
+            if payload.get("keys_digest") != self.digests.get(entry.reservation_id):
+                return [f"entry {entry.seq}: reservation digest differs from its entry"]
+        elif entry.action in ("commit", "reap"):
+            cost = Spend.from_payload(payload["cost"], self.size)
+            for key in keys:
+                self.expected[key] = self.expected[key].plus(cost)
+                self.open_count[key] -= 1
+        elif entry.action == "release":
+            for key in keys:
+                self.open_count[key] -= 1
+        elif entry.action == "correction":
+            key = _key_of(entry)
+            self.expected[key] = self.expected[key].plus(
+                Spend.from_payload(payload["cost"], self.size)
+            )
+        elif entry.action == "rescope":
+            old, new = LedgerKey(**payload["from"]), _key_of(entry)
+            self.expected[new] = self.expected[new].plus(self.expected.pop(old, Spend()))
+            self.open_count.pop(old, None)
+        elif entry.action == "reset":
+            for key in [k for k in self.expected if k.window == payload["window"]]:
+                del self.expected[key]
+                self.open_count.pop(key, None)
+        return []
+
+
+def verify(connection: Connection, size: int) -> VerifyReport:
+    """Audit the ledger seen through ``connection`` (one consistent snapshot)."""
+    problems = [f"entry {p.seq}: {p.problem}" for p in history.chain_problems(connection)]
+    digests = dict(connection.execute(select(Reservation.id, Reservation.keys_digest)).all())
+    keys_of: dict[str, list[LedgerKey]] = defaultdict(list)
+    for row in connection.execute(
+        select(ReservationKey).order_by(ReservationKey.reservation_id, ReservationKey.position)
+    ):
+        keys_of[row.reservation_id].append(_key_of(row))
+    for reservation_id, digest in digests.items():
+        if history.keys_digest(keys_of[reservation_id]) != digest:
+            problems.append(f"reservation {reservation_id}: key set does not match its digest")
+    replay = _Replay(keys_of, digests, size)
+    for entry in connection.execute(select(HistoryEntry).order_by(HistoryEntry.seq)):
+        try:
+            problems += replay.apply(entry)
+        except (ValueError, KeyError, TypeError, LedgerCorrupt) as error:
+            problems.append(f"entry {entry.seq}: unreadable payload ({error!r}); edited?")
+    accounts = {_key_of(row): row for row in connection.execute(select(Account))}
+    for key, row in accounts.items():
+        stored = Spend.from_columns(row.rho, row.residual, row.gaussian_mu2, size)
+        if key not in replay.expected:
+            if stored.rho or stored.residual is not None:
+                problems.append(f"account {key}: spend that no history entry charged")
+            continue
+        if not stored.close_to(replay.expected[key]):
+            problems.append(f"account {key}: stored spend differs from the history's sum")
+        if row.open_reservations != replay.open_count[key]:
+            problems.append(f"account {key}: open reservation count differs from the history")
+    for key, spend in replay.expected.items():
+        if key not in accounts and (spend.rho or spend.residual is not None):
+            problems.append(f"account {key}: charged in the history but missing")
+    entries = connection.execute(select(func.count()).select_from(HistoryEntry)).scalar_one()
+    return VerifyReport(entries=entries, accounts=len(accounts), problems=problems)

@@ -1,0 +1,585 @@
+"""Read-only queries for browsing a ledger: filtered, sorted, paginated pages with totals.
+
+The ledger API answers "what is the state of these keys"; a UI needs "which accounts
+match, in what order, how many in total", one account's history and reservations a page
+at a time, and the account's cumulative epsilon over time. Those are here, as plain
+functions taking a :class:`PrivacyBudgetLedger`, so the ledger class stays about writing
+and the queries stay usable from the CLI or a notebook (no Airflow import).
+
+Epsilon is not a column: it is converted from the stored RDP spend at read time. Filters
+on key fields, and sorts on key fields, release counts or update time, run in SQL and
+only the returned page is converted. Filtering by state or sorting by epsilon, fraction
+or headroom has to convert every matching account; each distinct stored spend is
+converted once (releases over many subjects leave many accounts with the same spend).
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Select,
+    and_,
+    func,
+    select,
+    union_all,
+)
+
+from dp_budget_provider.accounting import EpsilonBound
+from dp_budget_provider.ledger import database
+from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
+from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
+from dp_budget_provider.ledger.policy import Policy, lookup_order
+from dp_budget_provider.ledger.records import COMMITTED, OPEN, REAPED, RELEASED, AccountStatus
+from dp_budget_provider.ledger.report import STATE_EXHAUSTED, STATE_OK, STATE_WARNING
+from dp_budget_provider.ledger.schema import (
+    Account,
+    ChainHead,
+    HistoryEntry,
+    ReservationKey,
+)
+from dp_budget_provider.ledger.schema import Reservation as ReservationRow
+from dp_budget_provider.ledger.spend import Spend
+
+T = TypeVar("T")
+
+KEY_FIELDS = ("tenant", "subject", "query_type", "window")
+STATES = (STATE_OK, STATE_WARNING, STATE_EXHAUSTED)
+RESERVATION_STATES = (OPEN, COMMITTED, RELEASED, REAPED)
+SQL_SORTS = ("key", *KEY_FIELDS, "releases", "open_reservations", "updated_at")
+COMPUTED_SORTS = ("epsilon", "fraction", "remaining", "state")
+SORTS = SQL_SORTS + COMPUTED_SORTS
+MAX_PAGE = 1000
+WILDCARD = "*"
+_CHARGES = ("commit", "reap")
+_STATE_RANK = {STATE_OK: 0, STATE_WARNING: 1, STATE_EXHAUSTED: 2}
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a longer result: ``total`` counts every match, ``items`` this page."""
+
+    total: int
+    offset: int
+    limit: int
+    items: list[T] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AccountFilter:
+    """Which accounts to list. Key fields match exactly (canonicalised like keys), or as a
+    pattern when they contain ``*`` (any run of characters); ``state`` is ``ok``,
+    ``warning`` or ``exhausted`` (any case)."""
+
+    tenant: str | None = None
+    subject: str | None = None
+    query_type: str | None = None
+    window: str | None = None
+    state: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in KEY_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{name} filter must be a string, got {value!r}")
+        if self.state is not None:
+            wanted = str(self.state).strip().lower()
+            match = next((s for s in STATES if s.lower() == wanted), None)
+            if match is None:
+                raise ValueError(f"state must be one of {', '.join(STATES)}; got {self.state!r}")
+            object.__setattr__(self, "state", match)
+
+
+@dataclass(frozen=True)
+class SeriesPoint:
+    """The account's cumulative epsilon right after history entry ``seq``."""
+
+    seq: int
+    at: str
+    action: str
+    epsilon: float
+
+
+@dataclass(frozen=True)
+class SpendSeries:
+    """Cumulative epsilon over time; ``points`` is at most ``max_points`` of ``events``."""
+
+    events: int
+    points: list[SeriesPoint]
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _read(ledger: PrivacyBudgetLedger) -> Any:
+    return database.transaction(ledger._engine, write=False)
+
+
+def account_state(epsilon: float, policy: Policy) -> str:
+    """``ok``, ``WARNING`` (past the warn fraction) or ``EXHAUSTED`` (at the cap)."""
+    if epsilon >= policy.cap_epsilon:
+        return STATE_EXHAUSTED
+    return STATE_WARNING if policy.warns_at(epsilon) else STATE_OK
+
+
+def _key_match(columns: Sequence[Any], key: LedgerKey) -> ColumnElement[bool]:
+    return and_(*(column == value for column, value in zip(columns, _key_values(key), strict=True)))
+
+
+def _key_values(key: LedgerKey) -> tuple[str, str, str, str]:
+    return key.tenant, key.subject, key.query_type, key.window
+
+
+def _account_columns() -> tuple[Any, ...]:
+    return (Account.tenant, Account.subject, Account.query_type, Account.window)
+
+
+def _pattern(name: str, value: str) -> str | None:
+    """The canonical text of a filter value, or None for an exact match (no wildcard)."""
+    if WILDCARD not in value:
+        return None
+    text = " ".join(unicodedata.normalize("NFKC", value).casefold().split())
+    for char in text:
+        if unicodedata.category(char).startswith("C"):
+            raise ValueError(f"{name} filter contains the control character {char!r}")
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped.replace(WILDCARD, "%")
+
+
+def _filtered(query: Select[Any], filters: AccountFilter) -> Select[Any]:
+    for name, column in zip(KEY_FIELDS, _account_columns(), strict=True):
+        value = getattr(filters, name)
+        if value is None or value == "":
+            continue
+        pattern = _pattern(name, value)
+        if pattern is None:
+            query = query.where(column == canonical_part(name, value))
+        elif pattern.strip("%"):
+            query = query.where(column.like(pattern, escape="\\"))
+    return query
+
+
+def _page_bounds(limit: int, offset: int) -> tuple[int, int]:
+    if not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be an integer in [1, {MAX_PAGE}], got {limit!r}")
+    if not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be a non-negative integer, got {offset!r}")
+    return limit, offset
+
+
+class _Epsilons:
+    """Epsilon of stored spends, converting each distinct stored value once."""
+
+    def __init__(self, ledger: PrivacyBudgetLedger) -> None:
+        self._orders = np.asarray(ledger.orders)
+        self._delta = ledger.delta
+        self._conversion = ledger.conversion
+        self._cache: dict[tuple[Any, Any, Any], EpsilonBound] = {}
+
+    def of_columns(self, rho: float, residual: str | None, mu2: float | None) -> EpsilonBound:
+        signature = (rho, residual, mu2)
+        bound = self._cache.get(signature)
+        if bound is None:
+            spend = Spend.from_columns(rho, residual, mu2, self._orders.size)
+            bound = spend.epsilon(self._orders, self._delta, self._conversion)
+            self._cache[signature] = bound
+        return bound
+
+    def of_spend(self, spend: Spend) -> float:
+        return spend.epsilon(self._orders, self._delta, self._conversion).epsilon
+
+
+class _Policies:
+    """The policy of each (tenant, query type), looked up once."""
+
+    def __init__(self, ledger: PrivacyBudgetLedger) -> None:
+        self._stored = {policy.scope: policy for policy in ledger.policies()}
+        self._cache: dict[tuple[str, str], Policy] = {}
+
+    def __call__(self, tenant: str, query_type: str) -> Policy:
+        policy = self._cache.get((tenant, query_type))
+        if policy is None:
+            scope = next(s for s in lookup_order(tenant, query_type) if s in self._stored)
+            policy = self._cache[(tenant, query_type)] = self._stored[scope]
+        return policy
+
+
+def _status(row: Any, bound: EpsilonBound, policy: Policy) -> AccountStatus:
+    return AccountStatus(
+        key=LedgerKey(row.tenant, row.subject, row.query_type, row.window),
+        epsilon=bound.epsilon,
+        cap_epsilon=policy.cap_epsilon,
+        remaining=max(0.0, policy.cap_epsilon - bound.epsilon),
+        fraction=bound.epsilon / policy.cap_epsilon,
+        warned=policy.warns_at(bound.epsilon),
+        exhausted=bound.epsilon >= policy.cap_epsilon,
+        open_reservations=row.open_reservations,
+        releases=row.releases,
+        method=bound.method,
+        updated_at=row.updated_at,
+    )
+
+
+# ---------------------------------------------------------------------- accounts
+
+
+def find_accounts(
+    ledger: PrivacyBudgetLedger,
+    filters: AccountFilter | None = None,
+    *,
+    sort: str = "key",
+    descending: bool = False,
+    limit: int = 50,
+    offset: int = 0,
+) -> Page[AccountStatus]:
+    """Live accounts matching ``filters``, sorted, one page of them, with the total count.
+
+    ``sort`` is one of :data:`SORTS`; ties are broken by key, so pages are stable.
+    """
+    filters = filters or AccountFilter()
+    limit, offset = _page_bounds(limit, offset)
+    if sort not in SORTS:
+        raise ValueError(f"sort must be one of {', '.join(SORTS)}; got {sort!r}")
+    epsilons = _Epsilons(ledger)
+    policies = _Policies(ledger)
+    if filters.state is None and sort in SQL_SORTS:
+        return _sql_page(ledger, filters, sort, descending, limit, offset, epsilons, policies)
+    with _read(ledger) as connection:
+        rows = list(connection.execute(_filtered(select(Account), filters)))
+    scored = []
+    for row in rows:
+        bound = epsilons.of_columns(row.rho, row.residual, row.gaussian_mu2)
+        policy = policies(row.tenant, row.query_type)
+        state = account_state(bound.epsilon, policy)
+        if filters.state is not None and state != filters.state:
+            continue
+        scored.append((row, bound, policy, state))
+    scored.sort(key=lambda item: _key_values(_key_of(item[0])))
+    if sort != "key":
+        scored.sort(key=lambda item: _sort_value(sort, item), reverse=descending)
+    elif descending:
+        scored.reverse()
+    chosen = scored[offset : offset + limit]
+    items = [_status(row, bound, policy) for row, bound, policy, _ in chosen]
+    return Page(total=len(scored), offset=offset, limit=limit, items=items)
+
+
+def _key_of(row: Any) -> LedgerKey:
+    return LedgerKey(row.tenant, row.subject, row.query_type, row.window)
+
+
+def _sort_value(sort: str, item: tuple[Any, EpsilonBound, Policy, str]) -> Any:
+    row, bound, policy, state = item
+    if sort == "epsilon":
+        return bound.epsilon
+    if sort == "fraction":
+        return bound.epsilon / policy.cap_epsilon
+    if sort == "remaining":
+        return max(0.0, policy.cap_epsilon - bound.epsilon)
+    if sort == "state":
+        return _STATE_RANK[state]
+    return getattr(row, sort)
+
+
+def _sql_page(
+    ledger: PrivacyBudgetLedger,
+    filters: AccountFilter,
+    sort: str,
+    descending: bool,
+    limit: int,
+    offset: int,
+    epsilons: _Epsilons,
+    policies: _Policies,
+) -> Page[AccountStatus]:
+    keys = _account_columns()
+    if sort == "key":
+        order = [k.desc() if descending else k.asc() for k in keys]
+    else:
+        column = getattr(Account, sort)
+        order = [column.desc() if descending else column.asc(), *keys]
+    count = _filtered(select(func.count()).select_from(Account), filters)
+    page = _filtered(select(Account), filters).order_by(*order).offset(offset).limit(limit)
+    with _read(ledger) as connection:
+        total = int(connection.execute(count).scalar_one())
+        rows = list(connection.execute(page))
+    items = [
+        _status(
+            row,
+            epsilons.of_columns(row.rho, row.residual, row.gaussian_mu2),
+            policies(row.tenant, row.query_type),
+        )
+        for row in rows
+    ]
+    return Page(total=total, offset=offset, limit=limit, items=items)
+
+
+def account_status(ledger: PrivacyBudgetLedger, key: LedgerKey) -> AccountStatus | None:
+    """The live account of ``key`` with its status, or None when it has none."""
+    with _read(ledger) as connection:
+        row = connection.execute(
+            select(Account).where(_key_match(_account_columns(), key))
+        ).one_or_none()
+    if row is None:
+        return None
+    bound = _Epsilons(ledger).of_columns(row.rho, row.residual, row.gaussian_mu2)
+    return _status(row, bound, ledger.policy_for(key))
+
+
+# ---------------------------------------------------------------------- history
+
+
+def _history_of(key: LedgerKey, *columns: Any) -> Any:
+    """Entries concerning ``key``: its own (key columns set) and its multi-key reservations'.
+
+    A UNION ALL of two indexed lookups: single-key entries carry the key, multi-key
+    entries (key columns NULL) are found through the reservation's keys.
+    """
+    history_key = (
+        HistoryEntry.tenant,
+        HistoryEntry.subject,
+        HistoryEntry.query_type,
+        HistoryEntry.window,
+    )
+    reservation_key = (
+        ReservationKey.tenant,
+        ReservationKey.subject,
+        ReservationKey.query_type,
+        ReservationKey.window,
+    )
+    touching = select(ReservationKey.reservation_id).where(_key_match(reservation_key, key))
+    own = select(*columns).where(_key_match(history_key, key))
+    shared = select(*columns).where(
+        HistoryEntry.tenant.is_(None), HistoryEntry.reservation_id.in_(touching)
+    )
+    return union_all(own, shared).subquery()
+
+
+def key_history(
+    ledger: PrivacyBudgetLedger,
+    key: LedgerKey,
+    *,
+    limit: int = 50,
+    offset: int = 0,
+    newest_first: bool = True,
+) -> Page[dict[str, Any]]:
+    """One page of the history entries concerning ``key``, with the total count.
+
+    Each entry is the ledger's history dict (seq, at, action, actor, reservation_id, key,
+    payload, hash) plus, when it belongs to a reservation, that reservation's
+    ``attempt_id``, ``mechanism``, ``count``, ``key_count`` and ``state``.
+    """
+    limit, offset = _page_bounds(limit, offset)
+    entries = _history_of(
+        key,
+        HistoryEntry.seq,
+        HistoryEntry.at,
+        HistoryEntry.action,
+        HistoryEntry.actor,
+        HistoryEntry.reservation_id,
+        HistoryEntry.tenant,
+        HistoryEntry.subject,
+        HistoryEntry.query_type,
+        HistoryEntry.window,
+        HistoryEntry.payload,
+        HistoryEntry.hash,
+    )
+    order = entries.c.seq.desc() if newest_first else entries.c.seq.asc()
+    with _read(ledger) as connection:
+        total = int(connection.execute(select(func.count()).select_from(entries)).scalar_one())
+        rows = list(connection.execute(select(entries).order_by(order).offset(offset).limit(limit)))
+        reservations = _reservations_by_id(
+            connection, sorted({r.reservation_id for r in rows if r.reservation_id})
+        )
+    items = []
+    for row in rows:
+        entry: dict[str, Any] = {
+            "seq": row.seq,
+            "at": row.at,
+            "action": row.action,
+            "actor": row.actor,
+            "reservation_id": row.reservation_id,
+            "key": None if row.tenant is None else _key_of(row).as_dict(),
+            "payload": json.loads(row.payload),
+            "hash": row.hash,
+        }
+        reservation = reservations.get(row.reservation_id or "")
+        if reservation is not None:
+            entry.update(
+                attempt_id=reservation.attempt_id,
+                mechanism=json.loads(reservation.mechanism),
+                count=reservation.count,
+                key_count=reservation.key_count,
+                state=reservation.state,
+            )
+        items.append(entry)
+    return Page(total=total, offset=offset, limit=limit, items=items)
+
+
+def _reservations_by_id(connection: Connection, ids: Sequence[str]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for start in range(0, len(ids), 1000):
+        chunk = ids[start : start + 1000]
+        for row in connection.execute(select(ReservationRow).where(ReservationRow.id.in_(chunk))):
+            found[row.id] = row
+    return found
+
+
+def spend_series(
+    ledger: PrivacyBudgetLedger, key: LedgerKey, *, max_points: int = 200
+) -> SpendSeries:
+    """``key``'s cumulative epsilon after each charge, replayed from the history.
+
+    Charges are commits and reaps of reservations holding the key, corrections of the key
+    and spend carried onto it by a rescope; a reset of its window or a rescope away from
+    it drops it to zero. With more than ``max_points`` events, an evenly spaced subset
+    (always including the first and the last) is converted: the curve is monotone between
+    resets, so the subset is an honest picture.
+    """
+    if not isinstance(max_points, int) or max_points < 2:
+        raise ValueError(f"max_points must be an integer >= 2, got {max_points!r}")
+    size = np.asarray(ledger.orders).size
+    reservation_key = (
+        ReservationKey.tenant,
+        ReservationKey.subject,
+        ReservationKey.query_type,
+        ReservationKey.window,
+    )
+    history_key = (
+        HistoryEntry.tenant,
+        HistoryEntry.subject,
+        HistoryEntry.query_type,
+        HistoryEntry.window,
+    )
+    touching = select(ReservationKey.reservation_id).where(_key_match(reservation_key, key))
+    charges = (
+        select(
+            HistoryEntry.seq,
+            HistoryEntry.at,
+            HistoryEntry.action,
+            ReservationRow.cost_rho,
+            ReservationRow.cost_residual,
+            ReservationRow.cost_gaussian_mu2,
+        )
+        .join(ReservationRow, ReservationRow.id == HistoryEntry.reservation_id)
+        .where(HistoryEntry.action.in_(_CHARGES), HistoryEntry.reservation_id.in_(touching))
+    )
+    others = select(HistoryEntry.seq, HistoryEntry.at, HistoryEntry.action, HistoryEntry.payload)
+    own = others.where(
+        _key_match(history_key, key), HistoryEntry.action.in_(("correction", "rescope"))
+    )
+    # rescopes away from the key carry the new key (same tenant and window) and name
+    # the old one in their payload; resets name their window in the payload.
+    moved = others.where(
+        HistoryEntry.action == "rescope",
+        HistoryEntry.tenant == key.tenant,
+        HistoryEntry.window == key.window,
+    )
+    resets = others.where(HistoryEntry.action == "reset")
+    events: list[tuple[int, str, str, Spend | None]] = []
+    with _read(ledger) as connection:
+        for row in connection.execute(charges):
+            cost = Spend.from_columns(row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, size)
+            events.append((row.seq, row.at, row.action, cost))
+        for row in connection.execute(own):
+            payload = json.loads(row.payload)
+            cost = payload["cost"] if row.action == "correction" else payload["carried"]
+            events.append((row.seq, row.at, row.action, Spend.from_payload(cost, size)))
+        for row in connection.execute(moved):
+            payload = json.loads(row.payload)
+            if LedgerKey(**payload["from"]) == key:
+                events.append((row.seq, row.at, "rescope-away", None))
+        for row in connection.execute(resets):
+            if json.loads(row.payload).get("window") == key.window:
+                events.append((row.seq, row.at, "reset", None))
+    events.sort(key=lambda event: event[0])
+    wanted = _sample(len(events), max_points)
+    epsilons = _Epsilons(ledger)
+    total = Spend()
+    points = []
+    for index, (seq, at, action, cost) in enumerate(events):
+        total = Spend() if cost is None else total.plus(cost)
+        if index in wanted:
+            points.append(SeriesPoint(seq, at, action, epsilons.of_spend(total)))
+    return SpendSeries(events=len(events), points=points)
+
+
+def _sample(count: int, max_points: int) -> set[int]:
+    if count <= max_points:
+        return set(range(count))
+    return {int(round(i)) for i in np.linspace(0, count - 1, max_points)}
+
+
+# ---------------------------------------------------------------------- reservations
+
+
+def key_reservations(
+    ledger: PrivacyBudgetLedger,
+    key: LedgerKey,
+    *,
+    states: Iterable[str] | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> Page[dict[str, Any]]:
+    """Reservations holding ``key`` (newest first), optionally only in ``states``."""
+    limit, offset = _page_bounds(limit, offset)
+    wanted = None if states is None else sorted(set(states))
+    for state in wanted or []:
+        if state not in RESERVATION_STATES:
+            raise ValueError(f"reservation state must be one of {RESERVATION_STATES}: {state!r}")
+    reservation_key = (
+        ReservationKey.tenant,
+        ReservationKey.subject,
+        ReservationKey.query_type,
+        ReservationKey.window,
+    )
+    base = (
+        select(ReservationRow)
+        .join(ReservationKey, ReservationKey.reservation_id == ReservationRow.id)
+        .where(_key_match(reservation_key, key))
+    )
+    if wanted is not None:
+        base = base.where(ReservationRow.state.in_(wanted))
+    counted = base.with_only_columns(func.count()).order_by(None)
+    page = base.order_by(ReservationRow.created_at.desc(), ReservationRow.id).offset(offset)
+    epsilons = _Epsilons(ledger)
+    with _read(ledger) as connection:
+        total = int(connection.execute(counted).scalar_one())
+        rows = list(connection.execute(page.limit(limit)))
+    items = [
+        {
+            "id": row.id,
+            "attempt_id": row.attempt_id,
+            "state": row.state,
+            "mechanism": json.loads(row.mechanism),
+            "count": row.count,
+            "key_count": row.key_count,
+            "cost_epsilon": epsilons.of_columns(
+                row.cost_rho, row.cost_residual, row.cost_gaussian_mu2
+            ).epsilon,
+            "prospective_epsilon": row.prospective_epsilon,
+            "actor": row.actor,
+            "created_at": row.created_at,
+            "resolved_at": row.resolved_at,
+        }
+        for row in rows
+    ]
+    return Page(total=total, offset=offset, limit=limit, items=items)
+
+
+# ---------------------------------------------------------------------- audit
+
+
+def chain_head(ledger: PrivacyBudgetLedger) -> tuple[int, str]:
+    """(seq, hash) of the last history entry: changes whenever anything is written."""
+    with _read(ledger) as connection:
+        row = connection.execute(
+            select(ChainHead.seq, ChainHead.hash).where(ChainHead.id == 1)
+        ).one()
+    return int(row.seq), str(row.hash)

@@ -1,0 +1,184 @@
+"""Entry points for the worker processes of ``test_concurrency.py`` (spawned, never threads).
+
+Each worker opens its own :class:`PrivacyBudgetLedger` (its own engine and connections),
+as an Airflow worker on another machine would, and reports one plain dict through a
+multiprocessing queue. Workers never raise: an unexpected exception is reported by
+class name and message, so the parent test can fail with the reason.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from dp_budget_provider.accounting import GaussianMechanism
+from dp_budget_provider.ledger import (
+    BudgetExhausted,
+    LedgerKey,
+    LedgerUnavailable,
+    PrivacyBudgetLedger,
+    key_for,
+)
+
+BARRIER_TIMEOUT = 120.0
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def race(url: str, key: LedgerKey, z: float, mode: str, barrier: Any, results: Any) -> None:
+    """Spend on one key until refused: ``spend`` or ``reserve`` then ``commit``."""
+    report: dict[str, Any] = {"receipts": [], "refused": None, "error": None}
+    try:
+        ledger = PrivacyBudgetLedger(url=url)
+        mechanism = GaussianMechanism(z)
+        barrier.wait(BARRIER_TIMEOUT)
+        while True:
+            try:
+                if mode == "spend":
+                    receipt = ledger.spend(key, mechanism)
+                else:
+                    receipt = ledger.commit(ledger.reserve(key, mechanism))[0]
+            except BudgetExhausted as refusal:
+                report["refused"] = refusal.would_be_epsilon
+                break
+            report["receipts"].append(receipt.epsilon)
+        ledger.close()
+    except BaseException as error:
+        report["error"] = _describe(error)
+    results.put(report)
+
+
+def multi_key(
+    url: str, subjects: list[str], seed: int, rounds: int, barrier: Any, results: Any
+) -> None:
+    """Reserve random overlapping key sets, in random argument order, holding up to two.
+
+    Reports every reservation made (id, keys, how it was resolved) and every refusal.
+    """
+    rng = random.Random(seed)
+    keys = [key_for(subject, "count", "2026-11") for subject in subjects]
+    report: dict[str, Any] = {"reserved": {}, "refused": [], "error": None}
+    held: list[Any] = []
+
+    def resolve(reservation: Any) -> None:
+        if rng.random() < 0.25:
+            ledger.release(reservation, reason="test: data never touched")
+            report["reserved"][reservation.id]["outcome"] = "release"
+        else:
+            ledger.commit(reservation)
+            report["reserved"][reservation.id]["outcome"] = "commit"
+
+    try:
+        ledger = PrivacyBudgetLedger(url=url)
+        mechanism = GaussianMechanism(4.0)
+        barrier.wait(BARRIER_TIMEOUT)
+        for _ in range(rounds):
+            chosen = rng.sample(keys, rng.randint(1, 12))
+            order = rng.choice(["as drawn", "sorted", "reversed"])
+            if order == "sorted":
+                chosen.sort()
+            elif order == "reversed":
+                chosen.sort(reverse=True)
+            try:
+                reservation = ledger.reserve(chosen, mechanism)
+            except BudgetExhausted as refusal:
+                report["refused"].append(
+                    {"keys": sorted(k.subject for k in chosen), "key": refusal.key.subject}
+                )
+            else:
+                report["reserved"][reservation.id] = {
+                    "keys": sorted(k.subject for k in reservation.keys),
+                    "outcome": "open",
+                }
+                held.append(reservation)
+            if len(held) > rng.randint(0, 2):
+                resolve(held.pop(0))
+        while held:
+            resolve(held.pop(0))
+        ledger.close()
+    except BaseException as error:
+        report["error"] = _describe(error)
+    results.put(report)
+
+
+def reserve_then_hang(
+    url: str, keys: list[LedgerKey], z: float, attempt: str, results: Any
+) -> None:
+    """Reserve, report the reservation id, then wait to be killed (a worker dying mid-task)."""
+    try:
+        ledger = PrivacyBudgetLedger(url=url)
+        reservation = ledger.reserve(keys, GaussianMechanism(z), attempt=attempt)
+        results.put({"reservation_id": reservation.id, "error": None})
+    except BaseException as error:
+        results.put({"reservation_id": None, "error": _describe(error)})
+        return
+    time.sleep(600)
+
+
+def operation(url: str, op: str, argument: Any, z: float, go: Any, results: Any) -> None:
+    """Open the ledger, report readiness, run one ledger call and report how it ended.
+
+    With an event ``go`` the call waits for it after reporting readiness.
+
+    ``op`` is ``reserve`` (argument: keys), ``spend`` (argument: a key, or a key and an
+    attempt id) or ``commit`` (argument: a reservation id). After a
+    :class:`LedgerUnavailable` the worker checks that the same ledger object still
+    answers once the database is back.
+    """
+    report: dict[str, Any] = {
+        "outcome": None,
+        "message": "",
+        "epsilon": None,
+        "recovered": None,
+        "error": None,
+    }
+    try:
+        ledger = PrivacyBudgetLedger(url=url)
+        mechanism = GaussianMechanism(z)
+        results.put({"ready": True})
+        if go is not None:
+            go.wait(BARRIER_TIMEOUT)
+        started = time.perf_counter()
+        try:
+            if op == "reserve":
+                ledger.reserve(argument, mechanism)
+            elif op == "spend":
+                key, attempt = argument if isinstance(argument, tuple) else (argument, None)
+                report["epsilon"] = ledger.spend(key, mechanism, attempt=attempt).epsilon
+            elif op == "commit":
+                report["epsilon"] = ledger.commit(argument)[0].epsilon
+            else:
+                raise ValueError(f"unknown operation {op!r}")
+            report["outcome"] = "completed"
+        except LedgerUnavailable as error:
+            report["outcome"] = "LedgerUnavailable"
+            report["message"] = str(error)
+        except BaseException as error:
+            report["outcome"] = type(error).__name__
+            report["message"] = str(error)
+        report["seconds"] = time.perf_counter() - started
+        if report["outcome"] == "LedgerUnavailable":
+            try:
+                ledger.open_reservations()
+                report["recovered"] = True
+            except BaseException as error:
+                report["recovered"] = _describe(error)
+        ledger.close()
+    except BaseException as error:
+        report["error"] = _describe(error)
+    results.put(report)
+
+
+def spend_on_request(url: str, key: LedgerKey, z: float, requests: Any, results: Any) -> None:
+    """Spend once on ``key`` for every request, reporting each; stop on ``None``."""
+    try:
+        ledger = PrivacyBudgetLedger(url=url)
+        results.put({"ready": True})
+        while requests.get(timeout=BARRIER_TIMEOUT) is not None:
+            results.put({"epsilon": ledger.spend(key, GaussianMechanism(z)).epsilon})
+        ledger.close()
+    except BaseException as error:
+        results.put({"error": _describe(error)})

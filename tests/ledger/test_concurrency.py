@@ -1,0 +1,785 @@
+"""The ledger under real concurrency, crashes and database faults.
+
+Every competing worker is a separate OS process (multiprocessing "spawn"; entry points
+in ``concurrency_workers.py``) with its own ledger object and connections, as Airflow
+workers on different machines would be. Threads would share one interpreter and
+would not show what the ledger promises: that the prospective check and the
+reservation are atomic across processes, that multi-key reservations lock in one
+order (no deadlock) and are all-or-nothing, that a killed worker's reservation stays
+counted until reaped, and that a connection killed mid-transaction leaves nothing
+half-written (fail closed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import multiprocessing
+import os
+import queue
+import signal
+import sqlite3
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import psycopg2
+import pytest
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+
+from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant
+from dp_budget_provider.ledger import (
+    BudgetCap,
+    BudgetExhausted,
+    LedgerUnavailable,
+    PrivacyBudgetLedger,
+    key_for,
+)
+from tests.conftest import PG_ADMIN_DSN
+from tests.ledger import concurrency_workers as workers
+
+CAP = BudgetCap(epsilon=3.0, delta=1e-5)
+PROCESSES = 8
+WINDOW = "2026-11"
+SPAWN = multiprocessing.get_context("spawn")
+LEDGER_APP = "dp-budget-ledger"
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+@functools.cache
+def reference_epsilon(z: float, releases: int) -> float:
+    """What RDPAccountant reports for ``releases`` Gaussian(z) releases at the cap's delta."""
+    if releases == 0:
+        return 0.0
+    accountant = RDPAccountant()
+    accountant.compose(GaussianMechanism(z), releases)
+    return accountant.get_epsilon(CAP.delta)[0]
+
+
+@functools.cache
+def max_fit(z: float) -> int:
+    """How many Gaussian(z) releases fit under the cap."""
+    releases = 0
+    while reference_epsilon(z, releases + 1) <= CAP.epsilon:
+        releases += 1
+    return releases
+
+
+def run_workers(target: Any, argument_lists: list[tuple], timeout: float) -> list[dict]:
+    """Start one spawned process per argument tuple (plus a shared barrier and result queue).
+
+    Fails the test if any worker has not reported within ``timeout`` seconds: with
+    correct lock ordering nothing can wait forever.
+    """
+    results = SPAWN.Queue()
+    barrier = SPAWN.Barrier(len(argument_lists))
+    processes = [
+        SPAWN.Process(target=target, args=(*arguments, barrier, results), daemon=True)
+        for arguments in argument_lists
+    ]
+    for process in processes:
+        process.start()
+    reports: list[dict] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(reports) < len(processes):
+            try:
+                reports.append(results.get(timeout=max(0.1, deadline - time.monotonic())))
+            except queue.Empty:
+                pytest.fail(
+                    f"only {len(reports)} of {len(processes)} workers finished within "
+                    f"{timeout} s: a deadlock or a hang"
+                )
+    finally:
+        _stop(processes)
+    return reports
+
+
+def start_worker(target: Any, arguments: tuple) -> tuple[Any, Any]:
+    """Start one spawned worker reporting through its own queue."""
+    results = SPAWN.Queue()
+    process = SPAWN.Process(target=target, args=(*arguments, results), daemon=True)
+    process.start()
+    return process, results
+
+
+def _stop(processes: list[Any]) -> None:
+    for process in processes:
+        process.join(timeout=30)
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def raw_accounts(url: str) -> list[Any]:
+    """The account rows exactly as stored (what verify() replays the history against)."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return list(
+                connection.execute(
+                    text(
+                        "SELECT subject, rho, residual, gaussian_mu2, releases, "
+                        'open_reservations FROM dp_accounts ORDER BY subject, "window"'
+                    )
+                )
+            )
+    finally:
+        engine.dispose()
+
+
+def table_counts(url: str) -> dict[str, int]:
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return {
+                table: connection.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
+                for table in ("dp_accounts", "dp_reservations", "dp_reservation_keys", "dp_history")
+            }
+    finally:
+        engine.dispose()
+
+
+def assert_replay_within_cap(entries: list[dict], keys_of: dict[str, list[str]], z: float) -> None:
+    """Replay the history in order: at every reserve, committed + open <= what fits.
+
+    History entries are appended in commit order and accounts are locked until commit,
+    so the replayed state at a reserve entry is exactly what the reservation saw: its
+    recorded prospective epsilon must be the reference epsilon of that state.
+    """
+    fit = max_fit(z)
+    committed: Counter[str] = Counter()
+    holding: Counter[str] = Counter()
+    for entry in entries:
+        action, reservation_id = entry["action"], entry["reservation_id"]
+        if action not in ("reserve", "commit", "release", "reap"):
+            continue
+        subjects = keys_of[reservation_id]
+        if action == "reserve":
+            for subject in subjects:
+                holding[subject] += 1
+            worst = max(committed[s] + holding[s] for s in subjects)
+            assert worst <= fit, f"entry {entry['seq']}: {worst} releases held, only {fit} fit"
+            assert entry["payload"]["prospective_epsilon"] == pytest.approx(
+                reference_epsilon(z, worst), rel=1e-9
+            ), f"entry {entry['seq']}: the reservation did not see every other one"
+        else:
+            for subject in subjects:
+                holding[subject] -= 1
+                if action != "release":
+                    committed[subject] += 1
+                assert committed[subject] <= fit
+    assert all(count == 0 for count in holding.values()), "reservations left open"
+
+
+@contextlib.contextmanager
+def pg_session(url: str, *, autocommit: bool = True) -> Iterator[Any]:
+    """A plain psycopg2 session on the ledger's database (not the ledger's application name)."""
+    parsed = make_url(url)
+    connection = psycopg2.connect(
+        host=parsed.host,
+        port=parsed.port,
+        user=parsed.username,
+        dbname=parsed.database,
+        application_name="dp-budget-test",
+    )
+    connection.autocommit = autocommit
+    try:
+        yield connection
+    finally:
+        connection.close()
+
+
+def wait_for_backend(session: Any, database: str, condition: str, timeout: float = 30) -> int:
+    """The pid of the one ledger backend of ``database`` matching ``condition``."""
+    deadline = time.monotonic() + timeout
+    with session.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = %s"
+                f" AND ({condition})",
+                (database, LEDGER_APP),
+            )
+            pids = [row[0] for row in cursor.fetchall()]
+            if len(pids) == 1:
+                return pids[0]
+            assert len(pids) < 2, f"several ledger backends match {condition!r}: {pids}"
+            time.sleep(0.002)
+    pytest.fail(f"no ledger backend of {database} reached {condition!r} within {timeout} s")
+
+
+def wait_for_lock_waiters(session: Any, database: str, count: int, timeout: float = 30) -> None:
+    """Return once ``count`` ledger backends of ``database`` wait for a lock."""
+    deadline = time.monotonic() + timeout
+    with session.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+                " AND application_name = %s AND wait_event_type = 'Lock'",
+                (database, LEDGER_APP),
+            )
+            if cursor.fetchone()[0] == count:
+                return
+            time.sleep(0.005)
+    pytest.fail(f"{count} ledger backends of {database} did not all wait within {timeout} s")
+
+
+def wait_until_no_ledger_backend(session: Any, database: str, timeout: float = 30) -> None:
+    """Wait until the server has noticed every dead ledger client (and rolled it back)."""
+    deadline = time.monotonic() + timeout
+    with session.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = %s AND application_name = %s",
+                (database, LEDGER_APP),
+            )
+            if cursor.fetchone()[0] == 0:
+                return
+            time.sleep(0.01)
+    pytest.fail(f"ledger backends of {database} still alive after {timeout} s")
+
+
+def pg_snapshot(url: str) -> dict[str, list[tuple]]:
+    """Every ledger table, row by row, in a fixed order."""
+    order = {
+        "dp_accounts": "id",
+        "dp_reservations": "id",
+        "dp_reservation_keys": "reservation_id, position",
+        "dp_history": "seq",
+        "dp_chain_head": "id",
+        "dp_policies": "id",
+        "dp_ledger_config": "id",
+    }
+    with pg_session(url) as session, session.cursor() as cursor:
+        snapshot = {}
+        for table, columns in order.items():
+            cursor.execute(f"SELECT * FROM {table} ORDER BY {columns}")
+            snapshot[table] = cursor.fetchall()
+        return snapshot
+
+
+def expect_ready(results: Any, process: Any, timeout: float = 60) -> None:
+    message = results.get(timeout=timeout)
+    assert message.get("ready"), f"worker failed before its operation: {message}"
+    assert process.is_alive()
+
+
+def kill(process: Any) -> None:
+    """SIGKILL: no atexit, no finally, no rollback from the client side."""
+    os.kill(process.pid, signal.SIGKILL)
+    process.join(timeout=30)
+    assert process.exitcode == -signal.SIGKILL
+
+
+# ---------------------------------------------------------------------------- races
+
+
+@pytest.mark.parametrize("z", [4.0, 12.0], ids=["z4-8fit", "z12-75fit"])
+@pytest.mark.parametrize("mode", ["spend", "reserve-commit"])
+def test_processes_racing_on_one_key_never_pass_the_cap(ledger_url, mode, z):
+    ledger = PrivacyBudgetLedger(cap=CAP, url=ledger_url)
+    key = key_for("alice", "count", WINDOW)
+    fit = max_fit(z)
+
+    reports = run_workers(workers.race, [(ledger_url, key, z, mode)] * PROCESSES, timeout=150)
+
+    assert [r["error"] for r in reports if r["error"]] == []
+    receipts = sorted(eps for report in reports for eps in report["receipts"])
+    # Each worker stopped only when refused, and a refusal means the cap really was reached.
+    assert all(report["refused"] > CAP.epsilon for report in reports)
+    # Commits are serialised: the receipts are exactly eps(1), ..., eps(n), no repeats
+    # (a lost update would show two receipts of the same epsilon).
+    assert len(receipts) == fit
+    assert receipts == pytest.approx([reference_epsilon(z, k) for k in range(1, fit + 1)], rel=1e-9)
+    assert receipts[-1] <= CAP.epsilon
+
+    entries = ledger.history()
+    commits = [entry for entry in entries if entry["action"] == "commit"]
+    assert len(commits) == len(receipts)
+    assert ledger.epsilon_of(key) == pytest.approx(reference_epsilon(z, fit), rel=1e-9)
+    assert_replay_within_cap(entries, {e["reservation_id"]: ["alice"] for e in entries}, z)
+
+    report = ledger.verify()
+    assert report.ok, report.problems
+    # The history's costs, summed by hand, are the account's stored curve.
+    (row,) = raw_accounts(ledger_url)
+    costs = [entry["payload"]["cost"] for entry in commits]
+    assert all(cost["residual"] is None for cost in costs)
+    assert row.residual is None
+    assert row.rho == pytest.approx(sum(cost["rho"] for cost in costs), rel=1e-12)
+    assert row.gaussian_mu2 == pytest.approx(sum(c["gaussian_mu2"] for c in costs), rel=1e-12)
+    assert (row.releases, row.open_reservations) == (fit, 0)
+    reference = RDPAccountant(ledger.orders)
+    reference.compose(GaussianMechanism(z), fit)
+    np.testing.assert_allclose(row.rho * ledger.orders, reference.rdp, rtol=1e-9)
+    assert row.gaussian_mu2 == pytest.approx(reference.gaussian_mu_squared, rel=1e-12)
+    ledger.close()
+
+
+def test_overlapping_multi_key_reservations_neither_deadlock_nor_leak(ledger_url):
+    ledger = PrivacyBudgetLedger(cap=CAP, url=ledger_url)
+    subjects = [f"subject-{i:02d}" for i in range(50)]
+    rounds = 25
+
+    reports = run_workers(
+        workers.multi_key,
+        [(ledger_url, subjects, seed, rounds) for seed in range(PROCESSES)],
+        timeout=150,
+    )
+
+    assert [r["error"] for r in reports if r["error"]] == []
+    reserved = {rid: info for report in reports for rid, info in report["reserved"].items()}
+    refused = [refusal for report in reports for refusal in report["refused"]]
+    assert len(reserved) + len(refused) == PROCESSES * rounds
+    assert refused, "the scenario is meant to exhaust budgets"
+    assert any(info["outcome"] == "commit" for info in reserved.values())
+    assert all(info["outcome"] in ("commit", "release") for info in reserved.values())
+
+    entries = ledger.history()
+    by_action = {
+        action: {e["reservation_id"] for e in entries if e["action"] == action}
+        for action in ("reserve", "commit", "release", "reap")
+    }
+    # All or nothing: a refused reservation left no reserve entry, row or account behind.
+    assert by_action["reserve"] == set(reserved)
+    assert by_action["commit"] == {r for r, i in reserved.items() if i["outcome"] == "commit"}
+    assert by_action["release"] == {r for r, i in reserved.items() if i["outcome"] == "release"}
+    assert by_action["reap"] == set()
+    assert ledger.open_reservations() == []
+    assert table_counts(ledger_url)["dp_reservations"] == len(reserved)
+
+    commits_per_subject = Counter(
+        subject
+        for info in reserved.values()
+        if info["outcome"] == "commit"
+        for subject in info["keys"]
+    )
+    ever_reserved = {subject for info in reserved.values() for subject in info["keys"]}
+    rows = raw_accounts(ledger_url)
+    assert {row.subject for row in rows} == ever_reserved
+    fit = max_fit(4.0)
+    for row in rows:
+        assert row.open_reservations == 0
+        assert row.releases == commits_per_subject[row.subject] <= fit
+        epsilon = ledger.epsilon_of(key_for(row.subject, "count", WINDOW))
+        assert epsilon == pytest.approx(
+            reference_epsilon(4.0, commits_per_subject[row.subject]), rel=1e-9
+        )
+        assert epsilon <= CAP.epsilon
+    # Every refusal named a key that was in the refused set.
+    assert all(refusal["key"] in refusal["keys"] for refusal in refused)
+
+    assert_replay_within_cap(entries, {rid: info["keys"] for rid, info in reserved.items()}, 4.0)
+    report = ledger.verify()
+    assert report.ok, report.problems
+    ledger.close()
+
+
+# ---------------------------------------------------------------------------- crashes
+
+
+def test_reservation_of_a_killed_worker_stays_counted_until_reaped(ledger_url):
+    ledger = PrivacyBudgetLedger(cap=CAP, url=ledger_url)
+    key = key_for("bob", "count", WINDOW)
+    gaussian = GaussianMechanism(4.0)
+    fit = max_fit(4.0)
+    for _ in range(fit - 1):
+        ledger.spend(key, gaussian)
+    attempt = f"dag/task/run/-1/1/{uuid.uuid4()}"
+
+    process, results = start_worker(workers.reserve_then_hang, (ledger_url, [key], 4.0, attempt))
+    message = results.get(timeout=60)
+    assert message["error"] is None, message
+    kill(process)
+
+    # Still counted: the last release that fits is taken by the dead worker.
+    (held,) = ledger.open_reservations()
+    assert (held.id, held.attempt_id, held.keys, held.state) == (
+        message["reservation_id"],
+        attempt,
+        (key,),
+        "open",
+    )
+    assert ledger.epsilon_of(key) == pytest.approx(reference_epsilon(4.0, fit - 1), rel=1e-9)
+    assert ledger.prospective_epsilon(key, gaussian) == pytest.approx(
+        reference_epsilon(4.0, fit + 1), rel=1e-9
+    )
+    assert reference_epsilon(4.0, fit) <= CAP.epsilon  # it would fit without the reservation
+    with pytest.raises(BudgetExhausted) as refusal:
+        ledger.spend(key, gaussian)
+    assert refusal.value.would_be_epsilon == pytest.approx(
+        reference_epsilon(4.0, fit + 1), rel=1e-9
+    )
+    assert ledger.reap(timedelta(hours=1)) == []  # too young to be presumed dead
+
+    assert ledger.reap(timedelta(0)) == [held.id]
+
+    assert ledger.epsilon_of(key) == pytest.approx(reference_epsilon(4.0, fit), rel=1e-9)
+    last = ledger.history()[-1]
+    assert (last["action"], last["reservation_id"]) == ("reap", held.id)
+    assert "older than" in last["payload"]["reason"]
+    assert last["payload"]["attempt_id"] == attempt
+    assert ledger.open_reservations() == []
+    (account,) = raw_accounts(ledger_url)
+    assert (account.releases, account.open_reservations) == (fit, 0)
+    report = ledger.verify()
+    assert report.ok, report.problems
+    with pytest.raises(BudgetExhausted):
+        ledger.spend(key, gaussian)
+    ledger.close()
+
+
+def test_worker_killed_inside_a_large_reserve_leaves_all_or_nothing(ledger_url):
+    """SIGKILL while the worker's 10^4-key reserve transaction is open."""
+    ledger = PrivacyBudgetLedger(cap=CAP, url=ledger_url)
+    keys = [key_for(f"s{i:05d}", "count", WINDOW) for i in range(10_000)]
+    ledger.spend(keys[5000], GaussianMechanism(4.0))
+    ledger.close()
+    before = table_counts(ledger_url)
+    postgres = make_url(ledger_url).get_backend_name() == "postgresql"
+
+    process, results = start_worker(workers.operation, (ledger_url, "reserve", keys, 4.0, None))
+    expect_ready(results, process)
+    if postgres:
+        with pg_session(ledger_url) as session:
+            wait_for_backend(session, make_url(ledger_url).database, "backend_xid IS NOT NULL")
+            kill(process)
+            wait_until_no_ledger_backend(session, make_url(ledger_url).database)
+    else:
+        _wait_for_sqlite_writer(make_url(ledger_url).database)
+        kill(process)
+
+    ledger = PrivacyBudgetLedger(url=ledger_url)
+    after = table_counts(ledger_url)
+    held = ledger.open_reservations()
+    if held:  # the kill came after COMMIT reached the database: everything is there
+        assert [len(r.keys) for r in held] == [len(keys)]
+        assert after == {
+            "dp_accounts": before["dp_accounts"] + len(keys) - 1,
+            "dp_reservations": before["dp_reservations"] + 1,
+            "dp_reservation_keys": before["dp_reservation_keys"] + len(keys),
+            "dp_history": before["dp_history"] + 1,
+        }
+    else:
+        assert after == before
+    report = ledger.verify()
+    assert report.ok, report.problems
+    # No lock or half-done row is left to block the next writer.
+    assert ledger.spend(keys[0], GaussianMechanism(4.0)).epsilon > 0
+    ledger.close()
+
+
+def _wait_for_sqlite_writer(path: str, timeout: float = 30) -> None:
+    """Return once another connection holds the SQLite write lock (its transaction is open)."""
+    probe = sqlite3.connect(path, timeout=0, isolation_level=None)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            try:
+                probe.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as error:
+                if "locked" in str(error):
+                    return
+                raise
+            probe.execute("ROLLBACK")
+            time.sleep(0.002)
+    finally:
+        probe.close()
+    pytest.fail(f"no writer took the SQLite write lock within {timeout} s")
+
+
+def test_worker_killed_while_its_commit_waits_leaves_the_reservation_open(ledger_url):
+    """The commit transaction is blocked (chain head / write lock held elsewhere) when killed."""
+    ledger = PrivacyBudgetLedger(cap=CAP, url=ledger_url)
+    keys = [key_for(f"carol-{i}", "count", WINDOW) for i in range(3)]
+    reservation = ledger.reserve(keys, GaussianMechanism(4.0))
+    ledger.close()
+    postgres = make_url(ledger_url).get_backend_name() == "postgresql"
+    database = make_url(ledger_url).database
+    before = table_counts(ledger_url)
+
+    if postgres:
+        with pg_session(ledger_url, autocommit=False) as locker:
+            with locker.cursor() as cursor:
+                cursor.execute("SELECT seq FROM dp_chain_head WHERE id = 1 FOR UPDATE")
+            process, results = start_worker(
+                workers.operation, (ledger_url, "commit", reservation.id, 4.0, None)
+            )
+            expect_ready(results, process)
+            with pg_session(ledger_url) as session:
+                wait_for_backend(session, database, "wait_event_type = 'Lock'")
+                kill(process)
+                locker.rollback()
+                wait_until_no_ledger_backend(session, database)
+    else:
+        go = SPAWN.Event()
+        process, results = start_worker(
+            workers.operation, (ledger_url, "commit", reservation.id, 4.0, go)
+        )
+        expect_ready(results, process)  # opening the ledger takes the write lock too
+        locker = sqlite3.connect(database, isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")
+        go.set()
+        time.sleep(0.5)  # the commit is now waiting in SQLite's busy handler
+        kill(process)
+        locker.execute("ROLLBACK")
+        locker.close()
+
+    ledger = PrivacyBudgetLedger(url=ledger_url)
+    assert table_counts(ledger_url) == before
+    assert [r.id for r in ledger.open_reservations()] == [reservation.id]
+    assert all(ledger.epsilon_of(key) == 0.0 for key in keys)
+    assert ledger.reap(timedelta(0)) == [reservation.id]
+    assert all(
+        ledger.epsilon_of(key) == pytest.approx(reference_epsilon(4.0, 1), rel=1e-9) for key in keys
+    )
+    report = ledger.verify()
+    assert report.ok, report.problems
+    ledger.close()
+
+
+# ---------------------------------------------------------------------------- idempotency, audit
+
+
+@pytest.mark.parametrize("op", ["spend", "commit"])
+def test_the_same_attempt_from_several_processes_is_charged_once(ledger_url, op):
+    """Duplicate workers of one task attempt (e.g. a zombie and its replacement) at once.
+
+    The workers are released together from behind a lock, so each has looked the
+    attempt up (and found nothing) before any of them could write it.
+    """
+    postgres = make_url(ledger_url).get_backend_name() == "postgresql"
+    ledger = PrivacyBudgetLedger(cap=CAP, url=ledger_url)
+    key = key_for("erin", "count", WINDOW)
+    ledger.spend(key, GaussianMechanism(4.0))
+    attempt = f"dag/task/run/-1/1/{uuid.uuid4()}"
+    argument = (key, attempt) if op == "spend" else ledger.reserve(key, GaussianMechanism(4.0)).id
+    ledger.close()
+    duplicates = 4
+    database = make_url(ledger_url).database
+    go = SPAWN.Event()
+
+    started = [
+        start_worker(workers.operation, (ledger_url, op, argument, 4.0, go))
+        for _ in range(duplicates)
+    ]
+    for process, results in started:
+        expect_ready(results, process)
+    if postgres:
+        with pg_session(ledger_url, autocommit=False) as locker, pg_session(ledger_url) as session:
+            with locker.cursor() as cursor:
+                cursor.execute("SELECT id FROM dp_accounts WHERE subject = 'erin' FOR UPDATE")
+            go.set()
+            wait_for_lock_waiters(session, database, duplicates)
+            locker.rollback()
+    else:
+        locker = sqlite3.connect(database, isolation_level=None)
+        locker.execute("BEGIN IMMEDIATE")
+        go.set()
+        time.sleep(0.5)
+        locker.execute("ROLLBACK")
+        locker.close()
+    reports = [results.get(timeout=60) for _, results in started]
+    _stop([process for process, _ in started])
+
+    failures = [
+        f"{r['outcome']}: {r['message'][:200]}" for r in reports if r["outcome"] != "completed"
+    ]
+    assert failures == []
+    assert [r["epsilon"] for r in reports] == pytest.approx(
+        [reference_epsilon(4.0, 2)] * duplicates, rel=1e-9
+    )
+    ledger = PrivacyBudgetLedger(url=ledger_url)
+    assert [e["action"] for e in ledger.history(key)].count("commit") == 2
+    assert ledger.epsilon_of(key) == pytest.approx(reference_epsilon(4.0, 2), rel=1e-9)
+    report = ledger.verify()
+    assert report.ok, report.problems
+    ledger.close()
+
+
+def test_verify_is_not_fooled_by_a_concurrent_writer(ledger_url):
+    """verify() reads history, reservations and accounts; another process spends meanwhile."""
+    ledger = PrivacyBudgetLedger(cap=CAP, url=ledger_url)
+    key = key_for("frank", "count", WINDOW)
+    ledger.spend(key, GaussianMechanism(4.0))
+    requests = SPAWN.Queue()
+    process, results = start_worker(workers.spend_on_request, (ledger_url, key, 4.0, requests))
+    expect_ready(results, process)
+    interleaved: list[dict] = []
+
+    def spend_elsewhere(_connection, _cursor, statement, *_args) -> None:
+        # Once verify has read the history and turns to the accounts.
+        if not interleaved and "FROM dp_accounts" in statement:
+            requests.put("spend")
+            interleaved.append(results.get(timeout=60))
+
+    event.listen(Engine, "before_cursor_execute", spend_elsewhere)
+    try:
+        report = ledger.verify()
+    finally:
+        event.remove(Engine, "before_cursor_execute", spend_elsewhere)
+        requests.put(None)
+        _stop([process])
+    assert interleaved and "epsilon" in interleaved[0], interleaved
+    assert report.ok, report.problems
+    assert ledger.verify().ok
+    ledger.close()
+
+
+# ---------------------------------------------------------------------------- faults (PostgreSQL)
+
+
+def test_backend_terminated_during_a_large_reserve(postgres_url):
+    ledger = PrivacyBudgetLedger(cap=CAP, url=postgres_url)
+    keys = [key_for(f"s{i:05d}", "count", WINDOW) for i in range(10_000)]
+    ledger.spend(keys[7], GaussianMechanism(4.0))
+    ledger.close()
+    database = make_url(postgres_url).database
+    before = pg_snapshot(postgres_url)
+
+    process, results = start_worker(workers.operation, (postgres_url, "reserve", keys, 4.0, None))
+    expect_ready(results, process)
+    with pg_session(postgres_url) as session, session.cursor() as cursor:
+        pid = wait_for_backend(session, database, "backend_xid IS NOT NULL")
+        cursor.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        report = results.get(timeout=120)
+        _stop([process])
+        wait_until_no_ledger_backend(session, database)
+
+    assert report["error"] is None, report
+    assert report["outcome"] == "LedgerUnavailable", report
+    assert report["recovered"] is True, report
+    _assert_nothing_changed(postgres_url, before)
+
+
+@pytest.mark.parametrize("op", ["reserve", "spend", "commit"])
+def test_backend_terminated_while_waiting_for_the_chain_head(postgres_url, op):
+    """The ledger's transaction did all its work and waits for the chain head lock."""
+    ledger = PrivacyBudgetLedger(cap=CAP, url=postgres_url)
+    keys = [key_for(f"dave-{i:03d}", "count", WINDOW) for i in range(100)]
+    ledger.spend(keys[0], GaussianMechanism(4.0))
+    argument = {
+        "reserve": keys,
+        "spend": keys[0],
+        "commit": ledger.reserve(keys[:10], GaussianMechanism(4.0)).id,
+    }[op]
+    ledger.close()
+    database = make_url(postgres_url).database
+    before = pg_snapshot(postgres_url)
+
+    with pg_session(postgres_url, autocommit=False) as locker:
+        with locker.cursor() as cursor:
+            cursor.execute("SELECT seq FROM dp_chain_head WHERE id = 1 FOR UPDATE")
+        process, results = start_worker(workers.operation, (postgres_url, op, argument, 4.0, None))
+        expect_ready(results, process)
+        with pg_session(postgres_url) as session, session.cursor() as cursor:
+            pid = wait_for_backend(session, database, "wait_event_type = 'Lock'")
+            cursor.execute(
+                "SELECT query FROM pg_stat_activity WHERE pid = %s", (pid,)
+            )  # it is the chain head it waits for, i.e. at the very end of its transaction
+            assert "dp_chain_head" in cursor.fetchone()[0]
+            cursor.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            report = results.get(timeout=60)
+        locker.rollback()
+    _stop([process])
+
+    assert report["error"] is None, report
+    assert report["outcome"] == "LedgerUnavailable", report
+    assert "terminat" in report["message"] or "closed" in report["message"], report
+    assert report["recovered"] is True, report
+    _assert_nothing_changed(postgres_url, before)
+
+
+def _assert_nothing_changed(url: str, before: dict[str, list[tuple]]) -> None:
+    after = pg_snapshot(url)
+    for table, rows in before.items():
+        assert after[table] == rows, f"{table} changed although the transaction failed"
+    ledger = PrivacyBudgetLedger(url=url)
+    report = ledger.verify()
+    assert report.ok, report.problems
+    assert report.accounts == len(before["dp_accounts"])
+    ledger.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg2://postgres@127.0.0.1:1/ledger",
+        "sqlite:////nonexistent-directory/dp-budget/ledger.db",
+    ],
+    ids=["postgresql-closed-port", "sqlite-unopenable-path"],
+)
+def test_unreachable_ledger_fails_closed_at_construction(url):
+    with pytest.raises(LedgerUnavailable):
+        PrivacyBudgetLedger(cap=CAP, url=url)
+
+
+# ---------------------------------------------------------------------------- lock order
+
+
+@pytest.fixture
+def icu_postgres_url() -> Iterator[str]:
+    """A fresh database whose default collation is ICU en-US (not byte order).
+
+    Most production clusters are initialised with a linguistic collation (en_US.UTF-8
+    or ICU), under which "s_1" sorts before "s1" while Python sorts it after.
+    """
+    name = f"dpb_test_icu_{uuid.uuid4().hex[:12]}"
+    admin = psycopg2.connect(PG_ADMIN_DSN, connect_timeout=5)
+    admin.autocommit = True
+    with admin.cursor() as cursor:
+        cursor.execute(
+            f'CREATE DATABASE "{name}" TEMPLATE template0 LOCALE_PROVIDER icu '
+            "ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+        )
+    parts = dict(item.split("=", 1) for item in PG_ADMIN_DSN.split())
+    try:
+        yield f"postgresql+psycopg2://{parts['user']}@{parts['host']}:{parts['port']}/{name}"
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.close()
+
+
+def test_reserve_and_commit_lock_in_the_same_order_under_a_linguistic_collation(
+    icu_postgres_url,
+):
+    url, database = icu_postgres_url, make_url(icu_postgres_url).database
+    ledger = PrivacyBudgetLedger(cap=CAP, url=url)
+    underscore, plain = key_for("s_1", "count", WINDOW), key_for("s1", "count", WINDOW)
+    assert sorted([underscore, plain]) == [plain, underscore]  # Python: "s1" < "s_1"
+    held = ledger.reserve([underscore, plain], GaussianMechanism(4.0))
+    ledger.close()
+
+    with pg_session(url, autocommit=False) as locker, pg_session(url) as session:
+        with locker.cursor() as cursor:  # hold "s1", the key the reserve locks first
+            cursor.execute("SELECT id FROM dp_accounts WHERE subject = 's1' FOR UPDATE")
+        reserving, reserve_results = start_worker(
+            workers.operation, (url, "reserve", [underscore, plain], 4.0, None)
+        )
+        expect_ready(reserve_results, reserving)
+        wait_for_backend(session, database, "wait_event_type = 'Lock'")
+        committing, commit_results = start_worker(
+            workers.operation, (url, "commit", held.id, 4.0, None)
+        )
+        expect_ready(commit_results, committing)
+        wait_for_lock_waiters(session, database, 2)
+        locker.rollback()  # the reserve gets "s1" and wants "s_1", held by the commit
+        reports = [reserve_results.get(timeout=60), commit_results.get(timeout=60)]
+    _stop([reserving, committing])
+
+    deadlocked = [r["message"] for r in reports if "deadlock detected" in r["message"]]
+    assert deadlocked == [], "reserve and commit took the same two row locks in opposite orders"
+    assert [r["outcome"] for r in reports] == ["completed", "completed"], reports
