@@ -535,10 +535,7 @@ class PrivacyBudgetLedger:
         the existing reservation.
         """
         ordered = self._keys(keys)
-        mechanism = self._mechanism(mechanism)
-        count = check.positive_int("count", count)
-        attempt_id = self._attempt(attempt)
-        cost = Spend.of_release(mechanism, count, self._orders)
+        mechanism, count, attempt_id, cost = self._release(mechanism, count, attempt)
 
         def run(connection: Connection) -> Reservation:
             existing = self._reservation_by_attempt(connection, attempt_id)
@@ -561,6 +558,19 @@ class PrivacyBudgetLedger:
                 if last or "attempt_id" not in str(error.orig):
                     raise
         raise AssertionError("unreachable")
+
+    def _release(
+        self, mechanism: Mechanism | Mapping[str, Any], count: int, attempt: str | None
+    ) -> tuple[Mechanism, int, str, Spend]:
+        """Validate a release's arguments (before any database work) and price it."""
+        mechanism = self._mechanism(mechanism)
+        count = check.positive_int("count", count)
+        return (
+            mechanism,
+            count,
+            self._attempt(attempt),
+            Spend.of_release(mechanism, count, self._orders),
+        )
 
     @staticmethod
     def _attempt(attempt: str | None) -> str:
@@ -891,10 +901,7 @@ class PrivacyBudgetLedger:
     ) -> SpendReceipt:
         """Reserve and commit one release on one key in a single transaction."""
         keys = self._one_key(key)
-        mechanism = self._mechanism(mechanism)
-        count = check.positive_int("count", count)
-        attempt_id = self._attempt(attempt)
-        cost = Spend.of_release(mechanism, count, self._orders)
+        mechanism, count, attempt_id, cost = self._release(mechanism, count, attempt)
 
         def run(connection: Connection) -> SpendReceipt:
             existing = self._reservation_by_attempt(connection, attempt_id)
