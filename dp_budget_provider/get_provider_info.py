@@ -22,7 +22,13 @@ def _option(
 
 
 def get_provider_info() -> dict[str, Any]:
-    """The dict described by ``airflow/provider_info.schema.json``."""
+    """The dict described by ``airflow/provider_info.schema.json``.
+
+    The UI plugin is registered through the ``airflow.plugins`` entry point, not under
+    ``plugins`` here: Airflow 3.3 loads provider-listed plugins only with
+    ``[core] lazy_discover_providers = False`` (not the default), and with both it would
+    register the plugin twice and report the second as an import error.
+    """
     return {
         "package-name": "dp-budget-provider",
         "name": "DP Budget",
@@ -78,6 +84,7 @@ def get_provider_info() -> dict[str, Any]:
                 },
             }
         ],
+        "extra-links": ["dp_budget_provider.plugins.links.DPBudgetAccountLink"],
         "task-decorators": [
             {
                 "name": "dp_release",

@@ -4,6 +4,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-venv.sh
+# The UI's end-to-end tests drive Debian's Chromium (they fail, never skip, without it).
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "==> installing chromium for the browser tests"
+    apt-get update && apt-get install -y chromium
+  else
+    echo "WARNING: /usr/bin/chromium is missing (apt-get install -y chromium as root);" \
+      "the browser tests will fail" >&2
+  fi
+fi
 .venv/bin/python -c "import airflow, dp_accounting; print('airflow', airflow.__version__)"
 .venv/bin/ruff check .
 .venv/bin/pytest "$@"

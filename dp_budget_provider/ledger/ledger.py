@@ -1004,25 +1004,10 @@ class PrivacyBudgetLedger:
             rows = list(connection.execute(query))
             policies = self._policies(connection)
         spends = [Spend.from_columns(r.rho, r.residual, r.gaussian_mu2, size) for r in rows]
-        statuses = []
-        for row, bound in zip(rows, self._bounds(spends), strict=True):
-            key = _key_of(row)
-            policy = self._policy_for(policies, key)
-            statuses.append(
-                AccountStatus(
-                    key=key,
-                    epsilon=bound.epsilon,
-                    cap_epsilon=policy.cap_epsilon,
-                    remaining=max(0.0, policy.cap_epsilon - bound.epsilon),
-                    fraction=bound.epsilon / policy.cap_epsilon,
-                    warned=policy.warns_at(bound.epsilon),
-                    exhausted=bound.epsilon >= policy.cap_epsilon,
-                    open_reservations=row.open_reservations,
-                    releases=row.releases,
-                    method=bound.method,
-                    updated_at=row.updated_at,
-                )
-            )
+        statuses = [
+            AccountStatus.of(row, bound, self._policy_for(policies, _key_of(row)))
+            for row, bound in zip(rows, self._bounds(spends), strict=True)
+        ]
         return statuses
 
     def history(

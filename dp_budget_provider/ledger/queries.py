@@ -19,6 +19,7 @@ import json
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -28,6 +29,7 @@ from sqlalchemy import (
     Select,
     and_,
     func,
+    or_,
     select,
     union_all,
 )
@@ -57,6 +59,7 @@ SQL_SORTS = ("key", *KEY_FIELDS, "releases", "open_reservations", "updated_at")
 COMPUTED_SORTS = ("epsilon", "fraction", "remaining", "state")
 SORTS = SQL_SORTS + COMPUTED_SORTS
 MAX_PAGE = 1000
+MAX_GROUPS = 500  # beyond this many distinct (scope, spend) groups: rank in one pass
 WILDCARD = "*"
 _CHARGES = ("commit", "reap")
 _STATE_RANK = {STATE_OK: 0, STATE_WARNING: 1, STATE_EXHAUSTED: 2}
@@ -211,22 +214,6 @@ class _Policies:
         return policy
 
 
-def _status(row: Any, bound: EpsilonBound, policy: Policy) -> AccountStatus:
-    return AccountStatus(
-        key=LedgerKey(row.tenant, row.subject, row.query_type, row.window),
-        epsilon=bound.epsilon,
-        cap_epsilon=policy.cap_epsilon,
-        remaining=max(0.0, policy.cap_epsilon - bound.epsilon),
-        fraction=bound.epsilon / policy.cap_epsilon,
-        warned=policy.warns_at(bound.epsilon),
-        exhausted=bound.epsilon >= policy.cap_epsilon,
-        open_reservations=row.open_reservations,
-        releases=row.releases,
-        method=bound.method,
-        updated_at=row.updated_at,
-    )
-
-
 # ---------------------------------------------------------------------- accounts
 
 
@@ -241,7 +228,12 @@ def find_accounts(
 ) -> Page[AccountStatus]:
     """Live accounts matching ``filters``, sorted, one page of them, with the total count.
 
-    ``sort`` is one of :data:`SORTS`; ties are broken by key, so pages are stable.
+    ``sort`` is one of :data:`SORTS`; ties are broken by key (ascending), so pages are
+    stable. Sorting by a key field, a count or the update time without a state filter is
+    one SQL query. Otherwise the matching accounts are first grouped in SQL by what decides
+    their epsilon and policy (tenant, query type, stored spend); each group is converted
+    once, and the page is read group by group in sort order. Accounts charged by the same
+    releases share a group, so this stays fast for releases over many subjects.
     """
     filters = filters or AccountFilter()
     limit, offset = _page_bounds(limit, offset)
@@ -251,41 +243,196 @@ def find_accounts(
     policies = _Policies(ledger)
     if filters.state is None and sort in SQL_SORTS:
         return _sql_page(ledger, filters, sort, descending, limit, offset, epsilons, policies)
+    groups = _groups(ledger, filters, epsilons, policies)
+    if filters.state is not None:
+        groups = [group for group in groups if group.state == filters.state]
+    total = sum(group.count for group in groups)
+    if not groups or offset >= total:
+        return Page(total=total, offset=offset, limit=limit)
+    if len(groups) > MAX_GROUPS:
+        rows = _full_pass(ledger, filters, groups, sort, descending, limit, offset)
+    elif sort in SQL_SORTS:
+        query = _filtered(select(Account), filters).where(or_(*map(_group_match, groups)))
+        query = query.order_by(*_sql_order(sort, descending)).offset(offset).limit(limit)
+        with _read(ledger) as connection:
+            rows = list(connection.execute(query))
+    else:
+        rows = _banded(ledger, filters, groups, sort, descending, limit, offset)
+    by_signature = {group.signature: group for group in groups}
+    items = []
+    for row in rows:
+        group = by_signature[_signature(row)]
+        items.append(AccountStatus.of(row, group.bound, group.policy))
+    return Page(total=total, offset=offset, limit=limit, items=items)
+
+
+@dataclass(frozen=True)
+class _Group:
+    """Accounts with the same tenant, query type and stored spend: one epsilon, one policy."""
+
+    tenant: str
+    query_type: str
+    rho: float
+    residual: str | None
+    gaussian_mu2: float | None
+    count: int
+    bound: EpsilonBound
+    policy: Policy
+    state: str
+
+    @property
+    def signature(self) -> tuple[Any, ...]:
+        return (self.tenant, self.query_type, self.rho, self.residual, self.gaussian_mu2)
+
+    def value(self, sort: str) -> float:
+        epsilon, cap = self.bound.epsilon, self.policy.cap_epsilon
+        if sort == "epsilon":
+            return epsilon
+        if sort == "fraction":
+            return epsilon / cap
+        if sort == "remaining":
+            return max(0.0, cap - epsilon)
+        return _STATE_RANK[self.state]
+
+
+def _signature(row: Any) -> tuple[Any, ...]:
+    return (row.tenant, row.query_type, row.rho, row.residual, row.gaussian_mu2)
+
+
+def _groups(
+    ledger: PrivacyBudgetLedger,
+    filters: AccountFilter,
+    epsilons: _Epsilons,
+    policies: _Policies,
+) -> list[_Group]:
+    columns = (
+        Account.tenant,
+        Account.query_type,
+        Account.rho,
+        Account.residual,
+        Account.gaussian_mu2,
+    )
+    query = _filtered(select(*columns, func.count().label("count")), filters).group_by(*columns)
     with _read(ledger) as connection:
-        rows = list(connection.execute(_filtered(select(Account), filters)))
-    scored = []
+        rows = list(connection.execute(query))
+    groups = []
     for row in rows:
         bound = epsilons.of_columns(row.rho, row.residual, row.gaussian_mu2)
         policy = policies(row.tenant, row.query_type)
-        state = account_state(bound.epsilon, policy)
-        if filters.state is not None and state != filters.state:
-            continue
-        scored.append((row, bound, policy, state))
-    scored.sort(key=lambda item: _key_values(_key_of(item[0])))
-    if sort != "key":
-        scored.sort(key=lambda item: _sort_value(sort, item), reverse=descending)
-    elif descending:
-        scored.reverse()
-    chosen = scored[offset : offset + limit]
-    items = [_status(row, bound, policy) for row, bound, policy, _ in chosen]
-    return Page(total=len(scored), offset=offset, limit=limit, items=items)
+        groups.append(
+            _Group(
+                row.tenant,
+                row.query_type,
+                row.rho,
+                row.residual,
+                row.gaussian_mu2,
+                int(row.count),
+                bound,
+                policy,
+                account_state(bound.epsilon, policy),
+            )
+        )
+    return groups
+
+
+def _group_match(group: _Group) -> ColumnElement[bool]:
+    def same(column: Any, value: Any) -> ColumnElement[bool]:
+        return column.is_(None) if value is None else column == value
+
+    return and_(
+        Account.tenant == group.tenant,
+        Account.query_type == group.query_type,
+        Account.rho == group.rho,
+        same(Account.residual, group.residual),
+        same(Account.gaussian_mu2, group.gaussian_mu2),
+    )
+
+
+def _banded(
+    ledger: PrivacyBudgetLedger,
+    filters: AccountFilter,
+    groups: list[_Group],
+    sort: str,
+    descending: bool,
+    limit: int,
+    offset: int,
+) -> list[Any]:
+    """The page of a computed sort: walk the groups in value order, read only the page."""
+    ordered = sorted(groups, key=lambda group: group.value(sort), reverse=descending)
+    rows: list[Any] = []
+    position, end = 0, offset + limit
+    with _read(ledger) as connection:
+        for _, members in groupby(ordered, key=lambda group: group.value(sort)):
+            band = list(members)  # equal values: one band, ordered by key
+            size = sum(group.count for group in band)
+            if position + size > offset and position < end:
+                skip = max(0, offset - position)
+                take = min(size, end - position) - skip
+                query = (
+                    _filtered(select(Account), filters)
+                    .where(or_(*map(_group_match, band)))
+                    .order_by(*_account_columns())
+                    .offset(skip)
+                    .limit(take)
+                )
+                rows += connection.execute(query)
+            position += size
+            if position >= end:
+                break
+    return rows
+
+
+def _full_pass(
+    ledger: PrivacyBudgetLedger,
+    filters: AccountFilter,
+    groups: list[_Group],
+    sort: str,
+    descending: bool,
+    limit: int,
+    offset: int,
+) -> list[Any]:
+    """The page when almost every account differs: rank them all, then read the page."""
+    by_signature = {group.signature: group for group in groups}
+    columns = (Account.id, *_account_columns(), Account.rho, Account.residual)
+    query = _filtered(select(*columns, Account.gaussian_mu2), filters)
+    if sort in SQL_SORTS and sort != "key":
+        query = query.add_columns(getattr(Account, sort).label("sort_value"))
+    with _read(ledger) as connection:
+        ranked = []
+        for row in connection.execute(query):
+            group = by_signature.get(_signature(row))
+            if group is None:
+                continue
+            key = (row.tenant, row.subject, row.query_type, row.window)
+            if sort == "key":
+                value: Any = None
+            elif sort in SQL_SORTS:
+                value = row.sort_value
+            else:
+                value = group.value(sort)
+            ranked.append((value, key, row.id))
+        ranked.sort(key=lambda item: item[1])
+        if sort != "key":
+            ranked.sort(key=lambda item: item[0], reverse=descending)
+        elif descending:
+            ranked.reverse()
+        ids = [account_id for _, _, account_id in ranked[offset : offset + limit]]
+        found = {
+            row.id: row for row in connection.execute(select(Account).where(Account.id.in_(ids)))
+        }
+    return [found[account_id] for account_id in ids]
 
 
 def _key_of(row: Any) -> LedgerKey:
     return LedgerKey(row.tenant, row.subject, row.query_type, row.window)
 
 
-def _sort_value(sort: str, item: tuple[Any, EpsilonBound, Policy, str]) -> Any:
-    row, bound, policy, state = item
-    if sort == "epsilon":
-        return bound.epsilon
-    if sort == "fraction":
-        return bound.epsilon / policy.cap_epsilon
-    if sort == "remaining":
-        return max(0.0, policy.cap_epsilon - bound.epsilon)
-    if sort == "state":
-        return _STATE_RANK[state]
-    return getattr(row, sort)
+def _sql_order(sort: str, descending: bool) -> list[Any]:
+    keys = _account_columns()
+    if sort == "key":
+        return [k.desc() if descending else k.asc() for k in keys]
+    column = getattr(Account, sort)
+    return [column.desc() if descending else column.asc(), *keys]
 
 
 def _sql_page(
@@ -298,19 +445,14 @@ def _sql_page(
     epsilons: _Epsilons,
     policies: _Policies,
 ) -> Page[AccountStatus]:
-    keys = _account_columns()
-    if sort == "key":
-        order = [k.desc() if descending else k.asc() for k in keys]
-    else:
-        column = getattr(Account, sort)
-        order = [column.desc() if descending else column.asc(), *keys]
+    order = _sql_order(sort, descending)
     count = _filtered(select(func.count()).select_from(Account), filters)
     page = _filtered(select(Account), filters).order_by(*order).offset(offset).limit(limit)
     with _read(ledger) as connection:
         total = int(connection.execute(count).scalar_one())
         rows = list(connection.execute(page))
     items = [
-        _status(
+        AccountStatus.of(
             row,
             epsilons.of_columns(row.rho, row.residual, row.gaussian_mu2),
             policies(row.tenant, row.query_type),
@@ -329,7 +471,7 @@ def account_status(ledger: PrivacyBudgetLedger, key: LedgerKey) -> AccountStatus
     if row is None:
         return None
     bound = _Epsilons(ledger).of_columns(row.rho, row.residual, row.gaussian_mu2)
-    return _status(row, bound, ledger.policy_for(key))
+    return AccountStatus.of(row, bound, ledger.policy_for(key))
 
 
 # ---------------------------------------------------------------------- history

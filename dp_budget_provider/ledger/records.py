@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from dp_budget_provider.accounting import Mechanism
+from dp_budget_provider.accounting import EpsilonBound, Mechanism
 from dp_budget_provider.ledger.keys import LedgerKey
+from dp_budget_provider.ledger.policy import Policy
 
 OPEN, COMMITTED, RELEASED, REAPED = "open", "committed", "released", "reaped"
 
@@ -56,6 +58,23 @@ class AccountStatus:
     releases: int
     method: str
     updated_at: str
+
+    @classmethod
+    def of(cls, row: Any, bound: EpsilonBound, policy: Policy) -> AccountStatus:
+        """The status of a stored account row, given its epsilon and its policy."""
+        return cls(
+            key=LedgerKey.from_canonical(row.tenant, row.subject, row.query_type, row.window),
+            epsilon=bound.epsilon,
+            cap_epsilon=policy.cap_epsilon,
+            remaining=max(0.0, policy.cap_epsilon - bound.epsilon),
+            fraction=bound.epsilon / policy.cap_epsilon,
+            warned=policy.warns_at(bound.epsilon),
+            exhausted=bound.epsilon >= policy.cap_epsilon,
+            open_reservations=row.open_reservations,
+            releases=row.releases,
+            method=bound.method,
+            updated_at=row.updated_at,
+        )
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from dp_budget_provider.ledger import (
     SpendReceipt,
     key_for,
 )
+from dp_budget_provider.plugins.links import DPBudgetAccountLink
 
 RECEIPT_XCOM_KEY = "dp_budget_receipt"
 ON_EXHAUSTED = ("fail", "skip")
@@ -85,6 +86,7 @@ class DPReleaseOperator(BaseOperator):
         "op_kwargs",
     )
     ui_color = "#e8f0fe"
+    operator_extra_links = (DPBudgetAccountLink(),)
 
     def __init__(
         self,

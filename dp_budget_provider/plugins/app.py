@@ -1,0 +1,653 @@
+"""The budget UI's FastAPI app: server-rendered pages and the JSON API behind them.
+
+Mounted by Airflow's API server at ``/dp-budget`` (see :mod:`.dp_budget`). Every route,
+``/openapi.json`` included, depends on :func:`.auth.budget_reader`; every route is a GET
+(the UI is read-only). The ledger is read through :mod:`dp_budget_provider.ledger` only.
+
+Pages: ``/accounts`` (filter, sort, server-side pagination), ``/account?tenant=…&
+subject=…&query_type=…&window=…`` (the key travels in the query string: key parts may
+contain ``/``), ``/policies``. API: ``/api/accounts``, ``/api/account``,
+``/api/account/history``, ``/api/account/reservations``, ``/api/policies``,
+``/api/report``, ``/api/verification``.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
+from urllib.parse import quote, urlencode
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
+from sqlalchemy.engine import make_url
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+import dp_budget_provider
+from dp_budget_provider.ledger import LedgerError, LedgerKey, Policy, PrivacyBudgetLedger, queries
+from dp_budget_provider.ledger.records import AccountStatus
+from dp_budget_provider.ledger.report import (
+    EpsilonAlone,
+    build_report,
+    describe_mechanism,
+    key_label,
+    policy_record,
+    render_markdown,
+    verification_record,
+)
+from dp_budget_provider.plugins import schemas
+from dp_budget_provider.plugins.auth import budget_reader
+from dp_budget_provider.plugins.chart import build_chart
+from dp_budget_provider.plugins.links import URL_PREFIX
+from dp_budget_provider.plugins.templates import environment
+
+LedgerSource = Callable[[], PrivacyBudgetLedger]
+Reader = Annotated[Any, Depends(budget_reader)]
+
+PAGE_SIZES = (25, 50, 100, 200)
+HISTORY_PAGE = 50
+VERIFY_TTL_SECONDS = 60.0
+RESERVATIONS_PAGE = 20
+KEY_FIELDS = (
+    ("tenant", "tenant"),
+    ("subject", "subject"),
+    ("query_type", "query type"),
+    ("window", "window"),
+)
+# (sort key or None, header, right-aligned); _DESCENDING_FIRST sorts start largest first.
+COLUMNS = (
+    ("tenant", "tenant", False),
+    ("subject", "subject", False),
+    ("query_type", "query type", False),
+    ("window", "window", False),
+    ("epsilon", "ε spent", True),
+    (None, "cap", True),
+    ("remaining", "remaining", True),
+    ("fraction", "used", False),
+    ("state", "state", False),
+    ("open_reservations", "open reservations", True),
+    ("releases", "releases", True),
+    ("updated_at", "updated", False),
+)
+_DESCENDING_FIRST = {"epsilon", "fraction", "state", "open_reservations", "releases", "updated_at"}
+
+_TEMPLATES = environment()
+
+
+# ---------------------------------------------------------------------- ledger access
+
+
+class HookLedgerSource:
+    """Opens the ledger of the ``dp_budget_default`` connection once per process.
+
+    It never creates a ledger (a read-only UI must not): a ledger that does not exist
+    yet is an error until the first release creates it. Opening is retried on the next
+    request after a failure.
+    """
+
+    def __init__(self) -> None:
+        self._ledger: PrivacyBudgetLedger | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> PrivacyBudgetLedger:
+        with self._lock:
+            if self._ledger is None:
+                from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+
+                self._ledger = PrivacyBudgetLedger(url=DPBudgetHook().ledger_url())
+            return self._ledger
+
+
+class VerificationCache:
+    """The audit result, reused while the chain head is unchanged and it is fresh.
+
+    Verifying replays the whole history, too slow to run on every page view of a big
+    ledger. A result is reused for the same chain head (nothing was written since) for
+    at most :data:`VERIFY_TTL_SECONDS`, so an edit that leaves the head alone (tampering
+    with an old entry) is still found within that time.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._head: tuple[int, str] | None = None
+        self._result: dict[str, Any] | None = None
+        self._checked = 0.0
+
+    def _fresh(self, head: tuple[int, str]) -> bool:
+        age = time.monotonic() - self._checked
+        return self._result is not None and self._head == head and age < VERIFY_TTL_SECONDS
+
+    def cached(self, ledger: PrivacyBudgetLedger) -> dict[str, Any] | None:
+        """The result for the ledger's current head, if one was computed recently."""
+        head = queries.chain_head(ledger)
+        return self._result if self._fresh(head) else None
+
+    def current(self, ledger: PrivacyBudgetLedger) -> dict[str, Any]:
+        """The result for the current head, verifying now if needed (one at a time)."""
+        with self._lock:
+            head = queries.chain_head(ledger)
+            if not self._fresh(head) or self._result is None:
+                record = verification_record(ledger)
+                checked = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+                self._result = {**record, "head_seq": head[0], "checked_at": checked}
+                self._head = head
+                self._checked = time.monotonic()
+            return self._result
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _ledger(request: Request) -> PrivacyBudgetLedger:
+    """The ledger of the app serving ``request`` (opening it may fail: 503)."""
+    try:
+        return request.app.state.ledger_source()
+    except LedgerError as error:
+        raise HTTPException(status_code=503, detail=f"budget ledger: {error}") from error
+
+
+Ledger = Annotated[PrivacyBudgetLedger, Depends(_ledger)]
+
+
+def _root(request: Request) -> str:
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def _relative_path(request: Request) -> str:
+    path, root = request.url.path, _root(request)
+    return path[len(root) :] if root and path.startswith(root) else path
+
+
+def _wants_html(request: Request) -> bool:
+    path = _relative_path(request)
+    return not (path.startswith("/api") or path == "/openapi.json")
+
+
+def _url(request: Request, path: str, params: Mapping[str, Any]) -> str:
+    query = urlencode({k: v for k, v in params.items() if v not in (None, "")})
+    return f"{_root(request)}{path}" + (f"?{query}" if query else "")
+
+
+def _account_url(request: Request, key: LedgerKey) -> str:
+    return _url(request, "/account", key.as_dict())
+
+
+def _key(tenant: str, subject: str, query_type: str, window: str) -> LedgerKey:
+    try:
+        return LedgerKey(tenant, subject, query_type, window)
+    except ValueError as error:
+        raise HTTPException(status_code=422, detail=str(error)) from error
+
+
+def _state(account: AccountStatus) -> str:
+    if account.exhausted:
+        return queries.STATE_EXHAUSTED
+    return queries.STATE_WARNING if account.warned else queries.STATE_OK
+
+
+def _info(ledger: PrivacyBudgetLedger) -> dict[str, Any]:
+    return {
+        "backend": make_url(ledger.url).get_backend_name(),
+        "delta": f"{ledger.delta:g}",
+        "conversion": ledger.conversion,
+    }
+
+
+def _account_model(request: Request, account: AccountStatus, delta: float) -> schemas.AccountModel:
+    return schemas.AccountModel(
+        **account.key.as_dict(),
+        epsilon=account.epsilon,
+        delta=delta,
+        cap_epsilon=account.cap_epsilon,
+        remaining=account.remaining,
+        fraction=account.fraction,
+        state=_state(account),
+        warned=account.warned,
+        exhausted=account.exhausted,
+        releases=account.releases,
+        open_reservations=account.open_reservations,
+        method=account.method,
+        updated_at=account.updated_at,
+        page_url=_account_url(request, account.key),
+    )
+
+
+def _history_record(entry: dict[str, Any], epsilon_alone: EpsilonAlone) -> dict[str, Any]:
+    """A history entry with what the table shows: attempt, mechanism, cost, a note."""
+    payload = entry["payload"]
+    cost = payload.get("cost") or payload.get("carried")
+    note = payload.get("reason") or None
+    if entry["action"] == "rescope" and payload.get("from"):
+        note = f"carried from {key_label(payload['from'])}" + (f": {note}" if note else "")
+    elif entry["action"] == "reset":
+        note = f"window {payload.get('window')} reset"
+    return {
+        **entry,
+        "key_count": entry.get("key_count") or payload.get("key_count") or 1,
+        "attempt_id": entry.get("attempt_id") or payload.get("attempt_id"),
+        "mechanism": entry.get("mechanism") or payload.get("mechanism"),
+        "count": entry.get("count") or payload.get("count"),
+        "cost_epsilon": epsilon_alone(cost) if cost else None,
+        "note": note,
+    }
+
+
+def _task_link(request: Request, attempt_id: str | None) -> str | None:
+    """The Airflow UI page of a task attempt ``dag_id/task_id/run_id/map_index/try``."""
+    parts = (attempt_id or "").split("/")
+    if len(parts) < 5 or not all(parts):
+        return None
+    dag_id, task_id, run_id, map_index = parts[0], parts[1], "/".join(parts[2:-2]), parts[-2]
+    airflow_root = _root(request).removesuffix(URL_PREFIX)
+    path = (
+        f"{airflow_root}/dags/{quote(dag_id)}/runs/{quote(run_id, safe='')}/tasks/{quote(task_id)}"
+    )
+    return path + (f"/mapped/{quote(map_index)}" if map_index not in ("-1", "") else "")
+
+
+def _pages(total: int, size: int) -> int:
+    return max(1, math.ceil(total / size))
+
+
+def _policy_model(policy: Policy) -> schemas.PolicyModel:
+    return schemas.PolicyModel(**policy_record(policy))
+
+
+# ---------------------------------------------------------------------- the app
+
+
+def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
+    """The budget UI app, reading the ledger ``ledger_source()`` returns.
+
+    The default source is the ledger of the ``dp_budget_default`` Airflow connection
+    (or the embedded SQLite ledger), what the plugin mounts.
+    """
+    source = ledger_source or HookLedgerSource()
+    verifications = VerificationCache()
+    app = FastAPI(
+        title="DP budget",
+        version=dp_budget_provider.__version__,
+        description=(
+            "Read-only view of the differential-privacy budget ledger: accounts, their "
+            "history, reservations and policies, the privacy report and the audit status. "
+            "Every route needs an authenticated Airflow user allowed to read the custom "
+            "view 'DP Budget' (a Bearer token from POST /auth/token, or the UI's cookie)."
+        ),
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+        dependencies=[Depends(budget_reader)],
+    )
+
+    app.state.ledger_source = source
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next: Callable[..., Any]) -> Any:
+        response = await call_next(request)
+        response.headers.setdefault("Cache-Control", "no-store")
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        return response
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> Any:
+        if not _wants_html(request):
+            return await http_exception_handler(request, error)
+        login_url = None
+        if error.status_code in (401, 403):
+            login_url = _login_url()
+        headings = {401: "Sign-in required", 403: "Not allowed", 404: "Not found"}
+        return _render(
+            request,
+            "message.html",
+            {
+                "heading": headings.get(error.status_code, "Error"),
+                "message": str(error.detail),
+                "login_url": login_url,
+                "info": None,
+                "user": "",
+            },
+            status_code=error.status_code,
+        )
+
+    @app.exception_handler(LedgerError)
+    async def ledger_error(request: Request, error: LedgerError) -> Any:
+        return await http_error(
+            request, StarletteHTTPException(status_code=503, detail=f"budget ledger: {error}")
+        )
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    # ------------------------------------------------------------------ pages
+
+    @app.get("/", include_in_schema=False)
+    def index(request: Request) -> RedirectResponse:
+        return RedirectResponse(_url(request, "/accounts", {}), status_code=307)
+
+    @app.get("/accounts", response_class=HTMLResponse, summary="Accounts page")
+    def accounts_page(
+        request: Request,
+        user: Reader,
+        ledger: Ledger,
+        tenant: str | None = None,
+        subject: str | None = None,
+        query_type: str | None = None,
+        window: str | None = None,
+        state: str | None = None,
+        sort: str = "key",
+        order: Literal["asc", "desc"] = "asc",
+        page: Annotated[int, Query(ge=1)] = 1,
+        per_page: Annotated[int, Query(ge=1, le=500)] = 50,
+    ) -> HTMLResponse:
+        raw = {
+            "tenant": tenant,
+            "subject": subject,
+            "query_type": query_type,
+            "window": window,
+            "state": state,
+        }
+        error = None
+        try:
+            filters = queries.AccountFilter(**{k: v or None for k, v in raw.items()})
+            found = queries.find_accounts(
+                ledger,
+                filters,
+                sort=sort,
+                descending=order == "desc",
+                limit=per_page,
+                offset=(page - 1) * per_page,
+            )
+        except ValueError as problem:
+            error = str(problem)
+            found = queries.Page(total=0, offset=0, limit=per_page)
+        params = {**raw, "sort": sort, "order": order, "per_page": per_page}
+
+        def page_link(number: int) -> str:
+            return _url(request, "/accounts", {**params, "page": number})
+
+        def sort_link(column: str) -> str:
+            if column == sort:
+                direction = "asc" if order == "desc" else "desc"
+            else:
+                direction = "desc" if column in _DESCENDING_FIRST else "asc"
+            return _url(request, "/accounts", {**params, "sort": column, "order": direction})
+
+        return _render(
+            request,
+            "accounts.html",
+            {
+                "info": _info(ledger),
+                "user": _user_name(user),
+                "accounts": found.items,
+                "total": found.total,
+                "page": page,
+                "pages": _pages(found.total, per_page),
+                "per_page": per_page,
+                "page_sizes": sorted({*PAGE_SIZES, per_page}),
+                "filters": raw,
+                "key_fields": KEY_FIELDS,
+                "states": queries.STATES,
+                "sorts": queries.SORTS,
+                "sort": sort,
+                "order": order,
+                "columns": COLUMNS,
+                "error": error,
+                "page_link": page_link,
+                "sort_link": sort_link,
+                "account_link": lambda key: _account_url(request, key),
+                "state_of": _state,
+            },
+            status_code=200 if error is None else 422,
+        )
+
+    @app.get("/account", response_class=HTMLResponse, summary="Account page")
+    def account_page(
+        request: Request,
+        user: Reader,
+        ledger: Ledger,
+        tenant: str,
+        subject: str,
+        query_type: str,
+        window: str,
+        page: Annotated[int, Query(ge=1)] = 1,
+        rpage: Annotated[int, Query(ge=1)] = 1,
+    ) -> HTMLResponse:
+        key = _key(tenant, subject, query_type, window)
+        account = queries.account_status(ledger, key)
+        history = queries.key_history(
+            ledger, key, limit=HISTORY_PAGE, offset=(page - 1) * HISTORY_PAGE
+        )
+        if account is None and history.total == 0:
+            raise HTTPException(status_code=404, detail=f"no account or history for {key}")
+        policy = ledger.policy_for(key)
+        series = queries.spend_series(ledger, key)
+        reservations = queries.key_reservations(
+            ledger, key, limit=RESERVATIONS_PAGE, offset=(rpage - 1) * RESERVATIONS_PAGE
+        )
+        epsilon_alone = EpsilonAlone(ledger)
+        history_items = [_history_record(entry, epsilon_alone) for entry in history.items]
+        verified = verifications.cached(ledger)
+        if verified is None:
+            verification: dict[str, Any] = {"state": "pending", "problems": []}
+        else:
+            verification = {**verified, "state": "ok" if verified["ok"] else "failed"}
+        params = {**key.as_dict(), "page": page, "rpage": rpage}
+        return _render(
+            request,
+            "account.html",
+            {
+                "info": _info(ledger),
+                "user": _user_name(user),
+                "key": key,
+                "account": account,
+                "state": _state(account) if account else None,
+                "policy": policy,
+                "series": series,
+                "chart": build_chart(series.points, policy),
+                "verification": verification,
+                "history": queries.Page(
+                    history.total, history.offset, history.limit, history_items
+                ),
+                "history_page": page,
+                "history_pages": _pages(history.total, HISTORY_PAGE),
+                "history_link": lambda n: _url(request, "/account", {**params, "page": n}),
+                "reservations": reservations,
+                "reservations_page": rpage,
+                "reservations_pages": _pages(reservations.total, RESERVATIONS_PAGE),
+                "reservations_link": lambda n: _url(request, "/account", {**params, "rpage": n}),
+                "describe": describe_mechanism,
+                "task_link": lambda attempt: _task_link(request, attempt),
+            },
+        )
+
+    @app.get("/policies", response_class=HTMLResponse, summary="Policies page")
+    def policies_page(request: Request, user: Reader, ledger: Ledger) -> HTMLResponse:
+        return _render(
+            request,
+            "policies.html",
+            {"info": _info(ledger), "user": _user_name(user), "policies": ledger.policies()},
+        )
+
+    # ------------------------------------------------------------------ API
+
+    @app.get("/api/accounts", response_model=schemas.AccountsPage, tags=["accounts"])
+    def api_accounts(
+        request: Request,
+        ledger: Ledger,
+        tenant: Annotated[str | None, Query(description="exact, or * wildcards")] = None,
+        subject: Annotated[str | None, Query(description="exact, or * wildcards")] = None,
+        query_type: Annotated[str | None, Query(description="exact, or * wildcards")] = None,
+        window: Annotated[str | None, Query(description="exact, or * wildcards")] = None,
+        state: Annotated[str | None, Query(description="ok, warning or exhausted")] = None,
+        sort: Annotated[str, Query(description=", ".join(queries.SORTS))] = "key",
+        order: Literal["asc", "desc"] = "asc",
+        limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> schemas.AccountsPage:
+        """Live accounts matching the filters, one page, with the total count."""
+        try:
+            filters = queries.AccountFilter(tenant, subject, query_type, window, state)
+            found = queries.find_accounts(
+                ledger, filters, sort=sort, descending=order == "desc", limit=limit, offset=offset
+            )
+        except ValueError as error:
+            raise HTTPException(status_code=422, detail=str(error)) from error
+        delta = ledger.delta
+        return schemas.AccountsPage(
+            total=found.total,
+            offset=found.offset,
+            limit=found.limit,
+            sort=sort,
+            order=order,
+            accounts=[_account_model(request, account, delta) for account in found.items],
+        )
+
+    @app.get("/api/account", response_model=schemas.AccountDetail, tags=["accounts"])
+    def api_account(
+        request: Request,
+        ledger: Ledger,
+        tenant: str,
+        subject: str,
+        query_type: str,
+        window: str,
+        max_points: Annotated[int, Query(ge=2, le=5000)] = 200,
+    ) -> schemas.AccountDetail:
+        """One account: status, policy, cumulative epsilon over time, open reservations."""
+        key = _key(tenant, subject, query_type, window)
+        account = queries.account_status(ledger, key)
+        series = queries.spend_series(ledger, key, max_points=max_points)
+        if account is None and series.events == 0:
+            history = queries.key_history(ledger, key, limit=1)
+            if history.total == 0:
+                raise HTTPException(status_code=404, detail=f"no account or history for {key}")
+        open_reservations = queries.key_reservations(
+            ledger, key, states=["open"], limit=queries.MAX_PAGE
+        )
+        return schemas.AccountDetail(
+            key=schemas.KeyModel(**key.as_dict()),
+            account=None if account is None else _account_model(request, account, ledger.delta),
+            policy=_policy_model(ledger.policy_for(key)),
+            series=schemas.SeriesModel(
+                events=series.events,
+                points=[schemas.SeriesPointModel(**vars(p)) for p in series.points],
+            ),
+            open_reservations=[schemas.ReservationModel(**r) for r in open_reservations.items],
+        )
+
+    @app.get("/api/account/history", response_model=schemas.HistoryPage, tags=["accounts"])
+    def api_account_history(
+        ledger: Ledger,
+        tenant: str,
+        subject: str,
+        query_type: str,
+        window: str,
+        limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
+        offset: Annotated[int, Query(ge=0)] = 0,
+        order: Literal["newest", "oldest"] = "newest",
+    ) -> schemas.HistoryPage:
+        """History entries concerning one key (its own and its multi-key reservations')."""
+        key = _key(tenant, subject, query_type, window)
+        history = queries.key_history(
+            ledger, key, limit=limit, offset=offset, newest_first=order == "newest"
+        )
+        epsilon_alone = EpsilonAlone(ledger)
+        return schemas.HistoryPage(
+            total=history.total,
+            offset=history.offset,
+            limit=history.limit,
+            entries=[
+                schemas.HistoryEntryModel(**_history_record(entry, epsilon_alone))
+                for entry in history.items
+            ],
+        )
+
+    @app.get(
+        "/api/account/reservations", response_model=schemas.ReservationsPage, tags=["accounts"]
+    )
+    def api_account_reservations(
+        ledger: Ledger,
+        tenant: str,
+        subject: str,
+        query_type: str,
+        window: str,
+        state: Annotated[list[str] | None, Query(description="open, committed, …")] = None,
+        limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> schemas.ReservationsPage:
+        """Reservations holding one key, newest first."""
+        key = _key(tenant, subject, query_type, window)
+        try:
+            found = queries.key_reservations(ledger, key, states=state, limit=limit, offset=offset)
+        except ValueError as error:
+            raise HTTPException(status_code=422, detail=str(error)) from error
+        return schemas.ReservationsPage(
+            total=found.total,
+            offset=found.offset,
+            limit=found.limit,
+            reservations=[schemas.ReservationModel(**r) for r in found.items],
+        )
+
+    @app.get("/api/policies", response_model=list[schemas.PolicyModel], tags=["policies"])
+    def api_policies(ledger: Ledger) -> list[schemas.PolicyModel]:
+        """Every stored policy, the default (* / *) first."""
+        return [_policy_model(policy) for policy in ledger.policies()]
+
+    @app.get("/api/report", tags=["report"], response_model=None)
+    def api_report(
+        ledger: Ledger,
+        window: str | None = None,
+        tenant: str | None = None,
+        format: Literal["json", "md"] = "json",
+    ) -> Any:
+        """The privacy report (JSON, or Markdown with ``format=md``) of the ledger or a scope."""
+        try:
+            report = build_report(ledger, window=window or None, tenant=tenant or None)
+        except ValueError as error:
+            raise HTTPException(status_code=422, detail=str(error)) from error
+        if format == "md":
+            return PlainTextResponse(render_markdown(report), media_type="text/markdown")
+        return JSONResponse(report)
+
+    @app.get("/api/verification", response_model=schemas.VerificationModel, tags=["audit"])
+    def api_verification(ledger: Ledger) -> schemas.VerificationModel:
+        """The ledger's audit: hash chain, reservation key sets, replay (cached per head)."""
+        return schemas.VerificationModel(**verifications.current(ledger))
+
+    return app
+
+
+def _user_name(user: Any) -> str:
+    try:
+        return str(user.get_name())
+    except Exception:  # noqa: BLE001 - a display nicety must not break a page
+        return ""
+
+
+def _login_url() -> str | None:
+    from airflow.api_fastapi.app import get_auth_manager
+
+    try:
+        return str(get_auth_manager().get_url_login())
+    except Exception:  # noqa: BLE001 - no login link rather than no error page
+        return None
+
+
+def _render(
+    request: Request, template: str, context: dict[str, Any], status_code: int = 200
+) -> HTMLResponse:
+    nonce = secrets.token_urlsafe(16)
+    html = _TEMPLATES.get_template(template).render(root=_root(request), nonce=nonce, **context)
+    response = HTMLResponse(html, status_code=status_code)
+    response.headers["Content-Security-Policy"] = (
+        f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; "
+        "img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; "
+        "frame-ancestors 'self'"
+    )
+    return response

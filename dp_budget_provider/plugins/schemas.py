@@ -1,0 +1,144 @@
+"""The JSON API's response models (they are what ``/dp-budget/openapi.json`` documents)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class KeyModel(BaseModel):
+    """A ledger key, canonical (NFKC, casefolded, trimmed)."""
+
+    tenant: str
+    subject: str
+    query_type: str
+    window: str
+
+
+class AccountModel(KeyModel):
+    """One live account: committed spend converted at the ledger's delta, against its cap."""
+
+    epsilon: float = Field(description="cumulative epsilon of the committed releases")
+    delta: float = Field(description="the ledger-wide delta every epsilon is stated at")
+    cap_epsilon: float
+    remaining: float = Field(description="headroom before the cap, never negative")
+    fraction: float = Field(description="epsilon / cap")
+    state: str = Field(description="ok, WARNING (past the warn fraction) or EXHAUSTED")
+    warned: bool
+    exhausted: bool
+    releases: int
+    open_reservations: int
+    method: str = Field(description="which bound gave epsilon (rdp-improved, analytic-gaussian…)")
+    updated_at: str
+    page_url: str = Field(description="the account's page in the UI")
+
+
+class AccountsPage(BaseModel):
+    """One page of the accounts matching a filter; ``total`` counts every match."""
+
+    total: int
+    offset: int
+    limit: int
+    sort: str
+    order: str
+    accounts: list[AccountModel]
+
+
+class PolicyModel(BaseModel):
+    """The cap of one (tenant, query type) scope, ``*`` meaning any."""
+
+    tenant: str
+    query_type: str
+    cap_epsilon: float
+    warn_fraction: float
+    calendar: str
+    calendar_length_seconds: int | None
+    min_window_seconds: int
+    compliance_clause: str
+
+
+class SeriesPointModel(BaseModel):
+    """The account's cumulative epsilon right after history entry ``seq``."""
+
+    seq: int
+    at: str
+    action: str
+    epsilon: float
+
+
+class SeriesModel(BaseModel):
+    """Cumulative epsilon over time; ``points`` samples ``events`` evenly when there are many."""
+
+    events: int
+    points: list[SeriesPointModel]
+
+
+class ReservationModel(BaseModel):
+    """A reservation holding the key: open until committed, released or reaped."""
+
+    id: str
+    attempt_id: str = Field(description="dag_id/task_id/run_id/map_index/try_number")
+    state: str
+    mechanism: dict[str, Any]
+    count: int
+    key_count: int
+    cost_epsilon: float = Field(description="epsilon of this release's cost on its own")
+    prospective_epsilon: float
+    actor: str
+    created_at: str
+    resolved_at: str | None
+
+
+class ReservationsPage(BaseModel):
+    total: int
+    offset: int
+    limit: int
+    reservations: list[ReservationModel]
+
+
+class HistoryEntryModel(BaseModel):
+    """One append-only, hash-chained history entry concerning the key."""
+
+    seq: int
+    at: str
+    action: str
+    actor: str
+    reservation_id: str | None
+    key: KeyModel | None = Field(description="null for an entry over many keys")
+    key_count: int
+    attempt_id: str | None
+    mechanism: dict[str, Any] | None
+    count: int | None
+    cost_epsilon: float | None = Field(description="epsilon of the entry's cost on its own")
+    note: str | None
+    payload: dict[str, Any]
+    hash: str
+
+
+class HistoryPage(BaseModel):
+    total: int
+    offset: int
+    limit: int
+    entries: list[HistoryEntryModel]
+
+
+class VerificationModel(BaseModel):
+    """Outcome of the ledger's audit (hash chain, reservation key sets, replay)."""
+
+    ok: bool
+    entries: int | None
+    accounts: int | None
+    problems: list[str]
+    head_seq: int = Field(description="the last history entry the check covered")
+    checked_at: str
+
+
+class AccountDetail(BaseModel):
+    """An account with what its page shows besides the paginated history."""
+
+    key: KeyModel
+    account: AccountModel | None = Field(description="null when the key has no live account")
+    policy: PolicyModel
+    series: SeriesModel
+    open_reservations: list[ReservationModel]

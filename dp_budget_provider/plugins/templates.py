@@ -1,0 +1,411 @@
+"""The UI's HTML templates (Jinja2, autoescaped), kept in Python so they ship with the code.
+
+Every value from the ledger is printed through autoescaping: an account named
+``<script>alert(1)</script>`` renders as that text. Pages also carry a nonce-based
+Content-Security-Policy, so even a missed escape could not run a script.
+"""
+
+from __future__ import annotations
+
+from jinja2 import DictLoader, Environment, StrictUndefined
+
+_BASE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{% block title %}DP budget{% endblock %}</title>
+<style nonce="{{ nonce }}">
+:root { color-scheme: light dark; --fg: #1b1f24; --muted: #5b6470; --line: #d8dee4;
+  --bg: #ffffff; --head: #f3f5f8; --ok: #1a7f37; --warn: #9a6700; --bad: #cf222e;
+  --bar: #0969da; --link: #0969da; }
+@media (prefers-color-scheme: dark) { :root { --fg: #e6edf3; --muted: #9aa5b1;
+  --line: #30363d; --bg: #0d1117; --head: #161b22; --link: #4493f8; --bar: #4493f8; } }
+* { box-sizing: border-box; }
+body { margin: 0; padding: 16px 20px; font: 14px/1.45 system-ui, -apple-system, "Segoe UI",
+  Roboto, sans-serif; color: var(--fg); background: var(--bg); }
+a { color: var(--link); text-decoration: none; } a:hover { text-decoration: underline; }
+h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 24px 0 8px; }
+nav.top { display: flex; gap: 16px; align-items: baseline; flex-wrap: wrap;
+  border-bottom: 1px solid var(--line); padding-bottom: 8px; margin-bottom: 12px; }
+nav.top .meta { color: var(--muted); font-size: 12px; margin-left: auto; }
+table { border-collapse: collapse; width: 100%; }
+th, td { border-bottom: 1px solid var(--line); padding: 5px 8px; text-align: left;
+  vertical-align: top; }
+th { background: var(--head); font-weight: 600; white-space: nowrap; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+td.key { max-width: 28ch; white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+td.nowrap { white-space: nowrap; }
+td.attempt { min-width: 22ch; overflow-wrap: anywhere; }
+.muted { color: var(--muted); }
+.badge { display: inline-block; padding: 0 7px; border-radius: 10px; font-size: 12px;
+  font-weight: 600; border: 1px solid currentColor; white-space: nowrap; }
+.badge.ok { color: var(--ok); } .badge.WARNING { color: var(--warn); }
+.badge.EXHAUSTED { color: var(--bad); } .badge.open { color: var(--warn); }
+.bar { vertical-align: middle; } .bar .track { fill: var(--head); stroke: var(--line); }
+.bar .fill { fill: var(--bar); } .bar.WARNING .fill { fill: var(--warn); }
+.bar.EXHAUSTED .fill { fill: var(--bad); } .small { font-size: 13px; }
+form.filters { display: flex; gap: 8px; flex-wrap: wrap; align-items: end; margin: 8px 0 12px; }
+form.filters label { display: flex; flex-direction: column; font-size: 12px; color: var(--muted); }
+form.filters input, form.filters select { font: inherit; padding: 3px 6px; min-width: 110px;
+  color: var(--fg); background: var(--bg); border: 1px solid var(--line); border-radius: 4px; }
+button { font: inherit; padding: 4px 12px; border-radius: 4px; border: 1px solid var(--line);
+  background: var(--head); color: var(--fg); cursor: pointer; }
+.pager { display: flex; gap: 12px; align-items: center; margin: 8px 0; }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(150px, 1fr)); gap: 8px; }
+.card { border: 1px solid var(--line); border-radius: 6px; padding: 8px 10px; }
+.card .label { font-size: 12px; color: var(--muted); } .card .value { font-size: 18px; }
+.verify.ok { color: var(--ok); } .verify.failed { color: var(--bad); }
+svg text { fill: var(--muted); font-size: 11px; }
+svg.chart { width: 100%; max-width: 960px; height: auto; display: block; }
+svg .axis { stroke: var(--line); } svg .grid { stroke: var(--line); stroke-dasharray: 2 3; }
+svg .spend { fill: none; stroke: var(--bar); stroke-width: 2; }
+svg .dot { fill: var(--bar); }
+svg .cap { stroke: var(--bad); stroke-width: 1.5; stroke-dasharray: 6 4; }
+svg .warn { stroke: var(--warn); stroke-width: 1.5; stroke-dasharray: 3 3; }
+svg .cap-label { fill: var(--bad); } svg .warn-label { fill: var(--warn); }
+code { font-size: 12px; }
+.error { color: var(--bad); font-weight: 600; }
+</style>
+</head>
+<body>
+<nav class="top">
+  <h1><a href="{{ root }}/accounts">DP budget</a></h1>
+  <a href="{{ root }}/accounts">Accounts</a>
+  <a href="{{ root }}/policies">Policies</a>
+  <a href="{{ root }}/api/report?format=md">Privacy report</a>
+  <a href="{{ root }}/openapi.json">API</a>
+  {% if info %}<span class="meta">ledger: {{ info.backend }} · δ = {{ info.delta }}
+  · {{ info.conversion }} conversion · signed in as {{ user }}</span>{% endif %}
+</nav>
+{% block body %}{% endblock %}
+</body>
+</html>
+"""
+
+_MACROS = """
+{% macro badge(state) -%}
+<span class="badge {{ state }}">{{ state }}</span>
+{%- endmacro %}
+{% macro bar(fraction, state) -%}
+<svg class="bar {{ state }}" width="90" height="10" aria-hidden="true">
+<rect class="track" x="0.5" y="0.5" width="89" height="9" rx="2"/>
+<rect class="fill" x="0.5" y="0.5" height="9" rx="2"
+  width="{{ '%.1f' % ([fraction, 1.0] | min * 89) }}"/></svg>
+{{ '%.1f' % (fraction * 100) }}%
+{%- endmacro %}
+{% macro eps(value) -%}{{ '%.4f' % value }}{%- endmacro %}
+{% macro pager(page, pages, total, link, noun) -%}
+<div class="pager">
+  <span class="muted">{{ total }} {{ noun }}{% if pages > 1 %}, page {{ page }} of {{ pages }}
+  {%- endif %}</span>
+  {% if page > 1 %}<a href="{{ link(1) }}">« first</a>
+  <a href="{{ link(page - 1) }}" rel="prev">‹ previous</a>{% endif %}
+  {% if page < pages %}<a href="{{ link(page + 1) }}" rel="next">next ›</a>
+  <a href="{{ link(pages) }}">last »</a>{% endif %}
+</div>
+{%- endmacro %}
+"""
+
+_ACCOUNTS = """{% extends "base.html" %}
+{% from "macros.html" import badge, bar, eps, pager %}
+{% block title %}DP budget · accounts{% endblock %}
+{% block body %}
+<form class="filters" method="get" action="{{ root }}/accounts">
+  {% for name, label in key_fields %}
+  <label>{{ label }}<input name="{{ name }}" value="{{ filters[name] or '' }}"
+    placeholder="exact, or * wildcard"></label>
+  {% endfor %}
+  <label>state<select name="state">
+    <option value="">any</option>
+    {% for s in states %}<option value="{{ s }}" {% if filters.state == s %}selected{% endif %}>
+      {{ s }}</option>{% endfor %}
+  </select></label>
+  <label>sort<select name="sort">
+    {% for s in sorts %}<option value="{{ s }}" {% if sort == s %}selected{% endif %}>{{ s }}
+    </option>{% endfor %}
+  </select></label>
+  <label>order<select name="order">
+    <option value="asc" {% if order == 'asc' %}selected{% endif %}>ascending</option>
+    <option value="desc" {% if order == 'desc' %}selected{% endif %}>descending</option>
+  </select></label>
+  <label>per page<select name="per_page">
+    {% for n in page_sizes %}<option value="{{ n }}" {% if per_page == n %}selected{% endif %}>
+      {{ n }}</option>{% endfor %}
+  </select></label>
+  <button type="submit">Apply</button> <a href="{{ root }}/accounts">reset</a>
+</form>
+{% if error %}<p class="error" role="alert">{{ error }}</p>{% endif %}
+{{ pager(page, pages, total, page_link, "accounts") }}
+<table id="accounts">
+<thead><tr>
+  {% for column, label, numeric in columns %}
+  <th class="{{ 'num' if numeric }}">{% if column %}<a href="{{ sort_link(column) }}">{{ label }}
+  {%- if sort == column %} {{ '▲' if order == 'asc' else '▼' }}{% endif %}</a>
+  {%- else %}{{ label }}{% endif %}</th>
+  {% endfor %}
+</tr></thead>
+<tbody>
+{% for a in accounts %}
+<tr>
+  <td class="key" title="{{ a.key.tenant }}">{{ a.key.tenant }}</td>
+  <td class="key" title="{{ a.key.subject }}"><a href="{{ account_link(a.key) }}">
+    {{- a.key.subject }}</a></td>
+  <td class="key" title="{{ a.key.query_type }}">{{ a.key.query_type }}</td>
+  <td class="key" title="{{ a.key.window }}">{{ a.key.window }}</td>
+  <td class="num">{{ eps(a.epsilon) }}</td>
+  <td class="num">{{ '%g' % a.cap_epsilon }}</td>
+  <td class="num">{{ eps(a.remaining) }}</td>
+  <td class="nowrap">{{ bar(a.fraction, state_of(a)) }}</td>
+  <td>{{ badge(state_of(a)) }}</td>
+  <td class="num">{% if a.open_reservations %}<span class="badge open">
+    {{ a.open_reservations }} open</span>{% else %}0{% endif %}</td>
+  <td class="num">{{ a.releases }}</td>
+  <td class="muted nowrap">{{ a.updated_at | when }}</td>
+</tr>
+{% else %}
+<tr><td colspan="{{ columns | length }}" class="muted">No accounts match.</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{{ pager(page, pages, total, page_link, "accounts") }}
+{% endblock %}
+"""
+
+_ACCOUNT = """{% extends "base.html" %}
+{% from "macros.html" import badge, bar, eps, pager %}
+{% block title %}DP budget · {{ key.subject }}{% endblock %}
+{% macro attempt(attempt_id) -%}
+{%- if not attempt_id %}—{% elif task_link(attempt_id) -%}
+<a href="{{ task_link(attempt_id) }}" target="_top">{{ attempt_id }}</a>
+{%- else %}{{ attempt_id }}{% endif -%}
+{%- endmacro %}
+{% block body %}
+<p><a href="{{ root }}/accounts">Accounts</a> ›
+  <span class="key" id="account-key">{{ key.tenant }} / {{ key.subject }} /
+  {{ key.query_type }} / {{ key.window }}</span></p>
+{% if account %}
+<div class="cards">
+  <div class="card"><div class="label">ε spent</div>
+    <div class="value" id="epsilon">{{ eps(account.epsilon) }}</div></div>
+  <div class="card"><div class="label">cap (δ = {{ info.delta }})</div>
+    <div class="value">{{ '%g' % account.cap_epsilon }}</div></div>
+  <div class="card"><div class="label">remaining</div>
+    <div class="value">{{ eps(account.remaining) }}</div></div>
+  <div class="card"><div class="label">used</div>
+    <div class="value">{{ bar(account.fraction, state) }}</div></div>
+  <div class="card"><div class="label">state</div><div class="value">{{ badge(state) }}</div></div>
+  <div class="card"><div class="label">releases</div>
+    <div class="value">{{ account.releases }}</div></div>
+  <div class="card"><div class="label">open reservations</div>
+    <div class="value">{{ account.open_reservations }}</div></div>
+  <div class="card"><div class="label">bound</div>
+    <div class="value small">{{ account.method }}</div></div>
+</div>
+{% else %}
+<p class="muted">This key has no live account (never charged, reset with its window, or
+re-scoped); its history is below.</p>
+{% endif %}
+
+<h2>Cumulative ε over time</h2>
+{% if chart %}
+<svg id="spend-chart" role="img" class="chart" preserveAspectRatio="xMinYMin meet"
+  viewBox="0 0 {{ chart.width }} {{ chart.height }}"
+  aria-label="cumulative epsilon of this account over time, with its cap and warning line">
+  {% for t in chart.y_ticks %}
+  <line class="grid" x1="{{ chart.left }}" x2="{{ chart.right }}" y1="{{ t.position }}"
+    y2="{{ t.position }}"/>
+  <text x="{{ chart.left - 6 }}" y="{{ t.position + 4 }}" text-anchor="end">{{ t.label }}</text>
+  {% endfor %}
+  {% for t in chart.x_ticks %}
+  <text x="{{ t.position }}" y="{{ chart.bottom + 16 }}"
+    text-anchor="{{ 'start' if loop.first else ('end' if loop.last else 'middle') }}">
+    {{ t.label }}</text>
+  {% endfor %}
+  <line class="axis" x1="{{ chart.left }}" x2="{{ chart.left }}" y1="{{ chart.top }}"
+    y2="{{ chart.bottom }}"/>
+  <line class="axis" x1="{{ chart.left }}" x2="{{ chart.right }}" y1="{{ chart.bottom }}"
+    y2="{{ chart.bottom }}"/>
+  <line class="cap" x1="{{ chart.left }}" x2="{{ chart.right }}" y1="{{ chart.cap_y }}"
+    y2="{{ chart.cap_y }}"/>
+  <text class="cap-label" x="{{ chart.right }}" y="{{ chart.cap_y - 4 }}" text-anchor="end">
+    cap ε = {{ '%g' % chart.cap }}</text>
+  <line class="warn" x1="{{ chart.left }}" x2="{{ chart.right }}" y1="{{ chart.warn_y }}"
+    y2="{{ chart.warn_y }}"/>
+  <text class="warn-label" x="{{ chart.right }}" y="{{ chart.warn_y + 13 }}" text-anchor="end">
+    warning at ε = {{ '%g' % chart.warn }}</text>
+  <path class="spend" d="{{ chart.path }}"/>
+  {% for d in chart.dots %}
+  <circle class="dot" cx="{{ d.x }}" cy="{{ d.y }}" r="2.5"><title>#{{ d.seq }} {{ d.action }}
+    {{ d.at }}: ε = {{ eps(d.epsilon) }}</title></circle>
+  {% endfor %}
+  <text x="{{ chart.left - 40 }}" y="{{ chart.top + 2 }}">ε</text>
+</svg>
+<p class="muted">{{ series.events }} charge event(s){% if series.events > series.points | length %},
+{{ series.points | length }} of them drawn (evenly spaced, first and last included){% endif %}.</p>
+{% else %}
+<p class="muted">Nothing charged yet.</p>
+{% endif %}
+
+<h2>Audit</h2>
+<p id="verification" class="verify {{ verification.state }}" data-url="{{ root }}/api/verification"
+  {% if verification.state == 'pending' %}data-pending="1"{% endif %}>
+  {%- if verification.state == 'ok' -%}
+  Hash chain verified: {{ verification.entries }} history entries and {{ verification.accounts }}
+  accounts check out (as of entry #{{ verification.head_seq }}).
+  {%- elif verification.state == 'failed' -%}
+  Verification FAILED: {{ verification.problems | length }} problem(s).
+  {%- else -%}
+  Verifying the hash chain…
+  {%- endif -%}
+</p>
+<ul id="verification-problems">
+{% for p in verification.problems[:20] %}<li>{{ p }}</li>{% endfor %}
+</ul>
+<script nonce="{{ nonce }}">
+(function () {
+  var box = document.getElementById("verification");
+  if (!box || !box.dataset.pending) { return; }
+  fetch(box.dataset.url, {credentials: "same-origin", headers: {"Accept": "application/json"}})
+    .then(function (r) { if (!r.ok) { throw new Error("HTTP " + r.status); } return r.json(); })
+    .then(function (v) {
+      box.className = "verify " + (v.ok ? "ok" : "failed");
+      box.textContent = v.ok
+        ? "Hash chain verified: " + v.entries + " history entries and " + v.accounts +
+          " accounts check out (as of entry #" + v.head_seq + ")."
+        : "Verification FAILED: " + v.problems.length + " problem(s).";
+      var list = document.getElementById("verification-problems");
+      v.problems.slice(0, 20).forEach(function (p) {
+        var item = document.createElement("li"); item.textContent = p; list.appendChild(item);
+      });
+    })
+    .catch(function (e) { box.className = "verify failed";
+      box.textContent = "Verification could not run: " + e.message; });
+})();
+</script>
+
+<h2>Policy</h2>
+<table id="policy">
+<tr><th>scope</th><td>tenant {{ policy.tenant }}, query type {{ policy.query_type }}</td></tr>
+<tr><th>cap</th><td>ε = {{ '%g' % policy.cap_epsilon }} at δ = {{ info.delta }}</td></tr>
+<tr><th>warning</th><td>at {{ '%g' % (policy.warn_fraction * 100) }}% of the cap</td></tr>
+<tr><th>windows</th><td>{{ policy.calendar.kind }}{% if policy.calendar.length_seconds %}
+  ({{ policy.calendar.length_seconds }} s){% endif %}, minimum
+  {{ policy.min_window.total_seconds() | int }} s</td></tr>
+<tr><th>compliance clause</th><td>{{ policy.compliance_clause or '—' }}</td></tr>
+</table>
+
+<h2>Reservations</h2>
+{{ pager(reservations_page, reservations_pages, reservations.total, reservations_link,
+  "reservations") }}
+<table id="reservations">
+<thead><tr><th>created</th><th>state</th><th>task attempt</th><th>mechanism</th>
+  <th class="num">count</th><th class="num">keys</th><th class="num">cost ε alone</th>
+  <th class="num">prospective ε</th><th>actor</th><th>resolved</th></tr></thead>
+<tbody>
+{% for r in reservations.items %}
+<tr>
+  <td class="muted nowrap">{{ r.created_at | when }}</td>
+  <td><span class="badge {{ 'open' if r.state == 'open' else '' }}">{{ r.state }}</span></td>
+  <td class="attempt">{{ attempt(r.attempt_id) }}</td>
+  <td><code>{{ describe(r.mechanism) }}</code></td>
+  <td class="num">{{ r.count }}</td>
+  <td class="num">{{ r.key_count }}</td>
+  <td class="num">{{ eps(r.cost_epsilon) }}</td>
+  <td class="num">{{ eps(r.prospective_epsilon) }}</td>
+  <td>{{ r.actor }}</td>
+  <td class="muted nowrap">{{ (r.resolved_at | when) if r.resolved_at else '—' }}</td>
+</tr>
+{% else %}
+<tr><td colspan="10" class="muted">No reservations.</td></tr>
+{% endfor %}
+</tbody>
+</table>
+
+<h2>History</h2>
+{{ pager(history_page, history_pages, history.total, history_link, "entries") }}
+<table id="history">
+<thead><tr><th class="num">#</th><th>time</th><th>action</th><th>task attempt</th>
+  <th>mechanism</th><th class="num">count</th><th class="num">cost ε alone</th><th>actor</th>
+  <th>keys</th><th>note</th></tr></thead>
+<tbody>
+{% for e in history.items %}
+<tr>
+  <td class="num">{{ e.seq }}</td>
+  <td class="muted nowrap">{{ e.at | when }}</td>
+  <td>{{ e.action }}</td>
+  <td class="attempt">{{ attempt(e.attempt_id) }}</td>
+  <td>{% if e.mechanism %}<code>{{ describe(e.mechanism) }}</code>{% else %}—{% endif %}</td>
+  <td class="num">{{ e.count or '—' }}</td>
+  <td class="num">{% if e.cost_epsilon is not none %}{{ eps(e.cost_epsilon) }}{% else %}—
+    {%- endif %}</td>
+  <td>{{ e.actor }}</td>
+  <td>{{ e.key_count }}</td>
+  <td>{{ e.note or '' }}</td>
+</tr>
+{% else %}
+<tr><td colspan="10" class="muted">No history entries for this key.</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% endblock %}
+"""
+
+_POLICIES = """{% extends "base.html" %}
+{% block title %}DP budget · policies{% endblock %}
+{% block body %}
+<h2>Policies</h2>
+<p class="muted">The most specific scope applies: tenant and query type, then tenant, then query
+type, then the default (* / *). δ = {{ info.delta }} for the whole ledger.</p>
+<table id="policies">
+<thead><tr><th>tenant</th><th>query type</th><th class="num">cap ε</th><th>warning at</th>
+  <th>windows</th><th>minimum window</th><th>compliance clause</th></tr></thead>
+<tbody>
+{% for p in policies %}
+<tr><td>{{ p.tenant }}</td><td>{{ p.query_type }}</td>
+  <td class="num">{{ '%g' % p.cap_epsilon }}</td>
+  <td>{{ '%g' % (p.warn_fraction * 100) }}%</td>
+  <td>{{ p.calendar.kind }}{% if p.calendar.length_seconds %} ({{ p.calendar.length_seconds }} s)
+  {%- endif %}</td>
+  <td>{{ p.min_window.total_seconds() | int }} s</td><td>{{ p.compliance_clause or '—' }}</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% endblock %}
+"""
+
+_MESSAGE = """{% extends "base.html" %}
+{% block title %}DP budget · {{ heading }}{% endblock %}
+{% block body %}
+<h2>{{ heading }}</h2>
+<p class="error" role="alert">{{ message }}</p>
+{% if login_url %}<p><a href="{{ login_url }}" target="_top">Sign in to Airflow</a></p>{% endif %}
+{% endblock %}
+"""
+
+TEMPLATES = {
+    "base.html": _BASE,
+    "macros.html": _MACROS,
+    "accounts.html": _ACCOUNTS,
+    "account.html": _ACCOUNT,
+    "policies.html": _POLICIES,
+    "message.html": _MESSAGE,
+}
+
+
+def when(stamp: str) -> str:
+    """``2026-07-14T12:00:00.123456Z`` as ``2026-07-14 12:00:00Z`` (the ledger's UTC stamps)."""
+    return f"{stamp[:10]} {stamp[11:19]}Z" if len(stamp) >= 19 and stamp[10] == "T" else stamp
+
+
+def environment() -> Environment:
+    """The template environment: autoescape on for every template, undefined names fail."""
+    env = Environment(
+        loader=DictLoader(TEMPLATES),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["when"] = when
+    return env

@@ -1,0 +1,186 @@
+"""End to end: `airflow api-server` with the provider, a seeded ledger, headless Chromium.
+
+Needs Debian's ``/usr/bin/chromium`` (``apt-get install chromium``); the tests fail, not
+skip, without it. Screenshots go to the test's directory; with
+``DP_BUDGET_UPDATE_SCREENSHOTS=1`` they also replace ``docs/ui-*.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from tests.plugins.airflow_server import ROOT, airflow_api_server
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+TIMEOUT_MS = 30_000
+XSS = "<script>alert(1)</script>"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (the UI tests need it)")
+    with airflow_api_server(tmp_path_factory.mktemp("airflow-ui")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def browser(server):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, timeout=TIMEOUT_MS
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(TIMEOUT_MS)
+    opened = context.new_page()
+    dialogs: list[str] = []
+    opened.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    opened.dialogs = dialogs
+    try:
+        yield opened
+    finally:
+        context.close()
+
+
+def screenshot(page, tmp_path, name: str, **options) -> None:
+    path = tmp_path / name
+    page.screenshot(path=str(path), **options)
+    if os.environ.get("DP_BUDGET_UPDATE_SCREENSHOTS") == "1":
+        shutil.copy(path, ROOT / "docs" / name)
+
+
+def log_in(page, server) -> None:
+    page.goto(f"{server.url}/")
+    page.wait_for_url("**/auth/login**")  # the UI sends a visitor without a session there
+    page.fill("input[name=username]", "admin")
+    page.fill("input[name=password]", server.password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{server.url}/", wait_until="networkidle")
+
+
+def test_the_seed_ran_real_releases(server):
+    assert [r["state"] for r in server.runs] == ["success"] * 4
+    assert [r["tenant"] for r in server.runs] == ["acme", "acme", "acme", "globex"]
+
+
+def test_unauthenticated_requests_are_refused(server):
+    for path in ("/dp-budget/accounts", "/dp-budget/api/accounts", "/dp-budget/openapi.json"):
+        response = httpx.get(server.url + path, timeout=30)
+        assert response.status_code == 401, path
+        assert "user-000" not in response.text
+    forged = httpx.get(
+        f"{server.url}/dp-budget/api/accounts",
+        headers={"Authorization": "Bearer forged.token.value"},
+        timeout=30,
+    )
+    assert forged.status_code == 403 and "user-000" not in forged.text
+
+
+def test_token_api_openapi_and_the_task_link(server):
+    headers = {"Authorization": f"Bearer {server.token()}"}
+    accounts = httpx.get(
+        f"{server.url}/dp-budget/api/accounts", params={"tenant": "acme"}, headers=headers
+    ).json()
+    assert accounts["total"] == 50
+    assert {a["state"] for a in accounts["accounts"]} == {"WARNING"}  # 3 releases, cap 2
+    everything = httpx.get(f"{server.url}/dp-budget/api/accounts", headers=headers).json()
+    assert everything["total"] == 101
+    schema = httpx.get(f"{server.url}/dp-budget/openapi.json", headers=headers).json()
+    assert "/api/accounts" in schema["paths"]
+    run_id = server.runs[0]["run_id"]
+    links = httpx.get(
+        f"{server.url}/api/v2/dags/example_dp_heatmap/dagRuns/{quote(run_id, safe='')}"
+        "/taskInstances/release_heatmap/links",
+        headers=headers,
+    ).json()["extra_links"]
+    url = links["DP budget account"]
+    assert url.startswith(f"{server.url}/dp-budget/account?tenant=acme&subject=user-")
+    assert httpx.get(url, headers=headers).status_code == 200
+
+
+def test_the_browser_without_a_session_gets_no_data(page, server):
+    response = page.goto(f"{server.url}/dp-budget/accounts")
+    assert response.status == 401
+    assert page.locator("text=Sign-in required").is_visible()
+    assert page.locator("table#accounts").count() == 0
+    assert "user-000" not in page.content()
+
+
+def test_accounts_page_in_the_airflow_ui(page, server, tmp_path):
+    log_in(page, server)
+    page.get_by_role("button", name="Browse").click()
+    page.get_by_role("menuitem", name="DP Budget").click()
+    page.wait_for_url(f"{server.url}/plugin/dp-budget")
+    frame = page.frame_locator("iframe")
+    frame.locator("table#accounts tbody tr").first.wait_for()
+    assert frame.locator("table#accounts tbody tr").count() == 50  # first page of 101
+    assert frame.get_by_text("101 accounts, page 1 of 3").first.is_visible()
+    screenshot(page, tmp_path, "ui-airflow.png")
+
+    page.goto(
+        f"{server.url}/dp-budget/accounts?subject=user-00*&sort=epsilon&order=desc",
+        wait_until="networkidle",
+    )
+    rows = page.locator("table#accounts tbody tr")
+    assert rows.count() == 20  # user-000..009 of acme and of globex
+    assert rows.nth(19).locator("td").nth(0).inner_text() == "globex"
+    assert rows.nth(19).locator("td").nth(8).inner_text() == "ok"
+    first = rows.first.locator("td")
+    assert first.nth(0).inner_text() == "acme"
+    assert first.nth(8).inner_text() == "WARNING"
+    assert "1 open" in page.locator("table#accounts").inner_text()  # the in-flight release
+    screenshot(page, tmp_path, "ui-accounts.png")
+
+    page.goto(f"{server.url}/dp-budget/accounts?tenant=globex", wait_until="networkidle")
+    assert page.locator("table#accounts tbody tr").count() == 50  # 51 globex accounts
+    assert page.locator("table#accounts tbody tr").first.locator("td").nth(1).inner_text() == XSS
+    assert page.dialogs == []  # the tenant named like a script tag never ran
+
+
+def test_account_page_shows_the_chart_history_and_audit(page, server, tmp_path):
+    log_in(page, server)
+    page.goto(
+        f"{server.url}/dp-budget/accounts?tenant=acme&subject=user-007",
+        wait_until="networkidle",
+    )
+    page.locator("table#accounts tbody tr td a").first.click()
+    page.wait_for_url("**/dp-budget/account?*")
+    chart = page.locator("svg#spend-chart")
+    chart.wait_for()
+    assert chart.locator("path.spend").count() == 1
+    assert chart.locator("circle.dot").count() == 3  # three committed releases
+    assert chart.locator("line.cap").count() == 1 and chart.locator("line.warn").count() == 1
+    page.locator("#verification.ok").wait_for()  # fetched by the page after load
+    assert "Hash chain verified" in page.locator("#verification").inner_text()
+    history = page.locator("table#history tbody tr")
+    assert history.count() == 7  # 3 x (reserve, commit) + the open reservation
+    assert "example_dp_heatmap/release_heatmap/manual__" in history.nth(1).inner_text()
+    assert "GDPR Art. 25" in page.locator("table#policy").inner_text()
+    reservations = page.locator("table#reservations").inner_text()
+    assert "open" in reservations and "in_flight" in reservations
+    screenshot(page, tmp_path, "ui-account.png", full_page=True)
+    assert page.dialogs == []
+
+    task = history.nth(1).locator("td a").first  # the attempt links to its task instance
+    run_id = task.inner_text().split("/")[2]
+    assert task.get_attribute("href").startswith("/dags/example_dp_heatmap/runs/manual__")
+    task.click()
+    page.wait_for_url("**/dags/example_dp_heatmap/runs/**/tasks/release_heatmap")
+    page.get_by_text(run_id).first.wait_for()

@@ -1,0 +1,165 @@
+"""Registration of the UI plugin and the task link; the link made by a real DAG run."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from airflow.plugins_manager import AirflowPlugin
+from sqlalchemy import select
+
+from dp_budget_provider.get_provider_info import get_provider_info
+from dp_budget_provider.ledger import PrivacyBudgetLedger
+from dp_budget_provider.operators.release import RECEIPT_XCOM_KEY, DPReleaseOperator
+from dp_budget_provider.plugins import links
+from dp_budget_provider.plugins.links import DPBudgetAccountLink
+from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _import(dotted: str):
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_the_plugin_is_an_entry_point_and_the_link_is_in_provider_info():
+    info = get_provider_info()
+    assert "plugins" not in info  # see get_provider_info's docstring: it would load twice
+    (entry,) = [ep for ep in entry_points(group="airflow.plugins") if ep.name == "dp_budget"]
+    plugin_class = entry.load()
+    assert issubclass(plugin_class, AirflowPlugin) and plugin_class.name == "dp_budget"
+    assert [_import(name) for name in info["extra-links"]] == [DPBudgetAccountLink]
+    assert any(
+        isinstance(link, DPBudgetAccountLink) for link in DPReleaseOperator.operator_extra_links
+    )
+
+
+def test_plugin_mounts_the_app_and_a_browse_view():
+    from dp_budget_provider.plugins.dp_budget import DPBudgetPlugin, app
+
+    (mounted,) = DPBudgetPlugin.fastapi_apps
+    assert mounted["app"] is app and mounted["url_prefix"] == "/dp-budget" and mounted["name"]
+    (view,) = DPBudgetPlugin.external_views
+    assert view["destination"] == "nav" and view["category"] == "browse"
+    assert view["url_route"] == "dp-budget" and view["href"] == "/dp-budget/accounts"
+
+
+@pytest.mark.parametrize("lazy", ["True", "False"])
+def test_airflow_loads_the_plugin_once_whatever_the_discovery_mode(airflow_db, lazy):
+    env = {**os.environ, "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": lazy}
+    result = subprocess.run(
+        [str(Path(sys.executable).with_name("airflow")), "plugins", "--output", "json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=120,
+    )
+    listed = [p for p in json.loads(result.stdout) if p["name"] == "dp_budget"]
+    assert len(listed) == 1
+    assert listed[0]["fastapi_apps"][0]["url_prefix"] == "/dp-budget"
+    assert listed[0]["external_views"][0]["url_route"] == "dp-budget"
+    assert "already registered" not in result.stdout + result.stderr
+
+
+def test_the_link_reads_the_receipt_key(monkeypatch):
+    assert links.RECEIPT_XCOM_KEY == RECEIPT_XCOM_KEY
+    receipt = {
+        "key": {"tenant": "acme", "subject": "a/b c", "query_type": "heatmap", "window": "2026-w28"}
+    }
+    monkeypatch.setattr(links, "_read_receipt", lambda ti_key: receipt)
+    link = DPBudgetAccountLink()
+    assert link.get_link(None, ti_key=None) == (
+        "/dp-budget/account?tenant=acme&subject=a%2Fb+c&query_type=heatmap&window=2026-w28"
+    )
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com/base/")
+    assert link.get_link(None, ti_key=None).startswith(
+        "https://airflow.example.com/base/dp-budget/account?tenant=acme&"
+    )
+
+
+def test_without_a_receipt_the_link_lists_the_tasks_accounts(monkeypatch):
+    monkeypatch.setattr(links, "_read_receipt", lambda ti_key: None)
+
+    class Task:
+        tenant, query_type = " ACME", "heatmap"
+
+    assert DPBudgetAccountLink().get_link(Task(), ti_key=None) == (
+        "/dp-budget/accounts?tenant=acme&query_type=heatmap"
+    )
+
+
+def test_the_ledger_queries_import_neither_airflow_nor_fastapi():
+    code = (
+        "import sys, dp_budget_provider.ledger.queries\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('airflow', 'fastapi'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def _load_example(name: str):
+    """The example DAG, copied into the session's dags folder (dag.test() needs it there)."""
+    return load_dag((ROOT / "dags" / f"{name}.py").read_text())
+
+
+def _link_xcom(dag_run, task_id: str) -> str:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        value = session.scalar(
+            select(XComModel.value).where(
+                XComModel.dag_id == dag_run.dag_id,
+                XComModel.run_id == dag_run.run_id,
+                XComModel.task_id == task_id,
+                XComModel.key == DPBudgetAccountLink().xcom_key,
+            )
+        )
+    assert value is not None, "the task runner stored no link"
+    return json.loads(value) if isinstance(value, str) and value.startswith('"') else value
+
+
+def test_a_real_dag_run_fills_the_ui_and_links_its_task(
+    airflow_db, sqlite_url, monkeypatch, admin_token
+):
+    """example_dp_heatmap under dag.test(): 50 accounts in the API, the task's link opens one."""
+    from fastapi.testclient import TestClient
+
+    from dp_budget_provider.plugins.app import create_app
+
+    ledger_connection(monkeypatch, sqlite_url)
+    dag = _load_example("example_dp_heatmap")
+    runs = [dag.test(run_conf={"tenant": "acme"}) for _ in range(2)]
+    assert [task_states(run) for run in runs] == [{"release_heatmap": "success"}] * 2
+    ledger = PrivacyBudgetLedger(url=sqlite_url)
+    try:
+        with TestClient(create_app(lambda: ledger)) as client:
+            client.headers["Authorization"] = f"Bearer {admin_token}"
+            accounts = client.get("/api/accounts").json()
+            assert accounts["total"] == 50
+            assert {a["releases"] for a in accounts["accounts"]} == {2}
+            url = _link_xcom(runs[-1], "release_heatmap")
+            parts = urlsplit(url)
+            assert parts.path == "/dp-budget/account"
+            page = client.get("/account?" + parts.query)
+            assert page.status_code == 200
+            assert "release_heatmap" in page.text and "spend-chart" in page.text
+            detail = client.get("/api/account?" + parts.query).json()
+            assert detail["account"]["tenant"] == "acme"
+            assert detail["series"]["events"] == 2
+            history = client.get("/api/account/history?" + parts.query).json()
+            attempts = {e["attempt_id"] for e in history["entries"]}
+            assert {f"example_dp_heatmap/release_heatmap/{r.run_id}/-1/1" for r in runs} == (
+                attempts
+            )
+    finally:
+        ledger.close()
