@@ -11,6 +11,7 @@ half-written.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -131,9 +132,19 @@ def head_revision() -> str:
 
 
 def current_revision(connection: Connection) -> str | None:
-    """The schema revision of the database, None for an empty database."""
-    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-    return context.get_current_revision()
+    """The schema revision of the database, None for an empty database.
+
+    Alembic announces its dialect at INFO on every configure; every task opens the ledger,
+    so that would be two noise lines in every task log.
+    """
+    migration_log = logging.getLogger("alembic.runtime.migration")
+    level = migration_log.level
+    migration_log.setLevel(logging.WARNING)
+    try:
+        context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+        return context.get_current_revision()
+    finally:
+        migration_log.setLevel(level)
 
 
 def create_schema(connection: Connection) -> None:
