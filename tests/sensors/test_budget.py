@@ -145,8 +145,9 @@ def test_dag_defers_until_the_next_window_opens_then_releases_there(ledger):
     assert released["at"] >= calendar.next_window_start(now).strftime("%Y-%m-%dT%H:%M:%S")
 
 
+@pytest.mark.parametrize("mode", ["poke", "reschedule"])
 @pytest.mark.parametrize(("soft_fail", "state"), [(False, "failed"), (True, "skipped")])
-def test_poke_mode_honours_timeout_and_soft_fail(ledger, soft_fail, state):
+def test_poke_and_reschedule_modes_honour_timeout_and_soft_fail(ledger, mode, soft_fail, state):
     short_windows(ledger, 3600)
     ledger.spend(
         key_for(
@@ -157,5 +158,6 @@ def test_poke_mode_honours_timeout_and_soft_fail(ledger, soft_fail, state):
         ),
         BIG,
     )
-    dag_run = load_dag(SENSOR_DAG.format(mode='mode="poke"', timeout=2, soft_fail=soft_fail)).test()
+    source = SENSOR_DAG.format(mode=f"mode={mode!r}", timeout=2, soft_fail=soft_fail)
+    dag_run = load_dag(source).test()
     assert task_states(dag_run)["wait"] == state
