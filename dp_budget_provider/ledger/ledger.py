@@ -156,22 +156,38 @@ class PrivacyBudgetLedger:
         self.actor = actor or _default_actor()
         self._engine = database.make_engine(url)
         try:
-            with self._write() as connection:
-                if connection.dialect.name == "postgresql":
-                    connection.execute(text("SELECT pg_advisory_xact_lock(7263514)"))
-                if database.is_empty(connection):
-                    database.create_schema(connection)
-                database.check_schema(connection)
-                if database.is_initialised(connection):
-                    self._check_config(connection, cap)
-                else:
-                    self._initialise(connection, cap or if_new)
+            if not self._open_existing(cap):
+                self._create_or_open(cap, if_new)
             self._delta = self._stored_delta()
         except BaseException:
             self._engine.dispose()
             raise
 
     # ------------------------------------------------------------------ set-up
+
+    def _open_existing(self, cap: BudgetCap | None) -> bool:
+        """Open a ready ledger in a read transaction (no write lock: every task opens one)."""
+        with self._read() as connection:
+            if database.is_empty(connection):
+                return False
+            database.check_schema(connection)
+            if not database.is_initialised(connection):
+                return False
+            self._check_config(connection, cap)
+            return True
+
+    def _create_or_open(self, cap: BudgetCap | None, if_new: BudgetCap | None) -> None:
+        """Create schema and configuration under the write lock, or open what a racing twin made."""
+        with self._write() as connection:
+            if connection.dialect.name == "postgresql":
+                connection.execute(text("SELECT pg_advisory_xact_lock(7263514)"))
+            if database.is_empty(connection):
+                database.create_schema(connection)
+            database.check_schema(connection)
+            if database.is_initialised(connection):
+                self._check_config(connection, cap)
+            else:
+                self._initialise(connection, cap or if_new)
 
     def _initialise(self, connection: Connection, cap: BudgetCap | None) -> None:
         if cap is None:
