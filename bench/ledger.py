@@ -19,7 +19,6 @@ the ratio; each creates its own scratch databases and drops them afterwards.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import multiprocessing
 import os
 import re
@@ -28,18 +27,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg2
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
+from tests.scratch_postgres import dsn_part, scratch_database  # noqa: E402
 
-PG_ADMIN_DSN = os.environ.get(
-    "DP_BUDGET_TEST_PG", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-)
 PROCESSES = 8
 WINDOW = "2026-11"
 # A cap no benchmark can reach, and a tiny cost per release: nothing is ever refused.
@@ -50,33 +46,9 @@ GOAL_BULK = 3.0
 SPAWN = multiprocessing.get_context("spawn")
 
 
-def _dsn(name: str) -> str:
-    return dict(item.split("=", 1) for item in PG_ADMIN_DSN.split()).get(name, "")
-
-
-@contextlib.contextmanager
-def scratch_database(purpose: str) -> Iterator[tuple[str, str]]:
-    """A fresh PostgreSQL database: yields (name, SQLAlchemy URL); dropped afterwards."""
-    name = f"dpb_bench_{purpose}_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(PG_ADMIN_DSN)
-    admin.autocommit = True
-    with admin.cursor() as cursor:
-        cursor.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield name, f"postgresql+psycopg2://{_dsn('user')}@{_dsn('host')}:{_dsn('port')}/{name}"
-    finally:
-        with admin.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                (name,),
-            )
-            cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.close()
-
-
 def connect(database: str) -> psycopg2.extensions.connection:
     return psycopg2.connect(
-        host=_dsn("host"), port=_dsn("port"), user=_dsn("user"), dbname=database
+        host=dsn_part("host"), port=dsn_part("port"), user=dsn_part("user"), dbname=database
     )
 
 
@@ -84,11 +56,11 @@ def pgbench(database: str, *arguments: str) -> str:
     command = [
         "pgbench",
         "-h",
-        _dsn("host"),
+        dsn_part("host"),
         "-p",
-        _dsn("port"),
+        dsn_part("port"),
         "-U",
-        _dsn("user"),
+        dsn_part("user"),
         *arguments,
         database,
     ]
@@ -152,12 +124,15 @@ END;
 
 
 def bench_hot_key(duration: float) -> list[tuple]:
-    with scratch_database("hot") as (_, url):
+    with scratch_database("dpb_bench_hot") as (_, url):
         PrivacyBudgetLedger(cap=CAP, url=url).close()
         hot = [key_for("hot-subject", "count", WINDOW)]
         ours = ledger_throughput(url, [hot] * PROCESSES, "reserve-commit", duration)
         ours_spend = ledger_throughput(url, [hot] * PROCESSES, "spend", duration)
-    with scratch_database("pgbench_hot") as (name, _), tempfile.TemporaryDirectory() as tmp:
+    with (
+        scratch_database("dpb_bench_pgbench_hot") as (name, _),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         with connect(name) as connection, connection.cursor() as cursor:
             cursor.execute("CREATE TABLE hot (id integer PRIMARY KEY, v bigint NOT NULL)")
             cursor.execute("INSERT INTO hot VALUES (1, 0)")
@@ -190,14 +165,14 @@ def bench_hot_key(duration: float) -> list[tuple]:
 
 
 def bench_distinct_keys(duration: float) -> list[tuple]:
-    with scratch_database("distinct") as (_, url):
+    with scratch_database("dpb_bench_distinct") as (_, url):
         PrivacyBudgetLedger(cap=CAP, url=url).close()
         key_sets = [
             [key_for(f"worker-{w}-subject-{j}", "count", WINDOW) for j in range(16)]
             for w in range(PROCESSES)
         ]
         ours = ledger_throughput(url, key_sets, "reserve-commit", duration)
-    with scratch_database("pgbench_n") as (name, _):
+    with scratch_database("dpb_bench_pgbench_n") as (name, _):
         pgbench(name, "-i", "-q", "-s", "1")
         base = pgbench_tps(
             name, "-n", "-N", "-c", str(PROCESSES), "-j", "2", "-T", str(int(duration))
@@ -217,7 +192,7 @@ def bench_distinct_keys(duration: float) -> list[tuple]:
 
 def bench_many_subjects() -> list[tuple]:
     rows, times = [], {}
-    with scratch_database("subjects") as (name, url):
+    with scratch_database("dpb_bench_subjects") as (name, url):
         ledger = PrivacyBudgetLedger(cap=CAP, url=url)
         for size in (10**4, 10**5):
             keys = [key_for(f"n{size}-subject-{i:06d}", "count", WINDOW) for i in range(size)]

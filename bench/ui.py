@@ -25,40 +25,20 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psycopg2
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.scratch_postgres import scratch_database  # noqa: E402
 
-PG_ADMIN_DSN = os.environ.get(
-    "DP_BUDGET_TEST_PG", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-)
 WINDOW = "2026-w28"
 GOAL_MS = 300.0
 
 
-def _dsn(name: str) -> str:
-    return dict(item.split("=", 1) for item in PG_ADMIN_DSN.split()).get(name, "")
-
-
 @contextlib.contextmanager
 def scratch_postgres() -> Iterator[str]:
-    name = f"dpb_bench_ui_{uuid.uuid4().hex[:8]}"
-    admin = psycopg2.connect(PG_ADMIN_DSN)
-    admin.autocommit = True
-    with admin.cursor() as cursor:
-        cursor.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql+psycopg2://{_dsn('user')}@{_dsn('host')}:{_dsn('port')}/{name}"
-    finally:
-        with admin.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                (name,),
-            )
-            cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.close()
+    with scratch_database("dpb_bench_ui") as (_, url):
+        yield url
 
 
 def airflow_home(path: Path) -> None:

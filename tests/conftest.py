@@ -6,12 +6,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg2
 import pytest
+
+from tests.scratch_postgres import scratch_database
 
 # Airflow reads its configuration at import: give the whole test session a private,
 # throw-away AIRFLOW_HOME before any test module imports airflow.
@@ -21,45 +22,15 @@ os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_AIRFLOW_HOME / "dags")
 (_AIRFLOW_HOME / "dags").mkdir()
 
-PG_ADMIN_DSN = os.environ.get(
-    "DP_BUDGET_TEST_PG", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-)
-
-
-def _admin() -> psycopg2.extensions.connection:
-    try:
-        connection = psycopg2.connect(PG_ADMIN_DSN, connect_timeout=5)
-    except psycopg2.OperationalError as error:
-        pytest.fail(f"PostgreSQL is required for the tests and is not reachable: {error}")
-    connection.autocommit = True
-    return connection
-
-
-def _dsn_part(name: str) -> str:
-    parts = dict(item.split("=", 1) for item in PG_ADMIN_DSN.split())
-    return parts.get(name, "")
-
 
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
-    name = f"dpb_test_{uuid.uuid4().hex[:12]}"
-    admin = _admin()
-    with admin.cursor() as cursor:
-        cursor.execute(f'CREATE DATABASE "{name}"')
     try:
-        yield (
-            f"postgresql+psycopg2://{_dsn_part('user')}@{_dsn_part('host')}:"
-            f"{_dsn_part('port')}/{name}"
-        )
-    finally:
-        with admin.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                (name,),
-            )
-            cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.close()
+        with scratch_database("dpb_test") as (_, url):
+            yield url
+    except psycopg2.OperationalError as error:
+        pytest.fail(f"PostgreSQL is required for the tests and is not reachable: {error}")
 
 
 @pytest.fixture

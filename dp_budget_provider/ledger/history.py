@@ -88,6 +88,28 @@ def append(
     return seq
 
 
+def entry_record(row: Any) -> dict[str, Any]:
+    """A stored entry as plain JSON values (API, CLI, reports)."""
+    key = None
+    if row.tenant is not None:
+        key = {
+            "tenant": row.tenant,
+            "subject": row.subject,
+            "query_type": row.query_type,
+            "window": row.window,
+        }
+    return {
+        "seq": row.seq,
+        "at": row.at,
+        "action": row.action,
+        "actor": row.actor,
+        "reservation_id": row.reservation_id,
+        "key": key,
+        "payload": json.loads(row.payload),
+        "hash": row.hash,
+    }
+
+
 class _Row:
     """Attribute access over a dict, so entry_body reads fresh and stored rows alike."""
 

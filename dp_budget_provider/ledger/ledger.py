@@ -1053,19 +1053,7 @@ class PrivacyBudgetLedger:
             query = query.limit(limit)
         with self._read() as connection:
             rows = list(connection.execute(query))
-        return [
-            {
-                "seq": row.seq,
-                "at": row.at,
-                "action": row.action,
-                "actor": row.actor,
-                "reservation_id": row.reservation_id,
-                "key": None if row.tenant is None else _key_of(row).as_dict(),
-                "payload": json.loads(row.payload),
-                "hash": row.hash,
-            }
-            for row in rows
-        ]
+        return [history.entry_record(row) for row in rows]
 
     def open_reservations(self) -> list[Reservation]:
         """Every reservation still open, oldest first."""

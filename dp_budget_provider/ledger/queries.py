@@ -35,7 +35,7 @@ from sqlalchemy import (
 )
 
 from dp_budget_provider.accounting import EpsilonBound
-from dp_budget_provider.ledger import database
+from dp_budget_provider.ledger import database, history
 from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.policy import Policy, lookup_order
@@ -541,16 +541,7 @@ def key_history(
         )
     items = []
     for row in rows:
-        entry: dict[str, Any] = {
-            "seq": row.seq,
-            "at": row.at,
-            "action": row.action,
-            "actor": row.actor,
-            "reservation_id": row.reservation_id,
-            "key": None if row.tenant is None else _key_of(row).as_dict(),
-            "payload": json.loads(row.payload),
-            "hash": row.hash,
-        }
+        entry = history.entry_record(row)
         reservation = reservations.get(row.reservation_id or "")
         if reservation is not None:
             entry.update(

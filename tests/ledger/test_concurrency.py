@@ -40,8 +40,8 @@ from dp_budget_provider.ledger import (
     PrivacyBudgetLedger,
     key_for,
 )
-from tests.conftest import PG_ADMIN_DSN
 from tests.ledger import concurrency_workers as workers
+from tests.scratch_postgres import scratch_database
 
 CAP = BudgetCap(epsilon=3.0, delta=1e-5)
 PROCESSES = 8
@@ -732,25 +732,9 @@ def icu_postgres_url() -> Iterator[str]:
     Most production clusters are initialised with a linguistic collation (en_US.UTF-8
     or ICU), under which "s_1" sorts before "s1" while Python sorts it after.
     """
-    name = f"dpb_test_icu_{uuid.uuid4().hex[:12]}"
-    admin = psycopg2.connect(PG_ADMIN_DSN, connect_timeout=5)
-    admin.autocommit = True
-    with admin.cursor() as cursor:
-        cursor.execute(
-            f'CREATE DATABASE "{name}" TEMPLATE template0 LOCALE_PROVIDER icu '
-            "ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
-        )
-    parts = dict(item.split("=", 1) for item in PG_ADMIN_DSN.split())
-    try:
-        yield f"postgresql+psycopg2://{parts['user']}@{parts['host']}:{parts['port']}/{name}"
-    finally:
-        with admin.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-                (name,),
-            )
-            cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.close()
+    options = "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+    with scratch_database("dpb_test_icu", options) as (_, url):
+        yield url
 
 
 def test_reserve_and_commit_lock_in_the_same_order_under_a_linguistic_collation(
