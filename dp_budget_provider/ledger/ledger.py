@@ -151,6 +151,7 @@ class PrivacyBudgetLedger:
                 raise ValueError(f"{name} must be a BudgetCap, got {value!r}")
         self._new_calendar = calendar or WindowCalendar()
         self._bound_cache: dict[tuple[Any, ...], EpsilonBound] = {}
+        self._policy_cache: dict[tuple[Any, ...], Policy] = {}
         self._orders = validate_orders(orders)
         self._conversion: Conversion = check_conversion(conversion)
         self.actor = actor or _default_actor()
@@ -286,17 +287,27 @@ class PrivacyBudgetLedger:
     # ------------------------------------------------------------------ policies
 
     def _policies(self, connection: Connection) -> dict[tuple[str, str], Policy]:
+        """The stored policies, read in the caller's transaction (never stale).
+
+        Rows are read every time; only the validated ``Policy`` built from an identical
+        row is reused, so a release does not re-validate the same policy again and again.
+        """
         policies = {}
         for row in connection.execute(select(PolicyRow)):
-            policies[(row.tenant, row.query_type)] = Policy(
-                cap_epsilon=row.cap_epsilon,
-                warn_fraction=row.warn_fraction,
-                tenant=row.tenant,
-                query_type=row.query_type,
-                calendar=WindowCalendar(row.calendar, row.calendar_length_seconds),
-                min_window=timedelta(seconds=row.min_window_seconds),
-                compliance_clause=row.compliance_clause,
-            )
+            values = tuple(row)
+            policy = self._policy_cache.get(values)
+            if policy is None:
+                policy = Policy(
+                    cap_epsilon=row.cap_epsilon,
+                    warn_fraction=row.warn_fraction,
+                    tenant=row.tenant,
+                    query_type=row.query_type,
+                    calendar=WindowCalendar(row.calendar, row.calendar_length_seconds),
+                    min_window=timedelta(seconds=row.min_window_seconds),
+                    compliance_clause=row.compliance_clause,
+                )
+                self._policy_cache[values] = policy
+            policies[(row.tenant, row.query_type)] = policy
         if (ANY, ANY) not in policies:
             raise LedgerCorrupt("the ledger has no default policy")
         return policies
@@ -608,10 +619,10 @@ class PrivacyBudgetLedger:
         cost: Spend,
     ) -> tuple[Reservation, dict[LedgerKey, _Locked]]:
         now = _stamp(_now())
+        policies = self._policies(connection)  # before the locks: held as briefly as possible
         locked = self._upsert_locked(connection, keys, 1, now)
         busy = [key for key in keys if locked[key].open_reservations > 1]
         pending = self._open_costs(connection, busy) if busy else {}
-        policies = self._policies(connection)
         prospective = [
             locked[key].spend.plus(pending[key]).plus(cost)
             if key in pending
@@ -741,6 +752,7 @@ class PrivacyBudgetLedger:
         now = _stamp(_now())
         size = self._orders.size
         cost = Spend.from_columns(row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, size)
+        policies = self._policies(connection)  # before the locks: held as briefly as possible
         keys, accounts = locked or self._lock_reservation(connection, row.id, row.key_count)
         after = self._add_spend(
             connection, keys, accounts, cost, row.count, now, closes_reservation=True
@@ -750,7 +762,6 @@ class PrivacyBudgetLedger:
             .where(ReservationRow.id == row.id)
             .values(state=state, resolved_at=now)
         )
-        policies = self._policies(connection)
         receipts = [
             self._receipt(key, bound, self._policy_for(policies, key))
             for key, bound in zip(keys, self._bounds(after), strict=True)
