@@ -816,19 +816,31 @@ class PrivacyBudgetLedger:
                 )
         else:
             for key, spend in zip(keys, after, strict=True):
-                connection.execute(
-                    update(Account)
-                    .where(Account.id == locked[key].id)
-                    .values(
-                        rho=spend.rho,
-                        residual=spend.residual_json(),
-                        gaussian_mu2=spend.gaussian_mu2,
-                        releases=Account.releases + count,
-                        open_reservations=Account.open_reservations - close,
-                        updated_at=now,
-                    )
-                )
+                self._store_spend(connection, locked[key].id, spend, count, close, now)
         return after
+
+    @staticmethod
+    def _store_spend(
+        connection: Connection,
+        account_id: int,
+        spend: Spend,
+        releases_added: int,
+        reservations_closed: int,
+        now: str,
+    ) -> None:
+        """Write one locked account's new spend (its full curve, not an increment)."""
+        connection.execute(
+            update(Account)
+            .where(Account.id == account_id)
+            .values(
+                rho=spend.rho,
+                residual=spend.residual_json(),
+                gaussian_mu2=spend.gaussian_mu2,
+                releases=Account.releases + releases_added,
+                open_reservations=Account.open_reservations - reservations_closed,
+                updated_at=now,
+            )
+        )
 
     def _open_row(self, connection: Connection, reservation: Reservation | str) -> Any:
         reservation_id = reservation.id if isinstance(reservation, Reservation) else reservation
@@ -1150,17 +1162,7 @@ class PrivacyBudgetLedger:
                 raise LedgerError(f"{old} has open reservations; commit or reap them first")
             carried = locked[old].spend
             merged = locked[new].spend.plus(carried)
-            connection.execute(
-                update(Account)
-                .where(Account.id == locked[new].id)
-                .values(
-                    rho=merged.rho,
-                    residual=merged.residual_json(),
-                    gaussian_mu2=merged.gaussian_mu2,
-                    releases=Account.releases + locked[old].releases,
-                    updated_at=now,
-                )
-            )
+            self._store_spend(connection, locked[new].id, merged, locked[old].releases, 0, now)
             connection.execute(delete(Account).where(Account.id == locked[old].id))
             history.append(
                 connection,
