@@ -320,15 +320,9 @@ class PrivacyBudgetLedger:
         raise LedgerCorrupt("the ledger has no default policy")
 
     def _write_policy(self, connection: Connection, policy: Policy, now: str) -> None:
-        values = {
-            "cap_epsilon": policy.cap_epsilon,
-            "warn_fraction": policy.warn_fraction,
-            "calendar": policy.calendar.kind,
-            "calendar_length_seconds": policy.calendar.length_seconds,
-            "min_window_seconds": int(policy.min_window.total_seconds()),
-            "compliance_clause": policy.compliance_clause,
-            "updated_at": now,
-        }
+        record = policy.as_record()
+        values = {k: v for k, v in record.items() if k not in ("tenant", "query_type")}
+        values["updated_at"] = now
         updated = connection.execute(
             update(PolicyRow)
             .where(PolicyRow.tenant == policy.tenant, PolicyRow.query_type == policy.query_type)
@@ -345,12 +339,7 @@ class PrivacyBudgetLedger:
             at=now,
             action="policy",
             actor=self.actor,
-            payload={
-                "tenant": policy.tenant,
-                "query_type": policy.query_type,
-                "calendar": policy.calendar.to_spec(),
-                **{k: v for k, v in values.items() if k not in ("updated_at", "calendar")},
-            },
+            payload={**record, "calendar": policy.calendar.to_spec()},
         )
 
     def set_policy(self, policy: Policy) -> None:

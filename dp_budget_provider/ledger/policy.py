@@ -79,6 +79,19 @@ class Policy:
         """(tenant, query_type) this policy applies to."""
         return self.tenant, self.query_type
 
+    def as_record(self) -> dict[str, object]:
+        """The policy as plain JSON values: its table row, its history entry, the API."""
+        return {
+            "tenant": self.tenant,
+            "query_type": self.query_type,
+            "cap_epsilon": self.cap_epsilon,
+            "warn_fraction": self.warn_fraction,
+            "calendar": self.calendar.kind,
+            "calendar_length_seconds": self.calendar.length_seconds,
+            "min_window_seconds": int(self.min_window.total_seconds()),
+            "compliance_clause": self.compliance_clause,
+        }
+
     def warns_at(self, epsilon: float) -> bool:
         """True once ``epsilon`` reaches the warning fraction of the cap."""
         return epsilon >= self.warn_fraction * self.cap_epsilon

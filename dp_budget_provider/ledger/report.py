@@ -34,7 +34,7 @@ from dp_budget_provider.ledger import database
 from dp_budget_provider.ledger.errors import LedgerUnavailable
 from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
-from dp_budget_provider.ledger.policy import ANY, Policy, lookup_order
+from dp_budget_provider.ledger.policy import ANY, lookup_order
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.schema import Account, ReservationKey
 from dp_budget_provider.ledger.spend import Spend
@@ -166,20 +166,6 @@ def account_record(status: AccountStatus, delta: float) -> dict[str, Any]:
         "open_reservations": status.open_reservations,
         "method": status.method,
         "updated_at": status.updated_at,
-    }
-
-
-def policy_record(policy: Policy) -> dict[str, Any]:
-    """One policy as plain JSON values."""
-    return {
-        "tenant": policy.tenant,
-        "query_type": policy.query_type,
-        "cap_epsilon": policy.cap_epsilon,
-        "warn_fraction": policy.warn_fraction,
-        "calendar": policy.calendar.kind,
-        "calendar_length_seconds": policy.calendar.length_seconds,
-        "min_window_seconds": int(policy.min_window.total_seconds()),
-        "compliance_clause": policy.compliance_clause,
     }
 
 
@@ -621,7 +607,7 @@ def build_report(
         "schedule": schedule,
         "corrections": corrections,
         "policies": [
-            policy_record(p) for p in policies if tenant is None or p.tenant in (ANY, tenant)
+            p.as_record() for p in policies if tenant is None or p.tenant in (ANY, tenant)
         ],
         "policy_changes": policy_changes,
         "verification": verification,

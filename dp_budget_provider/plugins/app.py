@@ -36,7 +36,6 @@ from dp_budget_provider.ledger.report import (
     build_report,
     describe_mechanism,
     key_label,
-    policy_record,
     render_markdown,
     verification_record,
 )
@@ -255,7 +254,7 @@ def _pages(total: int, size: int) -> int:
 
 
 def _policy_model(policy: Policy) -> schemas.PolicyModel:
-    return schemas.PolicyModel(**policy_record(policy))
+    return schemas.PolicyModel(**policy.as_record())
 
 
 # ---------------------------------------------------------------------- the app
