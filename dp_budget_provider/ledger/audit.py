@@ -2,7 +2,8 @@
 
 The replay recomputes every live account's spend from the history alone (commits, reaps,
 corrections, re-scopes, resets) and compares it with the stored accounts, so lowering an
-account's spend directly in SQL is caught even though the chain itself is intact.
+account's spend directly in SQL is caught even though the chain itself is intact. The
+same goes for the pending spend of open reservations, which the prospective check reads.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.records import VerifyReport
 from dp_budget_provider.ledger.schema import Account, HistoryEntry, Reservation, ReservationKey
-from dp_budget_provider.ledger.spend import Spend
+from dp_budget_provider.ledger.spend import Pending, Spend
 
 
 def _key_of(row: Any) -> LedgerKey:
@@ -27,7 +28,7 @@ def _key_of(row: Any) -> LedgerKey:
 
 
 class _Replay:
-    """Account spends and open-reservation counts as the history says they should be."""
+    """Account spends, open-reservation counts and pending spends as the history says."""
 
     def __init__(
         self, keys_of: Mapping[str, list[LedgerKey]], digests: Mapping[str, str], size: int
@@ -37,14 +38,28 @@ class _Replay:
         self.size = size
         self.expected: dict[LedgerKey, Spend] = defaultdict(Spend)
         self.open_count: dict[LedgerKey, int] = defaultdict(int)
+        self.pending: dict[LedgerKey, Pending] = defaultdict(Pending)
+        self.cost_of: dict[str, Spend] = {}
+
+    def _close(self, entry: Any, keys: list[LedgerKey]) -> None:
+        """One reservation closes on ``keys``: its cost leaves their pending spend."""
+        cost = self.cost_of.get(entry.reservation_id or "", Spend())
+        for key in keys:
+            self.open_count[key] -= 1
+            left = self.open_count[key] > 0
+            self.pending[key] = self.pending[key].remove(cost) if left else Pending()
 
     def apply(self, entry: Any) -> list[str]:
         """Apply one entry; returns problems it shows (bad payloads raise)."""
         payload = json.loads(entry.payload)
         keys = self.keys_of.get(entry.reservation_id or "", [])
         if entry.action == "reserve":
+            cost = self.cost_of[entry.reservation_id] = Spend.from_payload(
+                payload["cost"], self.size
+            )
             for key in keys:
                 self.open_count[key] += 1
+                self.pending[key] = self.pending[key].add(cost)
                 self.expected.setdefault(key, Spend())
             if payload.get("keys_digest") != self.digests.get(entry.reservation_id):
                 return [f"entry {entry.seq}: reservation digest differs from its entry"]
@@ -52,10 +67,9 @@ class _Replay:
             cost = Spend.from_payload(payload["cost"], self.size)
             for key in keys:
                 self.expected[key] = self.expected[key].plus(cost)
-                self.open_count[key] -= 1
+            self._close(entry, keys)
         elif entry.action == "release":
-            for key in keys:
-                self.open_count[key] -= 1
+            self._close(entry, keys)
         elif entry.action == "correction":
             key = _key_of(entry)
             self.expected[key] = self.expected[key].plus(
@@ -65,10 +79,12 @@ class _Replay:
             old, new = LedgerKey(**payload["from"]), _key_of(entry)
             self.expected[new] = self.expected[new].plus(self.expected.pop(old, Spend()))
             self.open_count.pop(old, None)
+            self.pending.pop(old, None)
         elif entry.action == "reset":
             for key in [k for k in self.expected if k.window == payload["window"]]:
                 del self.expected[key]
                 self.open_count.pop(key, None)
+                self.pending.pop(key, None)
         return []
 
 
@@ -101,6 +117,13 @@ def verify(connection: Connection, size: int) -> VerifyReport:
             problems.append(f"account {key}: stored spend differs from the history's sum")
         if row.open_reservations != replay.open_count[key]:
             problems.append(f"account {key}: open reservation count differs from the history")
+        pending = Pending.from_columns(
+            row.pending_rho, row.pending_residual, row.pending_mu2, row.pending_others, size
+        )
+        if not pending.close_to(replay.pending[key]):
+            problems.append(
+                f"account {key}: pending spend differs from its open reservations' cost"
+            )
     for key, spend in replay.expected.items():
         if key not in accounts and (spend.rho or spend.residual is not None):
             problems.append(f"account {key}: charged in the history but missing")

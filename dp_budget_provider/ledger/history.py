@@ -4,6 +4,12 @@ Each entry's hash is sha256 over the previous hash and the entry's canonical JSO
 an edited, deleted, inserted or reordered entry breaks every later link. The chain head
 row is locked as the last step of each write transaction: entries are appended in
 commit order with consecutive sequence numbers.
+
+The canonical JSON ends with the sequence number (``"seq"`` sorts last), so everything
+before it, the *link prefix*, is known before the chain head is locked. On PostgreSQL
+the server function ``dp_append`` locks the head, appends the number and hashes, so the
+lock every writer needs is held inside the server only; SQLite (one writer at a time
+anyway) links in Python. Both compute :func:`entry_hash`.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
@@ -28,18 +35,34 @@ def canonical_json(value: Any) -> str:
 
 
 def keys_digest(keys: Iterable[LedgerKey]) -> str:
-    """sha256 over the canonical key list, binding a reservation to exactly its keys."""
-    digest = hashlib.sha256()
-    for key in keys:
-        digest.update(canonical_json(key.as_dict()).encode())
-        digest.update(b"\n")
-    return digest.hexdigest()
+    """sha256 over the canonical key list, binding a reservation to exactly its keys.
+
+    Each line is ``canonical_json(key.as_dict())``, written out directly (the parts'
+    names in sorted order, each part JSON-encoded) because a release may hold 10^5 keys.
+    """
+    quote = encode_basestring_ascii
+    text = "".join(
+        f'{{"query_type":{quote(k.query_type)},"subject":{quote(k.subject)},'
+        f'"tenant":{quote(k.tenant)},"window":{quote(k.window)}}}\n'
+        for k in keys
+    )
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def link_prefix(at: str, action: str, actor: str, body: dict) -> str:
+    """The entry's canonical JSON up to its sequence number (which sorts last)."""
+    content = canonical_json({"at": at, "action": action, "actor": actor, "body": body})
+    return content[:-1] + ',"seq":'
+
+
+def link_hash(prev_hash: str, prefix: str, seq: int) -> str:
+    """sha256 over the previous hash and the entry's canonical JSON (prefix + seq)."""
+    return hashlib.sha256(f"{prev_hash}\n{prefix}{seq}}}".encode()).hexdigest()
 
 
 def entry_hash(prev_hash: str, seq: int, at: str, action: str, actor: str, body: dict) -> str:
     """The link hash of one entry."""
-    content = canonical_json({"seq": seq, "at": at, "action": action, "actor": actor, "body": body})
-    return hashlib.sha256(f"{prev_hash}\n{content}".encode()).hexdigest()
+    return link_hash(prev_hash, link_prefix(at, action, actor, body), seq)
 
 
 def entry_body(row: Any) -> dict[str, Any]:
@@ -53,6 +76,38 @@ def entry_body(row: Any) -> dict[str, Any]:
     }
 
 
+def entry_columns(
+    *,
+    at: str,
+    action: str,
+    actor: str,
+    payload: dict[str, Any],
+    reservation_id: str | None = None,
+    key: LedgerKey | None = None,
+) -> dict[str, Any]:
+    """The stored columns of a new entry, except seq and the hashes, plus its link prefix."""
+    row = {
+        "at": at,
+        "action": action,
+        "actor": actor,
+        "reservation_id": reservation_id,
+        "tenant": key.tenant if key else None,
+        "subject": key.subject if key else None,
+        "query_type": key.query_type if key else None,
+        "window": key.window if key else None,
+        "payload": canonical_json(payload),
+    }
+    row["link_prefix"] = link_prefix(at, action, actor, entry_body(_Row(row)))
+    return row
+
+
+# The server-side append (PostgreSQL, migration 0002); parameters from entry_columns.
+SERVER_APPEND = (
+    "SELECT dp_append(%(at)s, %(action)s, %(actor)s, %(reservation_id)s, %(tenant)s, "
+    "%(subject)s, %(query_type)s, %(window)s, %(payload)s, %(link_prefix)s)"
+)
+
+
 def append(
     connection: Connection,
     *,
@@ -64,25 +119,18 @@ def append(
     key: LedgerKey | None = None,
 ) -> int:
     """Append one entry, locking the chain head (call last in the transaction); returns seq."""
+    row = entry_columns(
+        at=at, action=action, actor=actor, payload=payload, reservation_id=reservation_id, key=key
+    )
+    if connection.dialect.name == "postgresql":
+        return int(connection.exec_driver_sql(SERVER_APPEND, row).scalar_one())
     head = connection.execute(
         select(ChainHead.seq, ChainHead.hash).where(ChainHead.id == 1).with_for_update()
     ).one()
     seq = head.seq + 1
-    row = {
-        "seq": seq,
-        "at": at,
-        "action": action,
-        "actor": actor,
-        "reservation_id": reservation_id,
-        "tenant": key.tenant if key else None,
-        "subject": key.subject if key else None,
-        "query_type": key.query_type if key else None,
-        "window": key.window if key else None,
-        "payload": canonical_json(payload),
-        "prev_hash": head.hash,
-    }
-    body = entry_body(_Row(row))
-    row["hash"] = entry_hash(head.hash, seq, at, action, actor, body)
+    row["seq"] = seq
+    row["prev_hash"] = head.hash
+    row["hash"] = link_hash(head.hash, row.pop("link_prefix"), seq)
     connection.execute(insert(HistoryEntry), [row])
     connection.execute(update(ChainHead).where(ChainHead.id == 1).values(seq=seq, hash=row["hash"]))
     return seq

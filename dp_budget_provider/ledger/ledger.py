@@ -15,13 +15,13 @@ import json
 import socket
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, and_, delete, exc, insert, or_, select, text, tuple_, update
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import Connection, and_, case, delete, insert, or_, select, text, tuple_, update
+from sqlalchemy.dialects import sqlite
 
 from dp_budget_provider.accounting import (
     DEFAULT_ORDERS,
@@ -33,7 +33,7 @@ from dp_budget_provider.accounting import (
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.conversion import check_conversion
 from dp_budget_provider.accounting.orders import validate_orders
-from dp_budget_provider.ledger import audit, database, history
+from dp_budget_provider.ledger import audit, database, history, pipeline, statements
 from dp_budget_provider.ledger.errors import (
     BudgetExhausted,
     LedgerConfigMismatch,
@@ -62,10 +62,9 @@ from dp_budget_provider.ledger.schema import (
     ReservationKey,
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
-from dp_budget_provider.ledger.spend import Spend
+from dp_budget_provider.ledger.spend import Pending, Spend
 from dp_budget_provider.ledger.windows import WindowCalendar, is_closed
 
-_T = TypeVar("_T")
 _CHUNK = 1000
 _BOUND_CACHE_SIZE = 100_000
 _KEY_COLUMNS = (Account.tenant, Account.subject, Account.query_type, Account.window)
@@ -108,22 +107,6 @@ def _lock_order(connection: Connection) -> list[Any]:
     return list(_KEY_COLUMNS)
 
 
-def _key_tuple(key: LedgerKey) -> tuple[str, str, str, str]:
-    return key.tenant, key.subject, key.query_type, key.window
-
-
-class _Locked:
-    """An account row held under lock for the rest of the transaction."""
-
-    __slots__ = ("id", "spend", "open_reservations", "releases")
-
-    def __init__(self, row: Any, size: int) -> None:
-        self.id: int = row.id
-        self.spend = Spend.from_columns(row.rho, row.residual, row.gaussian_mu2, size)
-        self.open_reservations: int = row.open_reservations
-        self.releases: int = row.releases
-
-
 class PrivacyBudgetLedger:
     """Cumulative privacy spend per (tenant, subject, query_type, window), with caps.
 
@@ -152,6 +135,8 @@ class PrivacyBudgetLedger:
         self._new_calendar = calendar or WindowCalendar()
         self._bound_cache: dict[tuple[Any, ...], EpsilonBound] = {}
         self._policy_cache: dict[tuple[Any, ...], Policy] = {}
+        self._cost_cache: dict[tuple[str, int], Spend] = {}
+        self._policy_snapshot: tuple[int, dict[tuple[str, str], Policy]] | None = None
         self._orders = validate_orders(orders)
         self._conversion: Conversion = check_conversion(conversion)
         self.actor = actor or _default_actor()
@@ -286,30 +271,54 @@ class PrivacyBudgetLedger:
 
     # ------------------------------------------------------------------ policies
 
-    def _policies(self, connection: Connection) -> dict[tuple[str, str], Policy]:
-        """The stored policies, read in the caller's transaction (never stale).
+    def _policies(self, source: Connection | pipeline.Pipeline) -> dict[tuple[str, str], Policy]:
+        """The stored policies, read now (never stale): in the caller's transaction, or
+        from a pipeline not yet under way as a read of its own.
 
         Rows are read every time; only the validated ``Policy`` built from an identical
         row is reused, so a release does not re-validate the same policy again and again.
         """
+        if isinstance(source, pipeline.Pipeline):
+            rows = source.read(statements.POLICY_ROWS)
+        else:
+            rows = source.exec_driver_sql(statements.POLICY_ROWS).all()
         policies = {}
-        for row in connection.execute(select(PolicyRow)):
+        for row in rows:
             values = tuple(row)
             policy = self._policy_cache.get(values)
             if policy is None:
+                tenant, query_type, cap, warn, calendar, length, min_window, clause = values
                 policy = Policy(
-                    cap_epsilon=row.cap_epsilon,
-                    warn_fraction=row.warn_fraction,
-                    tenant=row.tenant,
-                    query_type=row.query_type,
-                    calendar=WindowCalendar(row.calendar, row.calendar_length_seconds),
-                    min_window=timedelta(seconds=row.min_window_seconds),
-                    compliance_clause=row.compliance_clause,
+                    cap_epsilon=cap,
+                    warn_fraction=warn,
+                    tenant=tenant,
+                    query_type=query_type,
+                    calendar=WindowCalendar(calendar, length),
+                    min_window=timedelta(seconds=min_window),
+                    compliance_clause=clause,
                 )
                 self._policy_cache[values] = policy
-            policies[(row.tenant, row.query_type)] = policy
+            policies[(values[0], values[1])] = policy
         if (ANY, ANY) not in policies:
             raise LedgerCorrupt("the ledger has no default policy")
+        return policies
+
+    def _policies_at(
+        self, pipe: pipeline.Pipeline, version: int | None
+    ) -> dict[tuple[str, str], Policy]:
+        """The policies, reusing the last ones read while ``version`` says they are current.
+
+        ``version`` is ``dp_ledger_config.policy_version`` as the server reported it with
+        the locked rows (PostgreSQL, where a trigger bumps it on any policy change);
+        None (SQLite, in-process reads are cheap) always reads.
+        """
+        if version is not None and self._policy_snapshot is not None:
+            known, policies = self._policy_snapshot
+            if known == version:
+                return policies
+        policies = self._policies(pipe)
+        if version is not None:
+            self._policy_snapshot = (version, policies)
         return policies
 
     @staticmethod
@@ -375,7 +384,8 @@ class PrivacyBudgetLedger:
         for key in listed:
             if not isinstance(key, LedgerKey):
                 raise ValueError(f"keys must be LedgerKey objects (see key_for), got {key!r}")
-        ordered = sorted(set(listed))
+        by_parts = {statements.key_tuple(key): key for key in listed}  # tuples sort and hash in C
+        ordered = [by_parts[parts] for parts in sorted(by_parts)]
         if len(ordered) != len(listed):
             raise ValueError("the same key appears more than once in one release")
         return ordered
@@ -394,50 +404,72 @@ class PrivacyBudgetLedger:
 
     # ------------------------------------------------------------------ locking
 
-    def _upsert_locked(
-        self, connection: Connection, keys: Sequence[LedgerKey], add_open: int, now: str
-    ) -> dict[LedgerKey, _Locked]:
-        """Create missing accounts and lock all of them in key order, bumping open_reservations."""
-        dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
-        statement = dialect.insert(Account)
+    def _lock_accounts(
+        self,
+        pipe: pipeline.Pipeline,
+        keys: Sequence[LedgerKey],
+        now: str,
+        reserving: Spend | None = None,
+    ) -> tuple[dict[LedgerKey, statements.LockedAccount], int | None]:
+        """Create missing accounts and lock all of them in key order.
+
+        ``reserving`` opens a reservation of that cost on every account: the open count
+        and the pending rho and mu^2 go up in the same statement (one row version, not
+        two); a residual curve, if the cost has one, is the caller's to add. The returned
+        rows hold the values after. PostgreSQL: one ``INSERT ... SELECT FROM unnest ...
+        ON CONFLICT`` statement, which also opens the transaction and reports the policy
+        version. SQLite (already holding the write lock): upserts in chunks; no version.
+        """
+        size = self._orders.size
+        gaussian = reserving is None or reserving.gaussian_mu2 is not None
+        added = {
+            "add_open": 0 if reserving is None else 1,
+            "add_rho": 0.0 if reserving is None else reserving.rho,
+            "add_mu2": reserving.gaussian_mu2 if reserving is not None and gaussian else 0.0,
+            "add_others": 0 if gaussian else 1,
+        }
+        if pipe.postgresql:
+            rows = pipe.query(
+                statements.PG_UPSERT, {**added, "now": now, **statements.key_parts(keys)}
+            )
+            return statements.accounts_by_key(rows, keys, size), rows[0][14]
+        statement = sqlite.insert(Account)
         statement = statement.on_conflict_do_update(
             index_elements=[c.name for c in _KEY_COLUMNS],
             set_={
-                "open_reservations": Account.open_reservations + add_open,
+                "open_reservations": Account.open_reservations + added["add_open"],
+                "pending_rho": Account.pending_rho + added["add_rho"],
+                "pending_mu2": Account.pending_mu2 + added["add_mu2"],
+                "pending_others": Account.pending_others + added["add_others"],
                 "updated_at": statement.excluded.updated_at,
             },
-        ).returning(
-            Account.id,
-            *_KEY_COLUMNS,
-            Account.rho,
-            Account.residual,
-            Account.gaussian_mu2,
-            Account.open_reservations,
-            Account.releases,
-            sort_by_parameter_order=True,
-        )
-        locked: dict[LedgerKey, _Locked] = {}
-        size = self._orders.size
+        ).returning(*(getattr(Account, c.strip(' "')) for c in statements.ACCOUNT_ROW.split(",")))
+        rows = []
         for chunk in _chunks(keys):
-            rows = [
-                {
-                    **key.as_dict(),
-                    "rho": 0.0,
-                    "residual": None,
-                    "gaussian_mu2": 0.0,
-                    "releases": 0,
-                    "open_reservations": add_open,
-                    "updated_at": now,
-                }
-                for key in chunk
-            ]
-            for row in connection.execute(statement, rows):
-                locked[_key_of(row)] = _Locked(row, size)
-        return locked
+            rows += pipe.connection.execute(
+                statement,
+                [
+                    {
+                        **key.as_dict(),
+                        "rho": 0.0,
+                        "residual": None,
+                        "gaussian_mu2": 0.0,
+                        "releases": 0,
+                        "open_reservations": added["add_open"],
+                        "pending_rho": added["add_rho"],
+                        "pending_residual": None,
+                        "pending_mu2": added["add_mu2"],
+                        "pending_others": added["add_others"],
+                        "updated_at": now,
+                    }
+                    for key in chunk
+                ],
+            ).all()
+        return statements.accounts_by_key(rows, keys, size), None
 
     def _lock_reservation(
         self, connection: Connection, reservation_id: str, key_count: int
-    ) -> tuple[list[LedgerKey], dict[LedgerKey, _Locked]]:
+    ) -> tuple[list[LedgerKey], dict[LedgerKey, statements.LockedAccount]]:
         """Lock every account a reservation holds, in key order, joined on the server side.
 
         One indexed join instead of key lists: a release over 10^5 subjects locks its
@@ -450,7 +482,7 @@ class PrivacyBudgetLedger:
             ReservationKey.window == Account.window,
         )
         rows = connection.execute(
-            select(Account)
+            select(*(getattr(Account, c.strip(' "')) for c in statements.ACCOUNT_ROW.split(",")))
             .join(ReservationKey, joined)
             .where(ReservationKey.reservation_id == reservation_id)
             .order_by(ReservationKey.position)
@@ -461,42 +493,36 @@ class PrivacyBudgetLedger:
                 f"reservation {reservation_id} holds {key_count} keys but only {len(rows)} "
                 "accounts exist"
             )
-        size = self._orders.size
         keys = [_key_of(row) for row in rows]
-        return keys, {key: _Locked(row, size) for key, row in zip(keys, rows, strict=True)}
+        return keys, statements.accounts_by_key(rows, keys, self._orders.size)
 
-    def _open_costs(
-        self, connection: Connection, keys: Sequence[LedgerKey]
-    ) -> dict[LedgerKey, Spend]:
-        """Summed cost of the open reservations on each of ``keys``.
+    def _add_pending_residual(
+        self,
+        pipe: pipeline.Pipeline,
+        keys: Sequence[LedgerKey],
+        locked: Mapping[LedgerKey, statements.LockedAccount],
+        residual: np.ndarray,
+    ) -> None:
+        """Add a reservation's residual curve to each locked account's pending spend.
 
-        Starts from the (few) open reservations, not from the keys' whole reservation
-        history, so a key with ten thousand past releases costs no more than a new one.
+        (Its rho and mu^2 went in with the lock.) One statement per distinct value.
         """
-        pending: dict[LedgerKey, Spend] = defaultdict(Spend)
-        size = self._orders.size
-        costs = {
-            row.id: Spend.from_columns(row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, size)
-            for row in connection.execute(
-                select(
-                    ReservationRow.id,
-                    ReservationRow.cost_rho,
-                    ReservationRow.cost_residual,
-                    ReservationRow.cost_gaussian_mu2,
-                ).where(ReservationRow.state == OPEN)
-            )
-        }
-        if not costs:
-            return pending
-        wanted = set(keys)
-        for chunk in _chunks(list(costs)):
-            for row in connection.execute(
-                select(ReservationKey).where(ReservationKey.reservation_id.in_(chunk))
-            ):
-                key = _key_of(row)
-                if key in wanted:
-                    pending[key] = pending[key].plus(costs[row.reservation_id])
-        return pending
+        groups: dict[tuple[Any, ...], tuple[str | None, list[int]]] = {}
+        for key in keys:
+            pending = locked[key].pending
+            group = groups.get(pending.signature)
+            if group is None:
+                added = pending.add(Spend(0.0, residual, 0.0))
+                group = groups[pending.signature] = (added.residual_json(), [])
+            group[1].append(locked[key].id)
+        for stored, ids in groups.values():
+            if pipe.postgresql:
+                pipe.send(statements.PG_SET_PENDING_RESIDUAL, {"residual": stored, "ids": ids})
+                continue
+            for chunk in _chunks(ids):
+                pipe.connection.execute(
+                    update(Account).where(Account.id.in_(chunk)).values(pending_residual=stored)
+                )
 
     # ------------------------------------------------------------------ epsilon
 
@@ -512,11 +538,7 @@ class PrivacyBudgetLedger:
             cache.clear()
         bounds = []
         for spend in spends:
-            signature = (
-                spend.rho,
-                None if spend.residual is None else spend.residual.tobytes(),
-                spend.gaussian_mu2,
-            )
+            signature = spend.signature
             if signature not in cache:
                 cache[signature] = spend.epsilon(self._orders, self._delta, self._conversion)
             bounds.append(cache[signature])
@@ -552,28 +574,21 @@ class PrivacyBudgetLedger:
         """
         ordered = self._keys(keys)
         mechanism, count, attempt_id, cost = self._release(mechanism, count, attempt)
-
-        def run(connection: Connection) -> Reservation:
-            existing = self._reservation_by_attempt(connection, attempt_id)
-            if existing is not None:
-                return self._same_reservation(existing, ordered, mechanism, count)
-            reservation, _ = self._reserve(connection, ordered, mechanism, count, attempt_id, cost)
-            return reservation
-
-        return self._once_per_attempt(run)
-
-    def _once_per_attempt(self, run: Callable[[Connection], _T]) -> _T:
-        """Run a reserving transaction; if a concurrent twin with the same attempt id won the
-        race (unique violation on attempt_id), run it once more: it then finds the twin's
-        reservation and answers idempotently instead of failing."""
-        for last in (False, True):
-            try:
-                with self._write() as connection:
-                    return run(connection)
-            except exc.IntegrityError as error:
-                if last or "attempt_id" not in str(error.orig):
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            with pipeline.write(self._engine) as pipe:
+                return self._reserve(pipe, ordered, mechanism, count, attempt_id, cost)
+        except (BudgetExhausted, pipeline.UniqueViolation) as error:
+            if isinstance(error, pipeline.UniqueViolation) and "attempt_id" not in str(error):
+                raise
+            # The attempt may hold a reservation already (a retried task, or a twin that
+            # won the race): answer with it instead of refusing or failing.
+            with self._read() as connection:
+                existing = self._reservation_by_attempt(connection, attempt_id)
+            if existing is None:
+                raise
+            with self._read() as connection:
+                existing_keys = self._reservation_keys(connection, existing.id)
+            return self._same_reservation(existing, existing_keys, ordered, mechanism, count)
 
     def _release(
         self, mechanism: Mechanism | Mapping[str, Any], count: int, attempt: str | None
@@ -581,12 +596,17 @@ class PrivacyBudgetLedger:
         """Validate a release's arguments (before any database work) and price it."""
         mechanism = self._mechanism(mechanism)
         count = check.positive_int("count", count)
-        return (
-            mechanism,
-            count,
-            self._attempt(attempt),
-            Spend.of_release(mechanism, count, self._orders),
-        )
+        return mechanism, count, self._attempt(attempt), self._cost(mechanism, count)
+
+    def _cost(self, mechanism: Mechanism, count: int) -> Spend:
+        """The cost of a release on the ledger's grid (kept: tasks repeat the same release)."""
+        signature = (history.canonical_json(mechanism.to_spec()), count)
+        cost = self._cost_cache.get(signature)
+        if cost is None:
+            if len(self._cost_cache) > _BOUND_CACHE_SIZE:
+                self._cost_cache.clear()
+            cost = self._cost_cache[signature] = Spend.of_release(mechanism, count, self._orders)
+        return cost
 
     @staticmethod
     def _attempt(attempt: str | None) -> str:
@@ -600,52 +620,95 @@ class PrivacyBudgetLedger:
 
     def _reserve(
         self,
-        connection: Connection,
+        pipe: pipeline.Pipeline,
         keys: list[LedgerKey],
         mechanism: Mechanism,
         count: int,
         attempt_id: str,
         cost: Spend,
-    ) -> tuple[Reservation, dict[LedgerKey, _Locked]]:
+    ) -> Reservation:
         now = _stamp(_now())
-        policies = self._policies(connection)  # before the locks: held as briefly as possible
-        locked = self._upsert_locked(connection, keys, 1, now)
-        busy = [key for key in keys if locked[key].open_reservations > 1]
-        pending = self._open_costs(connection, busy) if busy else {}
-        prospective = [
-            locked[key].spend.plus(pending[key]).plus(cost)
-            if key in pending
-            else locked[key].spend.plus(cost)
-            for key in keys
-        ]
-        bounds = self._bounds(prospective)
+        locked, policy_version = self._lock_accounts(pipe, keys, now, reserving=cost)
+        policies = self._policies_at(pipe, policy_version)
+        # The pending spend read back includes this cost but for its residual curve.
+        residual = Spend(0.0, cost.residual, 0.0)
+        # Accounts holding equal values share their Spend objects: convert each once.
+        bounds: dict[tuple[int, int], EpsilonBound] = {}
         worst = 0.0
-        for key, bound in zip(keys, bounds, strict=True):
+        for key in keys:
+            held = locked[key]
+            marker = (id(held.spend), id(held.pending))
+            bound = bounds.get(marker)
+            if bound is None:
+                total = held.spend.plus(held.pending.as_spend()).plus(residual)
+                bound = bounds[marker] = self._bounds([total])[0]
             cap = self._policy_for(policies, key).cap_epsilon
             if bound.epsilon > cap:
                 raise BudgetExhausted(key, bound.epsilon, cap)
             worst = max(worst, bound.epsilon)
+        if cost.residual is not None:
+            self._add_pending_residual(pipe, keys, locked, cost.residual)
         reservation_id = str(uuid.uuid4())
         digest = history.keys_digest(keys)
-        connection.execute(
-            insert(ReservationRow).values(
-                id=reservation_id,
-                attempt_id=attempt_id,
-                state=OPEN,
-                mechanism=history.canonical_json(mechanism.to_spec()),
-                count=count,
-                cost_rho=cost.rho,
-                cost_residual=cost.residual_json(),
-                cost_gaussian_mu2=cost.gaussian_mu2,
-                key_count=len(keys),
-                keys_digest=digest,
-                prospective_epsilon=worst,
-                actor=self.actor,
-                created_at=now,
-            )
+        spec = mechanism.to_spec()
+        pipe.send(
+            statements.INSERT_RESERVATION,
+            {
+                "id": reservation_id,
+                "attempt_id": attempt_id,
+                "state": OPEN,
+                "mechanism": history.canonical_json(spec),
+                "count": count,
+                "cost_rho": cost.rho,
+                "cost_residual": cost.residual_json(),
+                "cost_gaussian_mu2": cost.gaussian_mu2,
+                "key_count": len(keys),
+                "keys_digest": digest,
+                "prospective_epsilon": worst,
+                "actor": self.actor,
+                "created_at": now,
+            },
         )
+        self._insert_reservation_keys(pipe, reservation_id, keys)
+        pipe.append_history(
+            at=now,
+            action="reserve",
+            actor=self.actor,
+            reservation_id=reservation_id,
+            key=keys[0] if len(keys) == 1 else None,
+            payload={
+                "attempt_id": attempt_id,
+                "mechanism": spec,
+                "count": count,
+                "cost": cost.as_payload(),
+                "key_count": len(keys),
+                "keys_digest": digest,
+                "prospective_epsilon": worst,
+            },
+        )
+        return Reservation(
+            id=reservation_id,
+            attempt_id=attempt_id,
+            keys=tuple(keys),
+            mechanism=mechanism,
+            count=count,
+            state=OPEN,
+            prospective_epsilon=worst,
+            created_at=now,
+        )
+
+    @staticmethod
+    def _insert_reservation_keys(
+        pipe: pipeline.Pipeline, reservation_id: str, keys: Sequence[LedgerKey]
+    ) -> None:
+        if pipe.postgresql:
+            pipe.send(
+                statements.PG_RESERVATION_KEYS,
+                {"reservation_id": reservation_id, **statements.key_parts(keys)},
+            )
+            return
         for offset, chunk in enumerate(_chunks(keys)):
-            connection.execute(
+            pipe.connection.execute(
                 insert(ReservationKey),
                 [
                     {
@@ -656,34 +719,6 @@ class PrivacyBudgetLedger:
                     for i, k in enumerate(chunk)
                 ],
             )
-        history.append(
-            connection,
-            at=now,
-            action="reserve",
-            actor=self.actor,
-            reservation_id=reservation_id,
-            key=keys[0] if len(keys) == 1 else None,
-            payload={
-                "attempt_id": attempt_id,
-                "mechanism": mechanism.to_spec(),
-                "count": count,
-                "cost": cost.as_payload(),
-                "key_count": len(keys),
-                "keys_digest": digest,
-                "prospective_epsilon": worst,
-            },
-        )
-        reservation = Reservation(
-            id=reservation_id,
-            attempt_id=attempt_id,
-            keys=tuple(keys),
-            mechanism=mechanism,
-            count=count,
-            state=OPEN,
-            prospective_epsilon=worst,
-            created_at=now,
-        )
-        return reservation, locked
 
     def _reservation_by_attempt(self, connection: Connection, attempt_id: str) -> Any:
         return connection.execute(
@@ -691,7 +726,12 @@ class PrivacyBudgetLedger:
         ).one_or_none()
 
     def _same_reservation(
-        self, row: Any, keys: list[LedgerKey], mechanism: Mechanism, count: int
+        self,
+        row: Any,
+        stored_keys: list[LedgerKey],
+        keys: list[LedgerKey],
+        mechanism: Mechanism,
+        count: int,
     ) -> Reservation:
         if (
             row.keys_digest != history.keys_digest(keys)
@@ -701,7 +741,7 @@ class PrivacyBudgetLedger:
             raise ReservationStateError(
                 f"attempt {row.attempt_id!r} already reserved a different release"
             )
-        return self._reservation_from_row(row, tuple(keys))
+        return self._reservation_from_row(row, tuple(stored_keys))
 
     def _reservation_from_row(self, row: Any, keys: tuple[LedgerKey, ...]) -> Reservation:
         return Reservation(
@@ -731,30 +771,20 @@ class PrivacyBudgetLedger:
         state: str,
         action: str,
         extra: dict[str, Any] | None = None,
-        locked: tuple[list[LedgerKey], dict[LedgerKey, _Locked]] | None = None,
     ) -> list[SpendReceipt]:
-        """Turn an open reservation into committed spend on each of its keys.
-
-        ``locked`` passes accounts the transaction already holds (a one-step spend);
-        otherwise they are locked here through the reservation's keys.
-        """
+        """Turn an open reservation into committed spend on each of its keys (general path)."""
         now = _stamp(_now())
-        size = self._orders.size
-        cost = Spend.from_columns(row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, size)
-        policies = self._policies(connection)  # before the locks: held as briefly as possible
-        keys, accounts = locked or self._lock_reservation(connection, row.id, row.key_count)
-        after = self._add_spend(
-            connection, keys, accounts, cost, row.count, now, closes_reservation=True
+        cost = Spend.from_columns(
+            row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, self._orders.size
         )
+        policies = self._policies(connection)  # before the locks: held as briefly as possible
+        keys, accounts = self._lock_reservation(connection, row.id, row.key_count)
+        after = self._close_reservation(connection, keys, accounts, cost, now, charge=row.count)
         connection.execute(
             update(ReservationRow)
             .where(ReservationRow.id == row.id)
             .values(state=state, resolved_at=now)
         )
-        receipts = [
-            self._receipt(key, bound, self._policy_for(policies, key))
-            for key, bound in zip(keys, self._bounds(after), strict=True)
-        ]
         history.append(
             connection,
             at=now,
@@ -762,50 +792,155 @@ class PrivacyBudgetLedger:
             actor=self.actor,
             reservation_id=row.id,
             key=keys[0] if len(keys) == 1 else None,
-            payload={
-                "attempt_id": row.attempt_id,
-                "cost": cost.as_payload(),
-                "count": row.count,
-                "key_count": len(keys),
-                "keys_digest": row.keys_digest,
-                **(extra or {}),
-            },
+            payload=self._charge_payload(
+                row.attempt_id, cost, row.count, len(keys), row.keys_digest, extra
+            ),
         )
-        return receipts
+        return self._receipts_of(keys, after, policies)
 
-    def _add_spend(
+    @staticmethod
+    def _charge_payload(
+        attempt_id: str,
+        cost: Spend,
+        count: int,
+        key_count: int,
+        keys_digest: str,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The history payload of a commit or reap (both paths write the same)."""
+        return {
+            "attempt_id": attempt_id,
+            "cost": cost.as_payload(),
+            "count": count,
+            "key_count": key_count,
+            "keys_digest": keys_digest,
+            **(extra or {}),
+        }
+
+    def _receipts_of(
+        self,
+        keys: Sequence[LedgerKey],
+        spends: Sequence[Spend],
+        policies: Mapping[tuple[str, str], Policy],
+    ) -> list[SpendReceipt]:
+        return [
+            self._receipt(key, bound, self._policy_for(policies, key))
+            for key, bound in zip(keys, self._bounds(spends), strict=True)
+        ]
+
+    def _server_commit(self, reservation: Reservation) -> list[SpendReceipt] | None:
+        """Commit in one call to the server's ``dp_commit`` (PostgreSQL, no residual cost).
+
+        The function re-checks that the stored reservation is open and is exactly the one
+        described (attempt, count, keys digest, cost); anything else returns None and the
+        general path decides. The account row locks live for one server-side call only.
+        """
+        cost = self._cost(reservation.mechanism, reservation.count)
+        if cost.residual is not None:
+            return None
+        keys = reservation.keys
+        digest = history.keys_digest(keys)
+        entry = history.entry_columns(
+            at=_stamp(_now()),
+            action="commit",
+            actor=self.actor,
+            reservation_id=reservation.id,
+            key=keys[0] if len(keys) == 1 else None,
+            payload=self._charge_payload(
+                reservation.attempt_id, cost, reservation.count, len(keys), digest
+            ),
+        )
+        params = {
+            **entry,
+            "state": COMMITTED,
+            "attempt_id": reservation.attempt_id,
+            "count": reservation.count,
+            "keys_digest": digest,
+            "cost_rho": cost.rho,
+            "cost_mu2": cost.gaussian_mu2,
+        }
+        with pipeline.write(self._engine) as pipe:
+            rows = pipe.query_alone(statements.SERVER_COMMIT, params)
+            if rows[0][0] == "missing":
+                raise ReservationStateError(f"no reservation {reservation.id!r} in this ledger")
+            if rows[0][0] != "charged":
+                return None
+            policies = self._policies_at(pipe, rows[0][8])
+        # Rows come in any order: (outcome, tenant, subject, query_type, window, rho,
+        # residual, gaussian_mu2, policy_version); equal stored values load once.
+        loaded: dict[tuple[Any, ...], Spend] = {}
+        spends = {}
+        for row in rows:
+            stored = tuple(row[5:8])
+            if stored not in loaded:
+                loaded[stored] = Spend.from_columns(*stored, self._orders.size)
+            spends[tuple(row[1:5])] = loaded[stored]
+        return self._receipts_of(
+            keys, [spends[statements.key_tuple(key)] for key in keys], policies
+        )
+
+    def _close_reservation(
         self,
         connection: Connection,
         keys: list[LedgerKey],
-        locked: Mapping[LedgerKey, _Locked],
+        locked: Mapping[LedgerKey, statements.LockedAccount],
         cost: Spend,
-        count: int,
         now: str,
         *,
-        closes_reservation: bool,
+        charge: int | None,
     ) -> list[Spend]:
-        """Add ``cost`` to every locked account; returns the new spends in key order."""
-        after = [locked[key].spend.plus(cost) for key in keys]
-        close = 1 if closes_reservation else 0
+        """Close one open reservation of ``cost`` on every locked account.
+
+        The cost leaves the accounts' pending spend (exactly zero once nothing is open);
+        with ``charge`` (its release count) it is added to their committed spend, as a
+        commit or reap does, while a release adds nothing. Returns the committed spends
+        in key order.
+        """
+        after = [locked[key].spend.plus(cost) if charge else locked[key].spend for key in keys]
         if cost.residual is None:
-            mu2 = None if cost.gaussian_mu2 is None else Account.gaussian_mu2 + cost.gaussian_mu2
-            ids = [locked[key].id for key in keys]
-            for chunk in _chunks(ids):
+            last = Account.open_reservations <= 1
+            values: dict[str, Any] = {
+                "open_reservations": Account.open_reservations - 1,
+                "pending_rho": case(
+                    (last, 0.0),
+                    (Account.pending_rho - cost.rho < 0, 0.0),
+                    else_=Account.pending_rho - cost.rho,
+                ),
+                "pending_mu2": case((last, 0.0), else_=Account.pending_mu2)
+                if cost.gaussian_mu2 is None
+                else case(
+                    (last, 0.0),
+                    (Account.pending_mu2 - cost.gaussian_mu2 < 0, 0.0),
+                    else_=Account.pending_mu2 - cost.gaussian_mu2,
+                ),
+                "pending_others": case((last, 0), else_=Account.pending_others)
+                if cost.gaussian_mu2 is not None
+                else case(
+                    (last, 0),
+                    (Account.pending_others < 1, 0),
+                    else_=Account.pending_others - 1,
+                ),
+                "pending_residual": case((last, None), else_=Account.pending_residual),
+                "updated_at": now,
+            }
+            if charge:
+                values["rho"] = Account.rho + cost.rho
+                values["gaussian_mu2"] = (
+                    None if cost.gaussian_mu2 is None else Account.gaussian_mu2 + cost.gaussian_mu2
+                )
+                values["releases"] = Account.releases + charge
+            for chunk in _chunks([locked[key].id for key in keys]):
                 connection.execute(
                     update(Account)
                     .where(Account.id.in_(chunk))
-                    .values(
-                        rho=Account.rho + cost.rho,
-                        gaussian_mu2=mu2,
-                        releases=Account.releases + count,
-                        open_reservations=Account.open_reservations - close,
-                        updated_at=now,
-                    )
+                    .values(**values)
                     .execution_options(synchronize_session=False)
                 )
-        else:
-            for key, spend in zip(keys, after, strict=True):
-                self._store_spend(connection, locked[key].id, spend, count, close, now)
+            return after
+        for key, spend in zip(keys, after, strict=True):
+            held = locked[key]
+            pending = Pending() if held.open_reservations <= 1 else held.pending.remove(cost)
+            self._store_spend(connection, held.id, spend, charge or 0, now, pending=pending)
         return after
 
     @staticmethod
@@ -814,22 +949,29 @@ class PrivacyBudgetLedger:
         account_id: int,
         spend: Spend,
         releases_added: int,
-        reservations_closed: int,
         now: str,
+        *,
+        pending: Pending | None = None,
     ) -> None:
-        """Write one locked account's new spend (its full curve, not an increment)."""
-        connection.execute(
-            update(Account)
-            .where(Account.id == account_id)
-            .values(
-                rho=spend.rho,
-                residual=spend.residual_json(),
-                gaussian_mu2=spend.gaussian_mu2,
-                releases=Account.releases + releases_added,
-                open_reservations=Account.open_reservations - reservations_closed,
-                updated_at=now,
-            )
-        )
+        """Write one locked account's new spend (its full curve, not an increment).
+
+        With ``pending``, one of its open reservations closes: the count drops and the
+        pending spend becomes ``pending``.
+        """
+        values: dict[str, Any] = {
+            "rho": spend.rho,
+            "residual": spend.residual_json(),
+            "gaussian_mu2": spend.gaussian_mu2,
+            "releases": Account.releases + releases_added,
+            "updated_at": now,
+        }
+        if pending is not None:
+            values["open_reservations"] = Account.open_reservations - 1
+            values["pending_rho"] = pending.rho
+            values["pending_residual"] = pending.residual_json()
+            values["pending_mu2"] = pending.mu2
+            values["pending_others"] = pending.others
+        connection.execute(update(Account).where(Account.id == account_id).values(**values))
 
     def _open_row(self, connection: Connection, reservation: Reservation | str) -> Any:
         reservation_id = reservation.id if isinstance(reservation, Reservation) else reservation
@@ -842,6 +984,10 @@ class PrivacyBudgetLedger:
 
     def commit(self, reservation: Reservation | str) -> list[SpendReceipt]:
         """Charge a reservation (the release happened); a second commit charges nothing."""
+        if isinstance(reservation, Reservation) and self._engine.dialect.name == "postgresql":
+            receipts = self._server_commit(reservation)
+            if receipts is not None:
+                return receipts
         with self._write() as connection:
             row = self._open_row(connection, reservation)
             if row.state in (COMMITTED, REAPED):
@@ -864,12 +1010,10 @@ class PrivacyBudgetLedger:
                 )
             keys, locked = self._lock_reservation(connection, row.id, row.key_count)
             now = _stamp(_now())
-            for chunk in _chunks([locked[key].id for key in keys]):
-                connection.execute(
-                    update(Account)
-                    .where(Account.id.in_(chunk))
-                    .values(open_reservations=Account.open_reservations - 1, updated_at=now)
-                )
+            cost = Spend.from_columns(
+                row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, self._orders.size
+            )
+            self._close_reservation(connection, keys, locked, cost, now, charge=None)
             connection.execute(
                 update(ReservationRow)
                 .where(ReservationRow.id == row.id)
@@ -927,24 +1071,8 @@ class PrivacyBudgetLedger:
         count: int = 1,
         attempt: str | None = None,
     ) -> SpendReceipt:
-        """Reserve and commit one release on one key in a single transaction."""
-        keys = self._one_key(key)
-        mechanism, count, attempt_id, cost = self._release(mechanism, count, attempt)
-
-        def run(connection: Connection) -> SpendReceipt:
-            existing = self._reservation_by_attempt(connection, attempt_id)
-            if existing is not None:
-                self._same_reservation(existing, keys, mechanism, count)
-                return self._receipts(connection, keys)[0]
-            reservation, locked = self._reserve(
-                connection, keys, mechanism, count, attempt_id, cost
-            )
-            row = self._open_row(connection, reservation)
-            return self._charge(
-                connection, row, state=COMMITTED, action="commit", locked=(keys, locked)
-            )[0]
-
-        return self._once_per_attempt(run)
+        """Reserve and commit one release on one key (what a task does, in one call)."""
+        return self.commit(self.reserve(self._one_key(key), mechanism, count, attempt))[0]
 
     def would_exceed(
         self, key: LedgerKey, mechanism: Mechanism | Mapping[str, Any], count: int = 1
@@ -956,8 +1084,7 @@ class PrivacyBudgetLedger:
         """An accountant holding ``key``'s committed and reserved spend (for noise planning)."""
         keys = self._keys(key)
         with self._read() as connection:
-            state = self._spends(connection, keys)[keys[0]]
-            pending = self._open_costs(connection, keys).get(keys[0], Spend())
+            state, pending = self._held(connection, keys)[keys[0]]
         return state.plus(pending).to_accountant(self._orders)
 
     def prospective_epsilon(
@@ -965,37 +1092,32 @@ class PrivacyBudgetLedger:
     ) -> float:
         """The eps ``key`` would reach with this release on top of committed and reserved spend."""
         keys = self._keys(key)
-        cost = Spend.of_release(
-            self._mechanism(mechanism), check.positive_int("count", count), self._orders
-        )
+        cost = self._cost(self._mechanism(mechanism), check.positive_int("count", count))
         with self._read() as connection:
-            state = self._spends(connection, keys)[keys[0]]
-            pending = self._open_costs(connection, keys).get(keys[0], Spend())
+            state, pending = self._held(connection, keys)[keys[0]]
         return self._bounds([state.plus(pending).plus(cost)])[0].epsilon
 
     # ------------------------------------------------------------------ reading
 
-    def _spends(self, connection: Connection, keys: Sequence[LedgerKey]) -> dict[LedgerKey, Spend]:
-        found: dict[LedgerKey, Spend] = defaultdict(Spend)
-        size = self._orders.size
+    def _held(
+        self, connection: Connection, keys: Sequence[LedgerKey]
+    ) -> dict[LedgerKey, tuple[Spend, Spend]]:
+        """(committed, pending) spend of each key; nothing for an untouched key."""
+        found: dict[LedgerKey, tuple[Spend, Spend]] = defaultdict(lambda: (Spend(), Spend()))
+        columns = [getattr(Account, c.strip(' "')) for c in statements.ACCOUNT_ROW.split(",")]
         for chunk in _chunks(keys):
             rows = connection.execute(
-                select(Account).where(tuple_(*_KEY_COLUMNS).in_([_key_tuple(k) for k in chunk]))
-            )
-            for row in rows:
-                found[_key_of(row)] = Spend.from_columns(
-                    row.rho, row.residual, row.gaussian_mu2, size
+                select(*columns).where(
+                    tuple_(*_KEY_COLUMNS).in_([statements.key_tuple(k) for k in chunk])
                 )
+            )
+            for key, held in statements.accounts_by_key(rows, chunk, self._orders.size).items():
+                found[key] = (held.spend, held.pending.as_spend())
         return found
 
     def _receipts(self, connection: Connection, keys: list[LedgerKey]) -> list[SpendReceipt]:
-        spends = self._spends(connection, keys)
-        policies = self._policies(connection)
-        bounds = self._bounds([spends[key] for key in keys])
-        return [
-            self._receipt(key, bound, self._policy_for(policies, key))
-            for key, bound in zip(keys, bounds, strict=True)
-        ]
+        held = self._held(connection, keys)
+        return self._receipts_of(keys, [held[key][0] for key in keys], self._policies(connection))
 
     def epsilon_of(self, key: LedgerKey) -> float:
         """Committed cumulative eps of ``key`` at the ledger's delta (0 if untouched)."""
@@ -1145,23 +1267,23 @@ class PrivacyBudgetLedger:
         if (old.tenant, old.window) != (new.tenant, new.window):
             raise ValueError("rescope keeps tenant and window; only subject/query type may change")
         now = _stamp(_now())
-        with self._write() as connection:
-            locked = self._upsert_locked(connection, sorted([old, new]), 0, now)
+        with pipeline.write(self._engine) as pipe:
+            locked, _ = self._lock_accounts(pipe, sorted([old, new]), now)
             if locked[old].open_reservations:
                 raise LedgerError(f"{old} has open reservations; commit or reap them first")
             carried = locked[old].spend
             merged = locked[new].spend.plus(carried)
-            self._store_spend(connection, locked[new].id, merged, locked[old].releases, 0, now)
+            connection = pipe.core()
+            self._store_spend(connection, locked[new].id, merged, locked[old].releases, now)
             connection.execute(delete(Account).where(Account.id == locked[old].id))
-            history.append(
-                connection,
+            pipe.append_history(
                 at=now,
                 action="rescope",
                 actor=self.actor,
                 key=new,
                 payload={"from": old.as_dict(), "carried": carried.as_payload(), "reason": reason},
             )
-            return self._receipts(connection, [new])[0]
+            return self._receipts_of([new], [merged], self._policies(connection))[0]
 
     def correct(
         self,
@@ -1180,13 +1302,14 @@ class PrivacyBudgetLedger:
         count = check.positive_int("count", count)
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError("a correction needs a reason")
-        cost = Spend.of_release(mechanism, count, self._orders)
+        cost = self._cost(mechanism, count)
         now = _stamp(_now())
-        with self._write() as connection:
-            locked = self._upsert_locked(connection, keys, 0, now)
-            self._add_spend(connection, keys, locked, cost, count, now, closes_reservation=False)
-            history.append(
-                connection,
+        with pipeline.write(self._engine) as pipe:
+            held = self._lock_accounts(pipe, keys, now)[0][keys[0]]
+            after = held.spend.plus(cost)
+            connection = pipe.core()
+            self._store_spend(connection, held.id, after, count, now)
+            pipe.append_history(
                 at=now,
                 action="correction",
                 actor=self.actor,
@@ -1198,7 +1321,7 @@ class PrivacyBudgetLedger:
                     "reason": reason,
                 },
             )
-            return self._receipts(connection, keys)[0]
+            return self._receipts_of(keys, [after], self._policies(connection))[0]
 
     # ------------------------------------------------------------------ audit
 

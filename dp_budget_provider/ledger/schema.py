@@ -4,12 +4,15 @@ Design notes:
 * An account's committed spend is ``rho`` (the zCDP-linear part of its RDP curve),
   ``residual`` (the rest, JSON, NULL while zero) and ``gaussian_mu2`` (sum 1/z^2 while
   every release was Gaussian, NULL after), exactly :class:`AccountantState`.
-* ``open_reservations`` counts the reservations in flight, so the prospective check only
-  looks up reservation costs for accounts that have any.
+* ``open_reservations`` counts the reservations in flight and ``pending_*`` sums their
+  cost (:class:`~dp_budget_provider.ledger.spend.Pending`), both kept under the account's
+  row lock, so the prospective check reads everything it needs from the one locked row.
 * Reservations list their keys in ``dp_reservation_keys`` by value, not by account id:
   accounts are dropped when their window is reset, the audit trail is not.
 * ``dp_history`` is append-only and hash-chained; ``dp_chain_head`` holds the last link
-  and is the row every writer locks last, so appends are serialised and gap-free.
+  and is the row every writer locks last, so appends are serialised and gap-free. On
+  PostgreSQL the server-side function ``dp_append`` (migration 0002) makes the link, so
+  that lock is held for microseconds, never across a client round trip.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class LedgerConfig(Base):
     orders: Mapped[str] = mapped_column(Text)
     conversion: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[str] = mapped_column(String(40))
+    policy_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class PolicyRow(Base):
@@ -73,6 +77,10 @@ class Account(Base):
     gaussian_mu2: Mapped[float | None] = mapped_column(Float(53), nullable=True)
     releases: Mapped[int] = mapped_column(Integer, default=0)
     open_reservations: Mapped[int] = mapped_column(Integer, default=0)
+    pending_rho: Mapped[float] = mapped_column(Float(53), default=0.0, server_default="0")
+    pending_residual: Mapped[str | None] = mapped_column(Text, nullable=True)
+    pending_mu2: Mapped[float] = mapped_column(Float(53), default=0.0, server_default="0")
+    pending_others: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     updated_at: Mapped[str] = mapped_column(String(40))
 
 

@@ -82,6 +82,15 @@ class Spend:
             )
         )
 
+    @property
+    def signature(self) -> tuple[Any, ...]:
+        """A hashable value equal for equal spends (to convert each distinct spend once)."""
+        return (
+            self.rho,
+            None if self.residual is None else self.residual.tobytes(),
+            self.gaussian_mu2,
+        )
+
     def residual_json(self) -> str | None:
         """The residual as stored (NULL while zero)."""
         return None if self.residual is None else json.dumps(self.residual.tolist())
@@ -137,4 +146,72 @@ class Spend:
             math.isclose(self.rho, other.rho, rel_tol=rel, abs_tol=1e-15)
             and same_mu
             and bool(np.allclose(a, b, rtol=rel, atol=1e-15))
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class Pending:
+    """The summed cost of an account's open reservations, as the account row stores it.
+
+    Unlike a :class:`Spend`, the Gaussian part is kept as the mu^2 sum over the open
+    Gaussian-only reservations plus a count of the others: when the last non-Gaussian
+    reservation closes, the exact Gaussian bound is available again (a Spend's None could
+    never come back). Closing subtracts, clamped at zero; callers reset to ``Pending()``
+    when the account's last open reservation closes, so rounding never outlives a burst.
+    The server-side ``dp_commit`` (migration 0002) does the same arithmetic.
+    """
+
+    rho: float = 0.0
+    residual: np.ndarray | None = None
+    mu2: float = 0.0
+    others: int = 0
+
+    def as_spend(self) -> Spend:
+        """What the open reservations add to the prospective check."""
+        return Spend(self.rho, self.residual, None if self.others else self.mu2)
+
+    def add(self, cost: Spend) -> Pending:
+        """One more open reservation of ``cost``."""
+        residual = Spend(0.0, self.residual).plus(Spend(0.0, cost.residual)).residual
+        if cost.gaussian_mu2 is None:
+            return Pending(self.rho + cost.rho, residual, self.mu2, self.others + 1)
+        return Pending(self.rho + cost.rho, residual, self.mu2 + cost.gaussian_mu2, self.others)
+
+    def remove(self, cost: Spend) -> Pending:
+        """One open reservation of ``cost`` closes (while others stay open)."""
+        residual = self.residual
+        if cost.residual is not None:
+            base = np.zeros_like(cost.residual) if residual is None else residual
+            residual = np.maximum(0.0, base - cost.residual)
+        rho = max(0.0, self.rho - cost.rho)
+        if cost.gaussian_mu2 is None:
+            return Pending(rho, residual, self.mu2, max(0, self.others - 1))
+        return Pending(rho, residual, max(0.0, self.mu2 - cost.gaussian_mu2), self.others)
+
+    @property
+    def signature(self) -> tuple[Any, ...]:
+        """A hashable value equal for equal pending sums."""
+        residual = None if self.residual is None else self.residual.tobytes()
+        return (self.rho, residual, self.mu2, self.others)
+
+    def residual_json(self) -> str | None:
+        """The residual as stored (NULL while zero)."""
+        return None if self.residual is None else json.dumps(self.residual.tolist())
+
+    @classmethod
+    def from_columns(
+        cls, rho: float, residual: str | None, mu2: float, others: int, size: int
+    ) -> Pending:
+        """Load stored values, refusing anything corrupt (fail closed)."""
+        if mu2 is None:
+            raise LedgerCorrupt("stored pending mu^2 is NULL")
+        loaded = Spend.from_columns(rho, residual, mu2, size)
+        if not isinstance(others, int) or others < 0:
+            raise LedgerCorrupt(f"stored pending count is corrupt: {others!r}")
+        return cls(loaded.rho, loaded.residual, loaded.gaussian_mu2 or 0.0, others)
+
+    def close_to(self, other: Pending, rel: float = 1e-9) -> bool:
+        """Equal up to floating-point reassociation, with the same count of others."""
+        return self.others == other.others and Spend(self.rho, self.residual, self.mu2).close_to(
+            Spend(other.rho, other.residual, other.mu2), rel
         )

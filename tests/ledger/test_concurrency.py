@@ -682,10 +682,14 @@ def test_backend_terminated_while_waiting_for_the_chain_head(postgres_url, op):
         expect_ready(results, process)
         with pg_session(postgres_url) as session, session.cursor() as cursor:
             pid = wait_for_backend(session, database, "wait_event_type = 'Lock'")
+            # It is the chain head it waits for (the tuple lock it queues on), i.e. at the
+            # very end of its transaction, inside the server-side append.
             cursor.execute(
-                "SELECT query FROM pg_stat_activity WHERE pid = %s", (pid,)
-            )  # it is the chain head it waits for, i.e. at the very end of its transaction
-            assert "dp_chain_head" in cursor.fetchone()[0]
+                "SELECT relation::regclass::text FROM pg_locks "
+                "WHERE pid = %s AND locktype = 'tuple'",
+                (pid,),
+            )
+            assert [row[0] for row in cursor.fetchall()] == ["dp_chain_head"]
             cursor.execute("SELECT pg_terminate_backend(%s)", (pid,))
             report = results.get(timeout=60)
         locker.rollback()

@@ -1,0 +1,163 @@
+"""Write transactions in as few round trips as the database allows.
+
+A release's reservation needs the locked accounts back before it can decide, and then
+only writes. On PostgreSQL the lock-and-read statement carries its ``BEGIN`` and every
+later write is queued and sent with the ``COMMIT`` in one round trip, so row locks are
+held for one client computation and one round trip, not for a dozen statements.
+SQLite serialises writers anyway (``BEGIN IMMEDIATE``) and runs in-process, so there a
+pipeline simply executes each statement at once.
+
+Statements are written for psycopg2 (``%(name)s`` parameters); SQLite gets them with
+``:name``. A failure rolls back everything and surfaces like any ledger transaction:
+:class:`LedgerUnavailable` for a lost or unreachable database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from sqlalchemy import Connection, Engine, exc
+
+from dp_budget_provider.ledger import database, history
+from dp_budget_provider.ledger.errors import LedgerCorrupt, LedgerError, LedgerUnavailable
+
+_PYFORMAT = re.compile(r"%\((\w+)\)s")
+
+
+class UniqueViolation(LedgerError):
+    """A write hit a unique constraint (e.g. a twin reserved the same attempt first)."""
+
+
+class Pipeline:
+    """One write transaction: ``query`` runs now, ``send`` may be deferred to the commit."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self.postgresql = connection.dialect.name == "postgresql"
+        self._cursor: Any = None
+        self._queued: list[bytes] = []
+        self._begun = False
+
+    def _pg_cursor(self) -> Any:
+        if self._cursor is None:
+            self._cursor = self.connection.connection.dbapi_connection.cursor()
+        return self._cursor
+
+    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Any]:
+        """Run ``sql`` now (inside the transaction) and return its rows."""
+        if not self.postgresql:
+            return list(self.connection.exec_driver_sql(_named(sql), dict(params or {})))
+        cursor = self._pg_cursor()
+        statement = cursor.mogrify(sql, params)
+        if not self._begun:
+            statement = b"BEGIN; " + statement
+            self._begun = True
+        cursor.execute(statement)
+        return cursor.fetchall() if cursor.description else []
+
+    def query_alone(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Any]:
+        """Run one statement as a transaction of its own (a server-side function call)."""
+        if self._begun or self._queued:
+            raise RuntimeError("query_alone cannot join a transaction already under way")
+        if not self.postgresql:
+            return self.query(sql, params)
+        cursor = self._pg_cursor()
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+    def read(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Any]:
+        """A read: inside the transaction once it is under way, else as one of its own."""
+        if self._begun or self._queued:
+            return self.query(sql, params)
+        return self.query_alone(sql, params)
+
+    def core(self) -> Connection:
+        """The connection, inside the transaction, for SQLAlchemy Core statements."""
+        if self.postgresql and not self._begun:
+            self._pg_cursor().execute("BEGIN")
+            self._begun = True
+        return self.connection
+
+    def send(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
+        """A write whose result nobody needs: queued until the commit on PostgreSQL."""
+        if not self.postgresql:
+            self.connection.exec_driver_sql(_named(sql), dict(params or {}))
+            return
+        self._queued.append(self._pg_cursor().mogrify(sql, params))
+
+    def append_history(self, **entry: Any) -> None:
+        """Append a history entry last in the transaction (see :mod:`history`)."""
+        if self.postgresql:
+            self.send(history.SERVER_APPEND, history.entry_columns(**entry))
+        else:
+            history.append(self.connection, **entry)
+
+    def _commit(self) -> None:
+        if not self.postgresql or not (self._begun or self._queued):
+            return
+        statements = ([] if self._begun else [b"BEGIN"]) + self._queued + [b"COMMIT"]
+        self._pg_cursor().execute(b";\n".join(statements))
+        self._queued.clear()
+        self._begun = False
+
+    def _rollback(self) -> None:
+        if self.postgresql and self._begun:
+            with contextlib.suppress(Exception):
+                self._pg_cursor().execute("ROLLBACK")
+            self._begun = False
+
+
+def _named(sql: str) -> str:
+    return _PYFORMAT.sub(r":\1", sql)
+
+
+@contextlib.contextmanager
+def write(engine: Engine) -> Iterator[Pipeline]:
+    """A pipelined write transaction; rolled back (nothing written) if the block raises."""
+    if engine.dialect.name != "postgresql":
+        try:
+            with database.transaction(engine, write=True) as connection:
+                yield Pipeline(connection)
+        except exc.IntegrityError as error:
+            raise UniqueViolation(str(error.orig)) from error
+        return
+    import psycopg2
+
+    try:
+        with engine.connect() as connection:
+            # psycopg2's own flag (no server round trip, unlike an isolation-level change
+            # through SQLAlchemy, which resets it with a SET on every check-in); put back
+            # before the connection returns to the pool.
+            dbapi_connection = connection.connection.dbapi_connection
+            dbapi_connection.autocommit = True
+            pipeline = Pipeline(connection)
+            try:
+                yield pipeline
+                pipeline._commit()
+            except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                connection.invalidate()  # a broken connection must not go back to the pool
+                raise
+            except BaseException:
+                pipeline._rollback()
+                raise
+            finally:
+                if pipeline._cursor is not None:
+                    with contextlib.suppress(Exception):
+                        pipeline._cursor.close()
+                if not connection.invalidated:
+                    dbapi_connection.autocommit = False
+    except psycopg2.errors.UniqueViolation as error:
+        raise UniqueViolation(str(error)) from error
+    except psycopg2.errors.DataCorrupted as error:
+        raise LedgerCorrupt(str(error).strip()) from error
+    except (psycopg2.OperationalError, psycopg2.InterfaceError) as error:
+        raise LedgerUnavailable(
+            f"ledger database {database.safe_url(engine)} failed: {error}"
+        ) from error
+    except (exc.OperationalError, exc.InterfaceError) as error:
+        raise LedgerUnavailable(
+            f"ledger database {database.safe_url(engine)} failed: {error.orig or error}"
+        ) from error

@@ -1,0 +1,137 @@
+"""The write path's hand-written SQL, and the helpers that read its rows back.
+
+The ledger's hot statements are plain SQL rather than SQLAlchemy constructs: they are
+sent many times per second (building and compiling a construct each time cost more
+than the database work), and on PostgreSQL several of them travel in one round trip
+(see :mod:`pipeline`). Parameters are psycopg2's ``%(name)s``. Rows are read by
+position in the order of :data:`ACCOUNT_ROW`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from dp_budget_provider.ledger.keys import LedgerKey
+from dp_budget_provider.ledger.spend import Pending, Spend
+
+
+def key_tuple(key: LedgerKey) -> tuple[str, str, str, str]:
+    return key.tenant, key.subject, key.query_type, key.window
+
+
+class LockedAccount:
+    """An account row held under lock for the rest of the transaction."""
+
+    __slots__ = ("id", "spend", "pending", "open_reservations", "releases")
+
+    def __init__(
+        self, account_id: int, spend: Spend, pending: Pending, open_reservations: int, releases: int
+    ) -> None:
+        self.id = account_id
+        self.spend = spend  # committed
+        self.pending = pending  # summed cost of the open reservations
+        self.open_reservations = open_reservations
+        self.releases = releases
+
+
+# Column order of every account row the write paths read (raw rows are read by position).
+ACCOUNT_ROW = (
+    'id, tenant, subject, query_type, "window", rho, residual, gaussian_mu2, '
+    "open_reservations, releases, pending_rho, pending_residual, pending_mu2, pending_others"
+)
+
+# PostgreSQL: create missing accounts and lock all of them, in the order given (key
+# order), in one statement however many keys a release touches.
+PG_UPSERT = f"""
+INSERT INTO dp_accounts AS a (tenant, subject, query_type, "window", rho, residual,
+    gaussian_mu2, releases, open_reservations, pending_rho, pending_residual, pending_mu2,
+    pending_others, updated_at)
+SELECT t, s, q, w, 0, NULL, 0, 0, %(add_open)s, %(add_rho)s, NULL, %(add_mu2)s,
+    %(add_others)s, %(now)s
+FROM unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(subjects)s, E'\n'),
+            string_to_array(%(query_types)s, E'\n'), string_to_array(%(windows)s, E'\n'))
+     WITH ORDINALITY AS u(t, s, q, w, n)
+ORDER BY n
+ON CONFLICT (tenant, subject, query_type, "window") DO UPDATE
+SET open_reservations = a.open_reservations + %(add_open)s,
+    pending_rho = a.pending_rho + %(add_rho)s, pending_mu2 = a.pending_mu2 + %(add_mu2)s,
+    pending_others = a.pending_others + %(add_others)s, updated_at = excluded.updated_at
+RETURNING {", ".join("a." + c.strip() for c in ACCOUNT_ROW.split(","))},
+    (SELECT c.policy_version FROM dp_ledger_config c WHERE c.id = 1)
+"""
+
+PG_RESERVATION_KEYS = """
+INSERT INTO dp_reservation_keys (reservation_id, position, tenant, subject, query_type, "window")
+SELECT %(reservation_id)s, n - 1, t, s, q, w
+FROM unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(subjects)s, E'\n'),
+            string_to_array(%(query_types)s, E'\n'), string_to_array(%(windows)s, E'\n'))
+     WITH ORDINALITY AS u(t, s, q, w, n)
+"""
+
+PG_SET_PENDING_RESIDUAL = """
+UPDATE dp_accounts SET pending_residual = %(residual)s WHERE id = ANY(%(ids)s)
+"""
+
+INSERT_RESERVATION = """
+INSERT INTO dp_reservations (id, attempt_id, state, mechanism, count, cost_rho, cost_residual,
+    cost_gaussian_mu2, key_count, keys_digest, prospective_epsilon, actor, created_at)
+VALUES (%(id)s, %(attempt_id)s, %(state)s, %(mechanism)s, %(count)s, %(cost_rho)s,
+    %(cost_residual)s, %(cost_gaussian_mu2)s, %(key_count)s, %(keys_digest)s,
+    %(prospective_epsilon)s, %(actor)s, %(created_at)s)
+"""
+
+POLICY_ROWS = (
+    "SELECT tenant, query_type, cap_epsilon, warn_fraction, calendar, calendar_length_seconds, "
+    "min_window_seconds, compliance_clause FROM dp_policies"
+)
+
+SERVER_COMMIT = """
+SELECT * FROM dp_commit(%(reservation_id)s, %(state)s, %(action)s, %(at)s, %(actor)s,
+    %(attempt_id)s, %(count)s, %(keys_digest)s, %(cost_rho)s, %(cost_mu2)s, %(tenant)s,
+    %(subject)s, %(query_type)s, %(window)s, %(payload)s, %(link_prefix)s)
+"""
+
+
+def key_parts(keys: Sequence[LedgerKey]) -> dict[str, str]:
+    """The keys as four newline-separated texts, split on the server (``_PG_SPLIT``).
+
+    Four strings instead of four arrays of 10^5 quoted elements: canonical key parts
+    cannot hold a newline (control characters are refused), which is checked here too.
+    """
+    parts = {
+        "tenants": "\n".join(k.tenant for k in keys),
+        "subjects": "\n".join(k.subject for k in keys),
+        "query_types": "\n".join(k.query_type for k in keys),
+        "windows": "\n".join(k.window for k in keys),
+    }
+    for joined in parts.values():
+        if joined.count("\n") != len(keys) - 1:
+            raise ValueError("a key part contains a newline")
+    return parts
+
+
+def accounts_by_key(
+    rows: Iterable[Sequence[Any]], keys: Sequence[LedgerKey], size: int
+) -> dict[LedgerKey, LockedAccount]:
+    """Locked account rows (``ACCOUNT_ROW`` order) by key.
+
+    Stored values are validated and turned into spends once per distinct value: the
+    accounts of a release over many new subjects all hold the same (zero) spend.
+    """
+    by_parts = {key_tuple(key): key for key in keys}
+    spends: dict[tuple[Any, ...], tuple[Spend, Pending]] = {}
+    locked = {}
+    for row in rows:
+        stored = (row[5], row[6], row[7], row[10], row[11], row[12], row[13])
+        pair = spends.get(stored)
+        if pair is None:
+            pair = spends[stored] = (
+                Spend.from_columns(row[5], row[6], row[7], size),
+                Pending.from_columns(row[10], row[11], row[12], row[13], size),
+            )
+        key = by_parts.get((row[1], row[2], row[3], row[4])) or LedgerKey.from_canonical(
+            row[1], row[2], row[3], row[4]
+        )
+        locked[key] = LockedAccount(row[0], pair[0], pair[1], row[8], row[9])
+    return locked
