@@ -22,7 +22,12 @@ from typing import Any
 from sqlalchemy import Connection, Engine, exc
 
 from dp_budget_provider.ledger import database, history
-from dp_budget_provider.ledger.errors import LedgerCorrupt, LedgerError, LedgerUnavailable
+from dp_budget_provider.ledger.errors import (
+    LedgerCorrupt,
+    LedgerError,
+    LedgerSchemaError,
+    LedgerUnavailable,
+)
 
 _PYFORMAT = re.compile(r"%\((\w+)\)s")
 
@@ -153,6 +158,11 @@ def write(engine: Engine) -> Iterator[Pipeline]:
         raise UniqueViolation(str(error)) from error
     except psycopg2.errors.DataCorrupted as error:
         raise LedgerCorrupt(str(error).strip()) from error
+    except psycopg2.errors.UndefinedFunction as error:
+        raise LedgerSchemaError(
+            f"ledger database {database.safe_url(engine)} lacks a server function of its "
+            f"schema ({str(error).strip().splitlines()[0]}); run `dp-budget db upgrade`"
+        ) from error
     except (psycopg2.OperationalError, psycopg2.InterfaceError) as error:
         raise LedgerUnavailable(
             f"ledger database {database.safe_url(engine)} failed: {error}"

@@ -216,6 +216,19 @@ def test_unknown_schema_version_is_refused(ledger_url, ledger):
         PrivacyBudgetLedger(url=ledger_url)
 
 
+def test_a_missing_server_function_fails_closed_and_names_the_fix(postgres_url):
+    """A PostgreSQL ledger whose schema lost dp_append refuses writes: nothing written."""
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=postgres_url)
+    ledger.spend(KEY, GaussianMechanism(4.0))
+    execute(postgres_url, "DROP FUNCTION dp_commit")
+    execute(postgres_url, "DROP FUNCTION dp_append")
+    before = snapshot(postgres_url)
+    with pytest.raises(LedgerSchemaError, match="dp_append.*db upgrade"):
+        ledger.reserve(KEY, GaussianMechanism(4.0))
+    assert snapshot(postgres_url) == before
+    ledger.close()
+
+
 def test_nan_in_a_stored_curve_fails_closed(ledger_url, ledger):
     ledger.spend(KEY, LaplaceMechanism(0.3))
     execute(
