@@ -167,7 +167,7 @@ def main() -> None:
         pgbench(name, "-i", "-q", "-s", "1")
         distinct_base = pgbench_tps(name, "-n", "-N", *clients)
         print(f"{PROCESSES} processes, {duration:g} s per run")
-        print(f"pgbench FOR UPDATE one row: {hot_base:.0f} tps; pgbench -N: {distinct_base:.0f} tps")
+        print(f"pgbench FOR UPDATE one row: {hot_base:.0f} tps; -N: {distinct_base:.0f} tps")
         print()
         print("| shape | hot: /s | vs pgbench FOR UPDATE | distinct: /s | vs pgbench -N |")
         print("|---|---|---|---|---|")
