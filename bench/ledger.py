@@ -153,7 +153,7 @@ def bench_hot_key(duration: float) -> list[tuple]:
             f">= {GOAL_THROUGHPUT}",
         ),
         (
-            "hot key, spend (1 txn)",
+            "hot key, spend() (reserve+commit in one call)",
             ours_spend,
             "releases/s",
             base,

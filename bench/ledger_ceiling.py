@@ -15,8 +15,14 @@ history like the ledger's:
   by the server (``dp_append``-like), i.e. the ledger's reserve and a client-side commit;
 * ``two-phase, server commit``: the same reserve, commit as one server function call,
   i.e. the shape the ledger uses on PostgreSQL;
+* ``optimistic server reserve``: the client decides on the account state it last saw and
+  the server applies the reservation only if the locked row still holds that state
+  (else it answers with the current state and the client decides again); commit as one
+  server call. No lock is held across a round trip. The ledger does not have this shape.
 * ``all server-side``: reserve and commit each one server function call (the check made
   by the server), a shape the ledger does not have.
+* ``two-phase, server commit, 8 chains``: the ledger's shape with the history split into
+  8 hash chains by key, so writers on different keys rarely share a chain head.
 
 Hot = all processes on one key; distinct = one key per process. Ratios are against the
 pgbench baselines of bench/ledger.py measured in the same run.
@@ -42,18 +48,29 @@ CREATE TABLE acc (id serial PRIMARY KEY, k text UNIQUE, rho float8 NOT NULL DEFA
 CREATE TABLE res (id text PRIMARY KEY, attempt text UNIQUE, state text, cost float8, k text);
 CREATE TABLE hist (seq int PRIMARY KEY, payload text, prev text, hash text);
 CREATE TABLE head (id int PRIMARY KEY, seq int, hash text);
-INSERT INTO head VALUES (1, 0, repeat('0', 64));
+INSERT INTO head SELECT i, 0, repeat('0', 64) FROM generate_series(1, 8) AS i;
 CREATE TABLE hot (id int PRIMARY KEY, v bigint);
 INSERT INTO hot VALUES (1, 0);
-CREATE FUNCTION app(p text) RETURNS int LANGUAGE plpgsql AS $$
+CREATE FUNCTION app(p text, chain int DEFAULT 1) RETURNS int LANGUAGE plpgsql AS $$
 DECLARE s int; h text; n text;
 BEGIN
-  SELECT seq, hash INTO s, h FROM head WHERE id = 1 FOR UPDATE;
+  SELECT seq, hash INTO s, h FROM head WHERE id = chain FOR UPDATE;
   s := s + 1;
   n := encode(sha256(convert_to(h || E'\n' || p || s::text || '}', 'UTF8')), 'hex');
-  INSERT INTO hist VALUES (s, p, h, n);
-  UPDATE head SET seq = s, hash = n WHERE id = 1;
+  INSERT INTO hist VALUES (chain * 100000000 + s, p, h, n);
+  UPDATE head SET seq = s, hash = n WHERE id = chain;
   RETURN s;
+END $$;
+CREATE FUNCTION commit_sharded(rid text) RETURNS float8 LANGUAGE plpgsql AS $$
+DECLARE x record; r float8;
+BEGIN
+  SELECT k, cost INTO x FROM res WHERE id = rid AND state = 'open' FOR UPDATE;
+  UPDATE acc SET rho = rho + x.cost, pending = pending - x.cost, open = open - 1
+  WHERE k = x.k RETURNING rho INTO r;
+  UPDATE res SET state = 'committed' WHERE id = rid;
+  PERFORM app('{"action":"commit","reservation":' || to_json(rid)::text || ',"seq":',
+              1 + abs(hashtext(x.k)) % 8);
+  RETURN r;
 END $$;
 CREATE FUNCTION reserve(key text, att text, c float8) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE i text := gen_random_uuid()::text;
@@ -63,6 +80,20 @@ BEGIN
   INSERT INTO res VALUES (i, att, 'open', c, key);
   PERFORM app('{"action":"reserve","attempt":' || to_json(att)::text || ',"seq":');
   RETURN i;
+END $$;
+CREATE FUNCTION reserve_if(key text, att text, c float8, seen float8) RETURNS float8
+LANGUAGE plpgsql AS $$
+DECLARE now_seen float8;
+BEGIN
+  INSERT INTO acc (k) VALUES (key) ON CONFLICT (k) DO NOTHING;
+  SELECT rho + pending INTO now_seen FROM acc WHERE k = key FOR UPDATE;
+  IF now_seen IS DISTINCT FROM seen THEN
+    RETURN now_seen;
+  END IF;
+  UPDATE acc SET open = open + 1, pending = pending + c WHERE k = key;
+  INSERT INTO res VALUES (att, att, 'open', c, key);
+  PERFORM app('{"action":"reserve","attempt":' || to_json(att)::text || ',"seq":');
+  RETURN NULL;
 END $$;
 CREATE FUNCTION commit_(rid text) RETURNS float8 LANGUAGE plpgsql AS $$
 DECLARE x record; r float8;
@@ -77,10 +108,18 @@ END $$;
 """
 
 APPEND = "SELECT app(%s)"
-SHAPES = ("python-pgbench", "two-phase, client-side", "two-phase, server commit", "all server-side")
+SHARDED_APPEND = "SELECT app(%s, 1 + abs(hashtext(%s)) %% 8)"
+SHAPES = (
+    "python-pgbench",
+    "two-phase, client-side",
+    "two-phase, server commit",
+    "optimistic server reserve",
+    "all server-side",
+    "two-phase, server commit, 8 chains",
+)
 
 
-def _reserve_client(cursor, key: str) -> str:
+def _reserve_client(cursor, key: str, sharded: bool = False) -> str:
     reservation = str(uuid.uuid4())
     cursor.execute(
         "BEGIN; INSERT INTO acc (k, open) VALUES (%s, 1) ON CONFLICT (k) DO UPDATE "
@@ -89,10 +128,15 @@ def _reserve_client(cursor, key: str) -> str:
     )
     account, rho, pending = cursor.fetchone()
     assert rho + pending >= 0  # the client's decision
+    link = (
+        (SHARDED_APPEND, ('{"a":"reserve","seq":', key))
+        if sharded
+        else (APPEND, ('{"a":"reserve","seq":',))
+    )
     cursor.execute(
         "UPDATE acc SET pending = %s WHERE id = %s; INSERT INTO res VALUES (%s, %s, 'open', "
-        f"%s, %s); {APPEND}; COMMIT",
-        (pending + 1e-6, account, reservation, reservation, 1e-6, key, '{"a":"reserve","seq":'),
+        f"%s, %s); {link[0]}; COMMIT",
+        (pending + 1e-6, account, reservation, reservation, 1e-6, key, *link[1]),
     )
     return reservation
 
@@ -102,12 +146,26 @@ def _loop(database: str, shape: str, key: str, duration: float, barrier, results
     connection.autocommit = True
     cursor = connection.cursor()
     barrier.wait(60)
+    seen = None
     done, start = 0, time.perf_counter()
     while time.perf_counter() - start < duration:
         if shape == "python-pgbench":
             cursor.execute("BEGIN; SELECT v FROM hot WHERE id = 1 FOR UPDATE")
             cursor.fetchone()
             cursor.execute("UPDATE hot SET v = v + 1 WHERE id = 1; COMMIT")
+        elif shape == "optimistic server reserve":
+            reservation = str(uuid.uuid4())
+            while True:  # the client decides on the state it saw; the server applies if unchanged
+                cursor.execute("SELECT reserve_if(%s, %s, %s, %s)", (key, reservation, 1e-6, seen))
+                current = cursor.fetchone()[0]
+                if current is None:
+                    break
+                seen = current
+            cursor.execute("SELECT commit_(%s)", (reservation,))
+            seen = cursor.fetchone()[0]
+        elif shape == "two-phase, server commit, 8 chains":
+            reservation = _reserve_client(cursor, key, sharded=True)
+            cursor.execute("SELECT commit_sharded(%s)", (reservation,))
         elif shape == "all server-side":
             cursor.execute("SELECT reserve(%s, %s, %s)", (key, str(uuid.uuid4()), 1e-6))
             cursor.execute("SELECT commit_(%s)", (cursor.fetchone()[0],))
