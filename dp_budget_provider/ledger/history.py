@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
-from sqlalchemy import Connection, insert, select, update
+from sqlalchemy import Connection, bindparam, insert, select, update
 
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.schema import ChainHead, HistoryEntry
@@ -108,6 +108,16 @@ SERVER_APPEND = (
 )
 
 
+# The client-side append's statements (SQLite), built once.
+_HEAD_FOR_UPDATE = select(ChainHead.seq, ChainHead.hash).where(ChainHead.id == 1).with_for_update()
+_INSERT_ENTRY = insert(HistoryEntry)
+_MOVE_HEAD = (
+    update(ChainHead)
+    .where(ChainHead.id == 1)
+    .values(seq=bindparam("new_seq"), hash=bindparam("new_hash"))
+)
+
+
 def append(
     connection: Connection,
     *,
@@ -124,15 +134,13 @@ def append(
     )
     if connection.dialect.name == "postgresql":
         return int(connection.exec_driver_sql(SERVER_APPEND, row).scalar_one())
-    head = connection.execute(
-        select(ChainHead.seq, ChainHead.hash).where(ChainHead.id == 1).with_for_update()
-    ).one()
+    head = connection.execute(_HEAD_FOR_UPDATE).one()
     seq = head.seq + 1
     row["seq"] = seq
     row["prev_hash"] = head.hash
     row["hash"] = link_hash(head.hash, row.pop("link_prefix"), seq)
-    connection.execute(insert(HistoryEntry), [row])
-    connection.execute(update(ChainHead).where(ChainHead.id == 1).values(seq=seq, hash=row["hash"]))
+    connection.execute(_INSERT_ENTRY, row)
+    connection.execute(_MOVE_HEAD, {"new_seq": seq, "new_hash": row["hash"]})
     return seq
 
 

@@ -10,6 +10,7 @@ workers stay counted until ``reap`` charges them; nothing is ever silently refun
 
 from __future__ import annotations
 
+import functools
 import getpass
 import json
 import socket
@@ -20,7 +21,20 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, and_, case, delete, insert, or_, select, text, tuple_, update
+from sqlalchemy import (
+    Connection,
+    Float,
+    and_,
+    bindparam,
+    case,
+    delete,
+    insert,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import sqlite
 
 from dp_budget_provider.accounting import (
@@ -93,6 +107,89 @@ def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]
 
 
 _key_of = audit._key_of  # one way to turn a stored row into a key
+
+
+@functools.cache
+def _sqlite_upsert() -> Any:
+    """SQLite's lock-and-read upsert, built once: the inserted row carries the increments.
+
+    A new account starts with exactly what one reservation adds, so the conflict branch
+    adds ``excluded``'s values; the statement never changes and is compiled once.
+    """
+    statement = sqlite.insert(Account)
+    added = statement.excluded
+    return statement.on_conflict_do_update(
+        index_elements=[c.name for c in _KEY_COLUMNS],
+        set_={
+            "open_reservations": Account.open_reservations + added.open_reservations,
+            "pending_rho": Account.pending_rho + added.pending_rho,
+            "pending_mu2": Account.pending_mu2 + added.pending_mu2,
+            "pending_others": Account.pending_others + added.pending_others,
+            "updated_at": added.updated_at,
+        },
+    ).returning(*(getattr(Account, c.strip(' "')) for c in statements.ACCOUNT_ROW.split(",")))
+
+
+@functools.cache
+def _lock_reservation_accounts() -> Any:
+    """Every account of reservation ``:rid``, locked in key order (one indexed join)."""
+    joined = and_(
+        ReservationKey.tenant == Account.tenant,
+        ReservationKey.subject == Account.subject,
+        ReservationKey.query_type == Account.query_type,
+        ReservationKey.window == Account.window,
+    )
+    return (
+        select(*(getattr(Account, c.strip(' "')) for c in statements.ACCOUNT_ROW.split(",")))
+        .join(ReservationKey, joined)
+        .where(ReservationKey.reservation_id == bindparam("rid"))
+        .order_by(ReservationKey.position)
+        .with_for_update(of=Account)
+    )
+
+
+@functools.cache
+def _reservation_for_update() -> Any:
+    return select(ReservationRow).where(ReservationRow.id == bindparam("rid")).with_for_update()
+
+
+@functools.cache
+def _close_accounts(*, gaussian: bool, charge: bool) -> Any:
+    """Close one reservation of a residual-free cost on accounts ``:ids`` (set-based).
+
+    The same arithmetic as the server-side ``dp_commit``: the cost leaves the pending
+    spend, clamped at zero, and everything pending resets to zero with the last open
+    reservation; with ``charge``, ``:count`` releases of it join the committed spend.
+    """
+    last = Account.open_reservations <= 1
+    rho = bindparam("cost_rho", type_=Float(53))
+    mu2 = bindparam("cost_mu2", type_=Float(53))
+    values: dict[str, Any] = {
+        "open_reservations": Account.open_reservations - 1,
+        "pending_rho": case(
+            (last, 0.0), (Account.pending_rho - rho < 0, 0.0), else_=Account.pending_rho - rho
+        ),
+        "pending_mu2": case(
+            (last, 0.0), (Account.pending_mu2 - mu2 < 0, 0.0), else_=Account.pending_mu2 - mu2
+        )
+        if gaussian
+        else case((last, 0.0), else_=Account.pending_mu2),
+        "pending_others": case((last, 0), else_=Account.pending_others)
+        if gaussian
+        else case((last, 0), (Account.pending_others < 1, 0), else_=Account.pending_others - 1),
+        "pending_residual": case((last, None), else_=Account.pending_residual),
+        "updated_at": bindparam("now"),
+    }
+    if charge:
+        values["rho"] = Account.rho + rho
+        values["gaussian_mu2"] = Account.gaussian_mu2 + mu2 if gaussian else None
+        values["releases"] = Account.releases + bindparam("count")
+    return (
+        update(Account)
+        .where(Account.id.in_(bindparam("ids", expanding=True)))
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def _lock_order(connection: Connection) -> list[Any]:
@@ -433,21 +530,10 @@ class PrivacyBudgetLedger:
                 statements.PG_UPSERT, {**added, "now": now, **statements.key_parts(keys)}
             )
             return statements.accounts_by_key(rows, keys, size), rows[0][14]
-        statement = sqlite.insert(Account)
-        statement = statement.on_conflict_do_update(
-            index_elements=[c.name for c in _KEY_COLUMNS],
-            set_={
-                "open_reservations": Account.open_reservations + added["add_open"],
-                "pending_rho": Account.pending_rho + added["add_rho"],
-                "pending_mu2": Account.pending_mu2 + added["add_mu2"],
-                "pending_others": Account.pending_others + added["add_others"],
-                "updated_at": statement.excluded.updated_at,
-            },
-        ).returning(*(getattr(Account, c.strip(' "')) for c in statements.ACCOUNT_ROW.split(",")))
         rows = []
         for chunk in _chunks(keys):
             rows += pipe.connection.execute(
-                statement,
+                _sqlite_upsert(),
                 [
                     {
                         **key.as_dict(),
@@ -475,19 +561,7 @@ class PrivacyBudgetLedger:
         One indexed join instead of key lists: a release over 10^5 subjects locks its
         accounts with one statement.
         """
-        joined = and_(
-            ReservationKey.tenant == Account.tenant,
-            ReservationKey.subject == Account.subject,
-            ReservationKey.query_type == Account.query_type,
-            ReservationKey.window == Account.window,
-        )
-        rows = connection.execute(
-            select(*(getattr(Account, c.strip(' "')) for c in statements.ACCOUNT_ROW.split(",")))
-            .join(ReservationKey, joined)
-            .where(ReservationKey.reservation_id == reservation_id)
-            .order_by(ReservationKey.position)
-            .with_for_update(of=Account)
-        ).all()
+        rows = connection.execute(_lock_reservation_accounts(), {"rid": reservation_id}).all()
         if len(rows) != key_count:
             raise LedgerCorrupt(
                 f"reservation {reservation_id} holds {key_count} keys but only {len(rows)} "
@@ -898,44 +972,15 @@ class PrivacyBudgetLedger:
         """
         after = [locked[key].spend.plus(cost) if charge else locked[key].spend for key in keys]
         if cost.residual is None:
-            last = Account.open_reservations <= 1
-            values: dict[str, Any] = {
-                "open_reservations": Account.open_reservations - 1,
-                "pending_rho": case(
-                    (last, 0.0),
-                    (Account.pending_rho - cost.rho < 0, 0.0),
-                    else_=Account.pending_rho - cost.rho,
-                ),
-                "pending_mu2": case((last, 0.0), else_=Account.pending_mu2)
-                if cost.gaussian_mu2 is None
-                else case(
-                    (last, 0.0),
-                    (Account.pending_mu2 - cost.gaussian_mu2 < 0, 0.0),
-                    else_=Account.pending_mu2 - cost.gaussian_mu2,
-                ),
-                "pending_others": case((last, 0), else_=Account.pending_others)
-                if cost.gaussian_mu2 is not None
-                else case(
-                    (last, 0),
-                    (Account.pending_others < 1, 0),
-                    else_=Account.pending_others - 1,
-                ),
-                "pending_residual": case((last, None), else_=Account.pending_residual),
-                "updated_at": now,
+            statement = _close_accounts(gaussian=cost.gaussian_mu2 is not None, charge=bool(charge))
+            params = {
+                "cost_rho": cost.rho,
+                "cost_mu2": cost.gaussian_mu2,
+                "count": charge or 0,
+                "now": now,
             }
-            if charge:
-                values["rho"] = Account.rho + cost.rho
-                values["gaussian_mu2"] = (
-                    None if cost.gaussian_mu2 is None else Account.gaussian_mu2 + cost.gaussian_mu2
-                )
-                values["releases"] = Account.releases + charge
             for chunk in _chunks([locked[key].id for key in keys]):
-                connection.execute(
-                    update(Account)
-                    .where(Account.id.in_(chunk))
-                    .values(**values)
-                    .execution_options(synchronize_session=False)
-                )
+                connection.execute(statement, {**params, "ids": list(chunk)})
             return after
         for key, spend in zip(keys, after, strict=True):
             held = locked[key]
@@ -975,9 +1020,7 @@ class PrivacyBudgetLedger:
 
     def _open_row(self, connection: Connection, reservation: Reservation | str) -> Any:
         reservation_id = reservation.id if isinstance(reservation, Reservation) else reservation
-        row = connection.execute(
-            select(ReservationRow).where(ReservationRow.id == reservation_id).with_for_update()
-        ).one_or_none()
+        row = connection.execute(_reservation_for_update(), {"rid": reservation_id}).one_or_none()
         if row is None:
             raise ReservationStateError(f"no reservation {reservation_id!r} in this ledger")
         return row
