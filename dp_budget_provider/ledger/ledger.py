@@ -10,6 +10,7 @@ workers stay counted until ``reap`` charges them; nothing is ever silently refun
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import getpass
 import json
@@ -250,7 +251,7 @@ class PrivacyBudgetLedger:
 
     def _open_existing(self, cap: BudgetCap | None) -> bool:
         """Open a ready ledger in a read transaction (no write lock: every task opens one)."""
-        with self._read() as connection:
+        with self.reading() as connection:
             if database.is_empty(connection):
                 return False
             database.check_schema(connection)
@@ -331,7 +332,7 @@ class PrivacyBudgetLedger:
             )
 
     def _stored_delta(self) -> float:
-        with self._read() as connection:
+        with self.reading() as connection:
             return connection.execute(
                 select(LedgerConfig.delta).where(LedgerConfig.id == 1)
             ).scalar_one()
@@ -339,7 +340,12 @@ class PrivacyBudgetLedger:
     def _write(self) -> Any:
         return database.transaction(self._engine, write=True)
 
-    def _read(self) -> Any:
+    def reading(self) -> contextlib.AbstractContextManager[Connection]:
+        """A read-only transaction on the ledger's tables, for reports and the UI.
+
+        The schema (``ledger.schema``) is the contract; writes must go through the
+        methods of this class, which keep locks, pending spend and the history chain.
+        """
         return database.transaction(self._engine, write=False)
 
     def close(self) -> None:
@@ -457,7 +463,7 @@ class PrivacyBudgetLedger:
 
     def policies(self) -> list[Policy]:
         """Every stored policy, default first."""
-        with self._read() as connection:
+        with self.reading() as connection:
             stored = self._policies(connection)
         return sorted(stored.values(), key=lambda p: (p.scope != (ANY, ANY), p.scope))
 
@@ -468,7 +474,7 @@ class PrivacyBudgetLedger:
     def policy_for_scope(self, tenant: str, query_type: str) -> Policy:
         """The policy for a tenant and query type (what decides a key's window calendar)."""
         probe = LedgerKey(tenant, "-", query_type, "-")
-        with self._read() as connection:
+        with self.reading() as connection:
             return self._policy_for(self._policies(connection), probe)
 
     # ------------------------------------------------------------------ validation helpers
@@ -656,11 +662,11 @@ class PrivacyBudgetLedger:
                 raise
             # The attempt may hold a reservation already (a retried task, or a twin that
             # won the race): answer with it instead of refusing or failing.
-            with self._read() as connection:
+            with self.reading() as connection:
                 existing = self._reservation_by_attempt(connection, attempt_id)
             if existing is None:
                 raise
-            with self._read() as connection:
+            with self.reading() as connection:
                 existing_keys = self._reservation_keys(connection, existing.id)
             return self._same_reservation(existing, existing_keys, ordered, mechanism, count)
 
@@ -1081,7 +1087,7 @@ class PrivacyBudgetLedger:
         if not isinstance(older_than, timedelta) or older_than < timedelta(0):
             raise ValueError(f"older_than must be a non-negative timedelta, got {older_than!r}")
         cutoff = _stamp((now or _now()) - older_than)
-        with self._read() as connection:
+        with self.reading() as connection:
             stale = list(
                 connection.execute(
                     select(ReservationRow.id)
@@ -1126,7 +1132,7 @@ class PrivacyBudgetLedger:
     def prospective_accountant(self, key: LedgerKey) -> RDPAccountant:
         """An accountant holding ``key``'s committed and reserved spend (for noise planning)."""
         keys = self._keys(key)
-        with self._read() as connection:
+        with self.reading() as connection:
             state, pending = self._held(connection, keys)[keys[0]]
         return state.plus(pending).to_accountant(self._orders)
 
@@ -1136,7 +1142,7 @@ class PrivacyBudgetLedger:
         """The eps ``key`` would reach with this release on top of committed and reserved spend."""
         keys = self._keys(key)
         cost = self._cost(self._mechanism(mechanism), check.positive_int("count", count))
-        with self._read() as connection:
+        with self.reading() as connection:
             state, pending = self._held(connection, keys)[keys[0]]
         return self._bounds([state.plus(pending).plus(cost)])[0].epsilon
 
@@ -1173,7 +1179,7 @@ class PrivacyBudgetLedger:
     def receipt(self, key: LedgerKey) -> SpendReceipt:
         """The committed state of ``key`` as a receipt."""
         keys = self._keys(key)
-        with self._read() as connection:
+        with self.reading() as connection:
             return self._receipts(connection, keys)[0]
 
     def accounts(
@@ -1193,7 +1199,7 @@ class PrivacyBudgetLedger:
         if limit is not None:
             query = query.limit(limit)
         size = self._orders.size
-        with self._read() as connection:
+        with self.reading() as connection:
             rows = list(connection.execute(query))
             policies = self._policies(connection)
         spends = [Spend.from_columns(r.rho, r.residual, r.gaussian_mu2, size) for r in rows]
@@ -1228,13 +1234,13 @@ class PrivacyBudgetLedger:
             )
         if limit is not None:
             query = query.limit(limit)
-        with self._read() as connection:
+        with self.reading() as connection:
             rows = list(connection.execute(query))
         return [history.entry_record(row) for row in rows]
 
     def open_reservations(self) -> list[Reservation]:
         """Every reservation still open, oldest first."""
-        with self._read() as connection:
+        with self.reading() as connection:
             rows = list(
                 connection.execute(
                     select(ReservationRow)
@@ -1292,7 +1298,7 @@ class PrivacyBudgetLedger:
     def reset_closed(self, now: datetime | None = None) -> dict[str, int]:
         """Reset every window that is closed at ``now``; returns accounts dropped per window."""
         moment = now or _now()
-        with self._read() as connection:
+        with self.reading() as connection:
             windows = list(connection.execute(select(Account.window).distinct()).scalars())
         return {w: self.reset(w, moment) for w in sorted(windows) if is_closed(w, moment)}
 

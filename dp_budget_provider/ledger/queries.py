@@ -35,7 +35,7 @@ from sqlalchemy import (
 )
 
 from dp_budget_provider.accounting import EpsilonBound
-from dp_budget_provider.ledger import database, history
+from dp_budget_provider.ledger import history
 from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.policy import Policy, lookup_order
@@ -119,10 +119,6 @@ class SpendSeries:
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _read(ledger: PrivacyBudgetLedger) -> Any:
-    return database.transaction(ledger._engine, write=False)
 
 
 def account_state(epsilon: float, policy: Policy) -> str:
@@ -254,7 +250,7 @@ def find_accounts(
     elif sort in SQL_SORTS:
         query = _filtered(select(Account), filters).where(or_(*map(_group_match, groups)))
         query = query.order_by(*_sql_order(sort, descending)).offset(offset).limit(limit)
-        with _read(ledger) as connection:
+        with ledger.reading() as connection:
             rows = list(connection.execute(query))
     else:
         rows = _banded(ledger, filters, groups, sort, descending, limit, offset)
@@ -313,7 +309,7 @@ def _groups(
         Account.gaussian_mu2,
     )
     query = _filtered(select(*columns, func.count().label("count")), filters).group_by(*columns)
-    with _read(ledger) as connection:
+    with ledger.reading() as connection:
         rows = list(connection.execute(query))
     groups = []
     for row in rows:
@@ -361,7 +357,7 @@ def _banded(
     ordered = sorted(groups, key=lambda group: group.value(sort), reverse=descending)
     rows: list[Any] = []
     position, end = 0, offset + limit
-    with _read(ledger) as connection:
+    with ledger.reading() as connection:
         for _, members in groupby(ordered, key=lambda group: group.value(sort)):
             band = list(members)  # equal values: one band, ordered by key
             size = sum(group.count for group in band)
@@ -397,7 +393,7 @@ def _full_pass(
     query = _filtered(select(*columns, Account.gaussian_mu2), filters)
     if sort in SQL_SORTS and sort != "key":
         query = query.add_columns(getattr(Account, sort).label("sort_value"))
-    with _read(ledger) as connection:
+    with ledger.reading() as connection:
         ranked = []
         for row in connection.execute(query):
             group = by_signature.get(_signature(row))
@@ -448,7 +444,7 @@ def _sql_page(
     order = _sql_order(sort, descending)
     count = _filtered(select(func.count()).select_from(Account), filters)
     page = _filtered(select(Account), filters).order_by(*order).offset(offset).limit(limit)
-    with _read(ledger) as connection:
+    with ledger.reading() as connection:
         total = int(connection.execute(count).scalar_one())
         rows = list(connection.execute(page))
     items = [
@@ -464,7 +460,7 @@ def _sql_page(
 
 def account_status(ledger: PrivacyBudgetLedger, key: LedgerKey) -> AccountStatus | None:
     """The live account of ``key`` with its status, or None when it has none."""
-    with _read(ledger) as connection:
+    with ledger.reading() as connection:
         row = connection.execute(
             select(Account).where(_key_match(_account_columns(), key))
         ).one_or_none()
@@ -533,7 +529,7 @@ def key_history(
         HistoryEntry.hash,
     )
     order = entries.c.seq.desc() if newest_first else entries.c.seq.asc()
-    with _read(ledger) as connection:
+    with ledger.reading() as connection:
         total = int(connection.execute(select(func.count()).select_from(entries)).scalar_one())
         rows = list(connection.execute(select(entries).order_by(order).offset(offset).limit(limit)))
         reservations = _reservations_by_id(
@@ -616,7 +612,7 @@ def spend_series(
     )
     resets = others.where(HistoryEntry.action == "reset")
     events: list[tuple[int, str, str, Spend | None]] = []
-    with _read(ledger) as connection:
+    with ledger.reading() as connection:
         for row in connection.execute(charges):
             cost = Spend.from_columns(row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, size)
             events.append((row.seq, row.at, row.action, cost))
@@ -682,7 +678,7 @@ def key_reservations(
     counted = base.with_only_columns(func.count()).order_by(None)
     page = base.order_by(ReservationRow.created_at.desc(), ReservationRow.id).offset(offset)
     epsilons = _Epsilons(ledger)
-    with _read(ledger) as connection:
+    with ledger.reading() as connection:
         total = int(connection.execute(counted).scalar_one())
         rows = list(connection.execute(page.limit(limit)))
     items = [
@@ -711,7 +707,7 @@ def key_reservations(
 
 def chain_head(ledger: PrivacyBudgetLedger) -> tuple[int, str]:
     """(seq, hash) of the last history entry: changes whenever anything is written."""
-    with _read(ledger) as connection:
+    with ledger.reading() as connection:
         row = connection.execute(
             select(ChainHead.seq, ChainHead.hash).where(ChainHead.id == 1)
         ).one()

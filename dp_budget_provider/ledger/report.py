@@ -30,7 +30,6 @@ import numpy as np
 from sqlalchemy import func, select
 
 import dp_budget_provider
-from dp_budget_provider.ledger import database
 from dp_budget_provider.ledger.errors import LedgerUnavailable
 from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
@@ -340,10 +339,6 @@ def mechanisms_by_reservation(entries: Iterable[Mapping[str, Any]]) -> dict[str,
 # ---------------------------------------------------------------------- reads the API lacks
 
 
-def _read(ledger: PrivacyBudgetLedger) -> Any:
-    return database.transaction(ledger._engine, write=False)
-
-
 def count_accounts(
     ledger: PrivacyBudgetLedger, *, window: str | None = None, tenant: str | None = None
 ) -> int:
@@ -353,7 +348,7 @@ def count_accounts(
         query = query.where(Account.window == canonical_part("window", window))
     if tenant is not None:
         query = query.where(Account.tenant == canonical_part("tenant", tenant))
-    with _read(ledger) as connection:
+    with ledger.reading() as connection:
         return int(connection.execute(query).scalar_one())
 
 
@@ -365,7 +360,7 @@ def account_row(ledger: PrivacyBudgetLedger, key: LedgerKey) -> dict[str, Any] |
         Account.query_type == key.query_type,
         Account.window == key.window,
     )
-    with _read(ledger) as connection:
+    with ledger.reading() as connection:
         row = connection.execute(query).one_or_none()
     if row is None:
         return None
@@ -380,7 +375,7 @@ def _reservation_keys(
     ledger: PrivacyBudgetLedger, reservation_ids: Sequence[str]
 ) -> dict[str, list[dict[str, str]]]:
     keys: dict[str, list[dict[str, str]]] = {rid: [] for rid in reservation_ids}
-    with _read(ledger) as connection:
+    with ledger.reading() as connection:
         for start in range(0, len(reservation_ids), _CHUNK):
             chunk = reservation_ids[start : start + _CHUNK]
             rows = connection.execute(
