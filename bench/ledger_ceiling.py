@@ -61,17 +61,6 @@ BEGIN
   UPDATE head SET seq = s, hash = n WHERE id = chain;
   RETURN s;
 END $$;
-CREATE FUNCTION commit_sharded(rid text) RETURNS float8 LANGUAGE plpgsql AS $$
-DECLARE x record; r float8;
-BEGIN
-  SELECT k, cost INTO x FROM res WHERE id = rid AND state = 'open' FOR UPDATE;
-  UPDATE acc SET rho = rho + x.cost, pending = pending - x.cost, open = open - 1
-  WHERE k = x.k RETURNING rho INTO r;
-  UPDATE res SET state = 'committed' WHERE id = rid;
-  PERFORM app('{"action":"commit","reservation":' || to_json(rid)::text || ',"seq":',
-              1 + abs(hashtext(x.k)) % 8);
-  RETURN r;
-END $$;
 CREATE FUNCTION reserve(key text, att text, c float8) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE i text := gen_random_uuid()::text;
 BEGIN
@@ -95,14 +84,15 @@ BEGIN
   PERFORM app('{"action":"reserve","attempt":' || to_json(att)::text || ',"seq":');
   RETURN NULL;
 END $$;
-CREATE FUNCTION commit_(rid text) RETURNS float8 LANGUAGE plpgsql AS $$
+CREATE FUNCTION commit_(rid text, chains int DEFAULT 0) RETURNS float8 LANGUAGE plpgsql AS $$
 DECLARE x record; r float8;
 BEGIN
   SELECT k, cost INTO x FROM res WHERE id = rid AND state = 'open' FOR UPDATE;
   UPDATE acc SET rho = rho + x.cost, pending = pending - x.cost, open = open - 1
   WHERE k = x.k RETURNING rho INTO r;
   UPDATE res SET state = 'committed' WHERE id = rid;
-  PERFORM app('{"action":"commit","reservation":' || to_json(rid)::text || ',"seq":');
+  PERFORM app('{"action":"commit","reservation":' || to_json(rid)::text || ',"seq":',
+              CASE WHEN chains > 0 THEN 1 + abs(hashtext(x.k)) % chains ELSE 1 END);
   RETURN r;
 END $$;
 """
@@ -165,7 +155,7 @@ def _loop(database: str, shape: str, key: str, duration: float, barrier, results
             seen = cursor.fetchone()[0]
         elif shape == "two-phase, server commit, 8 chains":
             reservation = _reserve_client(cursor, key, sharded=True)
-            cursor.execute("SELECT commit_sharded(%s)", (reservation,))
+            cursor.execute("SELECT commit_(%s, 8)", (reservation,))
         elif shape == "all server-side":
             cursor.execute("SELECT reserve(%s, %s, %s)", (key, str(uuid.uuid4()), 1e-6))
             cursor.execute("SELECT commit_(%s)", (cursor.fetchone()[0],))
