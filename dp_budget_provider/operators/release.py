@@ -225,6 +225,19 @@ class DPReleaseOperator(BaseOperator):
             )
         except BudgetExhausted as refusal:
             Stats.incr("dp_budget.refusals", tags={"query_type": keys[0].query_type})
+            # The refusal is this task's receipt: its account link opens the key that
+            # refused, and nothing looks for a receipt that was never written.
+            context["ti"].xcom_push(
+                key=RECEIPT_XCOM_KEY,
+                value={
+                    "refused": True,
+                    "mechanism": plan.charged.to_spec(),
+                    "keys": len(keys),
+                    "key": refusal.key.as_dict(),
+                    "epsilon": refusal.would_be_epsilon,
+                    "cap_epsilon": refusal.cap_epsilon,
+                },
+            )
             message = f"no release: {refusal}"
             if self.on_exhausted == "skip":
                 raise AirflowSkipException(message) from refusal
@@ -239,10 +252,11 @@ class DPReleaseOperator(BaseOperator):
             answer = self.python_callable(*self.op_args, **self.op_kwargs)
             release = plan.add_noise(answer)
         finally:
-            # From here on the data was touched: charged on success and on failure alike.
+            # From here on the data was touched: charged on success and on failure alike,
+            # and the receipt says so either way.
             receipts = ledger.commit(reservation)
-        summary = self._summary(receipts, reservation.id, plan.charged)
-        context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
+            summary = self._summary(receipts, reservation.id, plan.charged)
+            context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
         self._report(receipts, summary, context)
         return release
 

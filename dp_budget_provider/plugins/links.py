@@ -3,8 +3,9 @@
 In Airflow 3 the task runner calls :meth:`get_link` when the task finishes and stores
 the URL as an XCom (``_link_DPBudgetAccountLink``); the UI reads that XCom. So the link
 is built on the task side, from the receipt the operator pushed: it opens the account
-page of the release's most-spent key. A release that never got a receipt (refused by
-the cap, failed before committing) links to its tenant's and query type's accounts.
+page of the release's most-spent key, or for a refused release the key that refused it.
+A task that never got that far (bad arguments, ledger unreachable) links to its
+tenant's and query type's accounts.
 """
 
 from __future__ import annotations

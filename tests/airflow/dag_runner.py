@@ -36,3 +36,26 @@ def load_dag(source: str) -> Any:
 def task_states(dag_run: Any) -> dict[str, str]:
     """task_id -> final state of a finished run."""
     return {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
+
+
+def stored_xcom(dag_run: Any, task_id: str, key: str) -> Any:
+    """An XCom of a finished run as stored in the metadata database (None if absent)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        value = session.scalar(
+            select(XComModel.value).where(
+                XComModel.dag_id == dag_run.dag_id,
+                XComModel.run_id == dag_run.run_id,
+                XComModel.task_id == task_id,
+                XComModel.key == key,
+            )
+        )
+    if isinstance(value, str):  # stored as JSON text by some backends, decoded by others
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value

@@ -11,7 +11,7 @@ import pytest
 
 from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant
 from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
-from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
+from tests.airflow.dag_runner import ledger_connection, load_dag, stored_xcom, task_states
 
 DELTA = 1e-5
 
@@ -121,6 +121,14 @@ def test_refusal_runs_nothing_writes_nothing_and_fails(ledger, tmp_path):
     assert task_states(dag_run)["release"] == "failed"
     assert not ran and result is None
     assert ledger.history() == before
+    refusal = stored_xcom(dag_run, "release", "dp_budget_receipt")
+    assert refusal["refused"] is True and refusal["key"] == KEY.as_dict()
+    assert refusal["epsilon"] == pytest.approx(
+        expected_eps(GaussianMechanism(1.4), GaussianMechanism(4.0)), rel=1e-12
+    )
+    assert refusal["epsilon"] > refusal["cap_epsilon"] == 3.0
+    link = stored_xcom(dag_run, "release", "_link_DPBudgetAccountLink")
+    assert link.startswith("/dp-budget/account?") and "subject=alice" in link
 
 
 def test_refusal_with_on_exhausted_skip_skips(ledger, tmp_path):
@@ -133,6 +141,8 @@ def test_refusal_with_on_exhausted_skip_skips(ledger, tmp_path):
 def test_a_callable_failing_after_it_started_is_charged(ledger, tmp_path):
     dag_run, _, ran = run_release(tmp_path, body="raise RuntimeError('data-dependent failure')")
     assert ran and task_states(dag_run)["release"] == "failed"
+    receipt = stored_xcom(dag_run, "release", "dp_budget_receipt")
+    assert receipt["epsilon"] == pytest.approx(ledger.epsilon_of(KEY)) and "refused" not in receipt
     assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(GaussianMechanism(4.0)), rel=1e-12)
 
 

@@ -13,14 +13,13 @@ from urllib.parse import urlsplit
 
 import pytest
 from airflow.plugins_manager import AirflowPlugin
-from sqlalchemy import select
 
 from dp_budget_provider.get_provider_info import get_provider_info
 from dp_budget_provider.ledger import PrivacyBudgetLedger
 from dp_budget_provider.operators.release import RECEIPT_XCOM_KEY, DPReleaseOperator
 from dp_budget_provider.plugins import links
 from dp_budget_provider.plugins.links import DPBudgetAccountLink
-from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
+from tests.airflow.dag_runner import ledger_connection, load_dag, stored_xcom, task_states
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -112,20 +111,9 @@ def _load_example(name: str):
 
 
 def _link_xcom(dag_run, task_id: str) -> str:
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        value = session.scalar(
-            select(XComModel.value).where(
-                XComModel.dag_id == dag_run.dag_id,
-                XComModel.run_id == dag_run.run_id,
-                XComModel.task_id == task_id,
-                XComModel.key == DPBudgetAccountLink().xcom_key,
-            )
-        )
+    value = stored_xcom(dag_run, task_id, DPBudgetAccountLink().xcom_key)
     assert value is not None, "the task runner stored no link"
-    return json.loads(value) if isinstance(value, str) and value.startswith('"') else value
+    return value
 
 
 def test_a_real_dag_run_fills_the_ui_and_links_its_task(
