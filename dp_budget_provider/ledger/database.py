@@ -11,6 +11,7 @@ half-written.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterator
@@ -148,8 +149,9 @@ def _alembic_config(connection: Connection) -> Config:
     return config
 
 
+@functools.cache
 def head_revision() -> str:
-    """The newest schema revision this package ships."""
+    """The newest schema revision this package ships (read from the scripts once)."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     head = ScriptDirectory.from_config(config).get_current_head()

@@ -242,7 +242,6 @@ class PrivacyBudgetLedger:
         try:
             if not self._open_existing(cap):
                 self._create_or_open(cap, if_new)
-            self._delta = self._stored_delta()
         except BaseException:
             self._engine.dispose()
             raise
@@ -276,6 +275,7 @@ class PrivacyBudgetLedger:
     def _initialise(self, connection: Connection, cap: BudgetCap | None) -> None:
         if cap is None:
             raise LedgerConfigMismatch("a new ledger needs a BudgetCap for its default policy")
+        self._delta = cap.delta
         now = _stamp(_now())
         connection.execute(
             insert(LedgerConfig).values(
@@ -305,7 +305,9 @@ class PrivacyBudgetLedger:
         )
 
     def _check_config(self, connection: Connection, cap: BudgetCap | None) -> None:
+        """Refuse another grid, conversion, delta or default cap; keep the stored delta."""
         config = connection.execute(select(LedgerConfig).where(LedgerConfig.id == 1)).one()
+        self._delta: float = config.delta
         stored_orders = json.loads(config.orders)
         if stored_orders != self._orders.tolist():
             raise LedgerConfigMismatch(
@@ -330,12 +332,6 @@ class PrivacyBudgetLedger:
                 f"{default.warn_fraction}); refusing eps={cap.epsilon} (warn at "
                 f"{cap.warn_fraction}). Change caps with set_policy, which is audited"
             )
-
-    def _stored_delta(self) -> float:
-        with self.reading() as connection:
-            return connection.execute(
-                select(LedgerConfig.delta).where(LedgerConfig.id == 1)
-            ).scalar_one()
 
     def _write(self) -> Any:
         return database.transaction(self._engine, write=True)
