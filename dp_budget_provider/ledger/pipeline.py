@@ -54,7 +54,8 @@ class Pipeline:
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Any]:
         """Run ``sql`` now (inside the transaction) and return its rows."""
         if not self.postgresql:
-            return list(self.connection.exec_driver_sql(_named(sql), dict(params or {})))
+            result = self.connection.exec_driver_sql(_named(sql), dict(params or {}))
+            return list(result) if result.returns_rows else []
         cursor = self._pg_cursor()
         statement = cursor.mogrify(sql, params)
         if not self._begun:
@@ -104,6 +105,7 @@ class Pipeline:
         if not self.postgresql or not (self._begun or self._queued):
             return
         statements = ([] if self._begun else [b"BEGIN"]) + self._queued + [b"COMMIT"]
+        self._begun = True  # if a statement fails, the server's transaction needs a ROLLBACK
         self._pg_cursor().execute(b";\n".join(statements))
         self._queued.clear()
         self._begun = False
