@@ -11,7 +11,6 @@ workers stay counted until ``reap`` charges them; nothing is ever silently refun
 from __future__ import annotations
 
 import contextlib
-import functools
 import getpass
 import json
 import socket
@@ -24,10 +23,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import (
     Connection,
-    Float,
     and_,
-    bindparam,
-    case,
     delete,
     insert,
     or_,
@@ -36,7 +32,6 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.dialects import sqlite
 
 from dp_budget_provider.accounting import (
     DEFAULT_ORDERS,
@@ -82,7 +77,7 @@ from dp_budget_provider.ledger.windows import WindowCalendar, is_closed
 
 _CHUNK = 1000
 _BOUND_CACHE_SIZE = 100_000
-_KEY_COLUMNS = (Account.tenant, Account.subject, Account.query_type, Account.window)
+_KEY_COLUMNS = statements.KEY_COLUMNS
 
 
 def _now() -> datetime:
@@ -108,89 +103,6 @@ def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]
 
 
 _key_of = audit._key_of  # one way to turn a stored row into a key
-
-
-@functools.cache
-def _sqlite_upsert() -> Any:
-    """SQLite's lock-and-read upsert, built once: the inserted row carries the increments.
-
-    A new account starts with exactly what one reservation adds, so the conflict branch
-    adds ``excluded``'s values; the statement never changes and is compiled once.
-    """
-    statement = sqlite.insert(Account)
-    added = statement.excluded
-    return statement.on_conflict_do_update(
-        index_elements=[c.name for c in _KEY_COLUMNS],
-        set_={
-            "open_reservations": Account.open_reservations + added.open_reservations,
-            "pending_rho": Account.pending_rho + added.pending_rho,
-            "pending_mu2": Account.pending_mu2 + added.pending_mu2,
-            "pending_others": Account.pending_others + added.pending_others,
-            "updated_at": added.updated_at,
-        },
-    ).returning(*(getattr(Account, c.strip(' "')) for c in statements.ACCOUNT_ROW.split(",")))
-
-
-@functools.cache
-def _lock_reservation_accounts() -> Any:
-    """Every account of reservation ``:rid``, locked in key order (one indexed join)."""
-    joined = and_(
-        ReservationKey.tenant == Account.tenant,
-        ReservationKey.subject == Account.subject,
-        ReservationKey.query_type == Account.query_type,
-        ReservationKey.window == Account.window,
-    )
-    return (
-        select(*(getattr(Account, c.strip(' "')) for c in statements.ACCOUNT_ROW.split(",")))
-        .join(ReservationKey, joined)
-        .where(ReservationKey.reservation_id == bindparam("rid"))
-        .order_by(ReservationKey.position)
-        .with_for_update(of=Account)
-    )
-
-
-@functools.cache
-def _reservation_for_update() -> Any:
-    return select(ReservationRow).where(ReservationRow.id == bindparam("rid")).with_for_update()
-
-
-@functools.cache
-def _close_accounts(*, gaussian: bool, charge: bool) -> Any:
-    """Close one reservation of a residual-free cost on accounts ``:ids`` (set-based).
-
-    The same arithmetic as the server-side ``dp_commit``: the cost leaves the pending
-    spend, clamped at zero, and everything pending resets to zero with the last open
-    reservation; with ``charge``, ``:count`` releases of it join the committed spend.
-    """
-    last = Account.open_reservations <= 1
-    rho = bindparam("cost_rho", type_=Float(53))
-    mu2 = bindparam("cost_mu2", type_=Float(53))
-    values: dict[str, Any] = {
-        "open_reservations": Account.open_reservations - 1,
-        "pending_rho": case(
-            (last, 0.0), (Account.pending_rho - rho < 0, 0.0), else_=Account.pending_rho - rho
-        ),
-        "pending_mu2": case(
-            (last, 0.0), (Account.pending_mu2 - mu2 < 0, 0.0), else_=Account.pending_mu2 - mu2
-        )
-        if gaussian
-        else case((last, 0.0), else_=Account.pending_mu2),
-        "pending_others": case((last, 0), else_=Account.pending_others)
-        if gaussian
-        else case((last, 0), (Account.pending_others < 1, 0), else_=Account.pending_others - 1),
-        "pending_residual": case((last, None), else_=Account.pending_residual),
-        "updated_at": bindparam("now"),
-    }
-    if charge:
-        values["rho"] = Account.rho + rho
-        values["gaussian_mu2"] = Account.gaussian_mu2 + mu2 if gaussian else None
-        values["releases"] = Account.releases + bindparam("count")
-    return (
-        update(Account)
-        .where(Account.id.in_(bindparam("ids", expanding=True)))
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    )
 
 
 def _lock_order(connection: Connection) -> list[Any]:
@@ -535,7 +447,7 @@ class PrivacyBudgetLedger:
         rows = []
         for chunk in _chunks(keys):
             rows += pipe.connection.execute(
-                _sqlite_upsert(),
+                statements.sqlite_upsert(),
                 [
                     {
                         **key.as_dict(),
@@ -563,7 +475,9 @@ class PrivacyBudgetLedger:
         One indexed join instead of key lists: a release over 10^5 subjects locks its
         accounts with one statement.
         """
-        rows = connection.execute(_lock_reservation_accounts(), {"rid": reservation_id}).all()
+        rows = connection.execute(
+            statements.lock_reservation_accounts(), {"rid": reservation_id}
+        ).all()
         if len(rows) != key_count:
             raise LedgerCorrupt(
                 f"reservation {reservation_id} holds {key_count} keys but only {len(rows)} "
@@ -974,7 +888,9 @@ class PrivacyBudgetLedger:
         """
         after = [locked[key].spend.plus(cost) if charge else locked[key].spend for key in keys]
         if cost.residual is None:
-            statement = _close_accounts(gaussian=cost.gaussian_mu2 is not None, charge=bool(charge))
+            statement = statements.close_accounts(
+                gaussian=cost.gaussian_mu2 is not None, charge=bool(charge)
+            )
             params = {
                 "cost_rho": cost.rho,
                 "cost_mu2": cost.gaussian_mu2,
@@ -1022,7 +938,9 @@ class PrivacyBudgetLedger:
 
     def _open_row(self, connection: Connection, reservation: Reservation | str) -> Any:
         reservation_id = reservation.id if isinstance(reservation, Reservation) else reservation
-        row = connection.execute(_reservation_for_update(), {"rid": reservation_id}).one_or_none()
+        row = connection.execute(
+            statements.reservation_for_update(), {"rid": reservation_id}
+        ).one_or_none()
         if row is None:
             raise ReservationStateError(f"no reservation {reservation_id!r} in this ledger")
         return row

@@ -1,19 +1,28 @@
 """The write path's hand-written SQL, and the helpers that read its rows back.
 
-The ledger's hot statements are plain SQL rather than SQLAlchemy constructs: they are
-sent many times per second (building and compiling a construct each time cost more
-than the database work), and on PostgreSQL several of them travel in one round trip
-(see :mod:`pipeline`). Parameters are psycopg2's ``%(name)s``. Rows are read by
-position in the order of :data:`ACCOUNT_ROW`.
+The ledger's PostgreSQL hot statements are plain SQL rather than SQLAlchemy constructs:
+they are sent many times per second (building and compiling a construct each time cost
+more than the database work), and several of them travel in one round trip (see
+:mod:`pipeline`); their parameters are psycopg2's ``%(name)s``. The general path's
+SQLAlchemy statements (SQLite, and commits with a residual curve) are built once, with
+bind parameters. Rows are read by position in the order of :data:`ACCOUNT_ROW`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from sqlalchemy import Float, and_, bindparam, case, select, update
+from sqlalchemy.dialects import sqlite
+
 from dp_budget_provider.ledger.keys import LedgerKey
+from dp_budget_provider.ledger.schema import Account, ReservationKey
+from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.spend import Pending, Spend
+
+KEY_COLUMNS = (Account.tenant, Account.subject, Account.query_type, Account.window)
 
 
 def key_tuple(key: LedgerKey) -> tuple[str, str, str, str]:
@@ -135,3 +144,86 @@ def accounts_by_key(
         )
         locked[key] = LockedAccount(row[0], pair[0], pair[1], row[8], row[9])
     return locked
+
+
+@functools.cache
+def sqlite_upsert() -> Any:
+    """SQLite's lock-and-read upsert, built once: the inserted row carries the increments.
+
+    A new account starts with exactly what one reservation adds, so the conflict branch
+    adds ``excluded``'s values; the statement never changes and is compiled once.
+    """
+    statement = sqlite.insert(Account)
+    added = statement.excluded
+    return statement.on_conflict_do_update(
+        index_elements=[c.name for c in KEY_COLUMNS],
+        set_={
+            "open_reservations": Account.open_reservations + added.open_reservations,
+            "pending_rho": Account.pending_rho + added.pending_rho,
+            "pending_mu2": Account.pending_mu2 + added.pending_mu2,
+            "pending_others": Account.pending_others + added.pending_others,
+            "updated_at": added.updated_at,
+        },
+    ).returning(*(getattr(Account, c.strip(' "')) for c in ACCOUNT_ROW.split(",")))
+
+
+@functools.cache
+def lock_reservation_accounts() -> Any:
+    """Every account of reservation ``:rid``, locked in key order (one indexed join)."""
+    joined = and_(
+        ReservationKey.tenant == Account.tenant,
+        ReservationKey.subject == Account.subject,
+        ReservationKey.query_type == Account.query_type,
+        ReservationKey.window == Account.window,
+    )
+    return (
+        select(*(getattr(Account, c.strip(' "')) for c in ACCOUNT_ROW.split(",")))
+        .join(ReservationKey, joined)
+        .where(ReservationKey.reservation_id == bindparam("rid"))
+        .order_by(ReservationKey.position)
+        .with_for_update(of=Account)
+    )
+
+
+@functools.cache
+def reservation_for_update() -> Any:
+    return select(ReservationRow).where(ReservationRow.id == bindparam("rid")).with_for_update()
+
+
+@functools.cache
+def close_accounts(*, gaussian: bool, charge: bool) -> Any:
+    """Close one reservation of a residual-free cost on accounts ``:ids`` (set-based).
+
+    The same arithmetic as the server-side ``dp_commit``: the cost leaves the pending
+    spend, clamped at zero, and everything pending resets to zero with the last open
+    reservation; with ``charge``, ``:count`` releases of it join the committed spend.
+    """
+    last = Account.open_reservations <= 1
+    rho = bindparam("cost_rho", type_=Float(53))
+    mu2 = bindparam("cost_mu2", type_=Float(53))
+    values: dict[str, Any] = {
+        "open_reservations": Account.open_reservations - 1,
+        "pending_rho": case(
+            (last, 0.0), (Account.pending_rho - rho < 0, 0.0), else_=Account.pending_rho - rho
+        ),
+        "pending_mu2": case(
+            (last, 0.0), (Account.pending_mu2 - mu2 < 0, 0.0), else_=Account.pending_mu2 - mu2
+        )
+        if gaussian
+        else case((last, 0.0), else_=Account.pending_mu2),
+        "pending_others": case((last, 0), else_=Account.pending_others)
+        if gaussian
+        else case((last, 0), (Account.pending_others < 1, 0), else_=Account.pending_others - 1),
+        "pending_residual": case((last, None), else_=Account.pending_residual),
+        "updated_at": bindparam("now"),
+    }
+    if charge:
+        values["rho"] = Account.rho + rho
+        values["gaussian_mu2"] = Account.gaussian_mu2 + mu2 if gaussian else None
+        values["releases"] = Account.releases + bindparam("count")
+    return (
+        update(Account)
+        .where(Account.id.in_(bindparam("ids", expanding=True)))
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
