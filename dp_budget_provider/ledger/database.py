@@ -131,15 +131,17 @@ def transaction(engine: Engine, *, write: bool, snapshot: bool = False) -> Itera
                     connection.exec_driver_sql("SET TRANSACTION READ ONLY")
                 yield connection
     except (exc.OperationalError, exc.InterfaceError) as error:
-        raise LedgerUnavailable(
-            f"ledger database {safe_url(engine)} failed: {error.orig or error}"
-        ) from error
+        raise unavailable(engine, error) from error
     except exc.DBAPIError as error:
         if error.connection_invalidated:
-            raise LedgerUnavailable(
-                f"ledger database {safe_url(engine)} connection lost: {error.orig or error}"
-            ) from error
+            raise unavailable(engine, error, "connection lost") from error
         raise
+
+
+def unavailable(engine: Engine, error: BaseException, what: str = "failed") -> LedgerUnavailable:
+    """The error a ledger call raises when its database fails, naming the database."""
+    cause = getattr(error, "orig", None) or error
+    return LedgerUnavailable(f"ledger database {safe_url(engine)} {what}: {cause}")
 
 
 def _alembic_config(connection: Connection) -> Config:

@@ -1067,10 +1067,9 @@ class PrivacyBudgetLedger:
     ) -> dict[LedgerKey, tuple[Spend, Spend]]:
         """(committed, pending) spend of each key; nothing for an untouched key."""
         found: dict[LedgerKey, tuple[Spend, Spend]] = defaultdict(lambda: (Spend(), Spend()))
-        columns = [getattr(Account, c.strip(' "')) for c in statements.ACCOUNT_ROW.split(",")]
         for chunk in _chunks(keys):
             rows = connection.execute(
-                select(*columns).where(
+                select(*statements.ACCOUNT_COLUMNS).where(
                     tuple_(*_KEY_COLUMNS).in_([statements.key_tuple(k) for k in chunk])
                 )
             )

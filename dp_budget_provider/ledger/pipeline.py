@@ -26,7 +26,6 @@ from dp_budget_provider.ledger.errors import (
     LedgerCorrupt,
     LedgerError,
     LedgerSchemaError,
-    LedgerUnavailable,
 )
 
 _PYFORMAT = re.compile(r"%\((\w+)\)s")
@@ -165,11 +164,10 @@ def write(engine: Engine) -> Iterator[Pipeline]:
             f"ledger database {database.safe_url(engine)} lacks a server function of its "
             f"schema ({str(error).strip().splitlines()[0]}); run `dp-budget db upgrade`"
         ) from error
-    except (psycopg2.OperationalError, psycopg2.InterfaceError) as error:
-        raise LedgerUnavailable(
-            f"ledger database {database.safe_url(engine)} failed: {error}"
-        ) from error
-    except (exc.OperationalError, exc.InterfaceError) as error:
-        raise LedgerUnavailable(
-            f"ledger database {database.safe_url(engine)} failed: {error.orig or error}"
-        ) from error
+    except (
+        psycopg2.OperationalError,
+        psycopg2.InterfaceError,
+        exc.OperationalError,
+        exc.InterfaceError,
+    ) as error:
+        raise database.unavailable(engine, error) from error

@@ -49,6 +49,7 @@ ACCOUNT_ROW = (
     'id, tenant, subject, query_type, "window", rho, residual, gaussian_mu2, '
     "open_reservations, releases, pending_rho, pending_residual, pending_mu2, pending_others"
 )
+ACCOUNT_COLUMNS = tuple(getattr(Account, name.strip(' "')) for name in ACCOUNT_ROW.split(","))
 
 # PostgreSQL: create missing accounts and lock all of them, in the order given (key
 # order), in one statement however many keys a release touches.
@@ -164,7 +165,7 @@ def sqlite_upsert() -> Any:
             "pending_others": Account.pending_others + added.pending_others,
             "updated_at": added.updated_at,
         },
-    ).returning(*(getattr(Account, c.strip(' "')) for c in ACCOUNT_ROW.split(",")))
+    ).returning(*ACCOUNT_COLUMNS)
 
 
 @functools.cache
@@ -177,7 +178,7 @@ def lock_reservation_accounts() -> Any:
         ReservationKey.window == Account.window,
     )
     return (
-        select(*(getattr(Account, c.strip(' "')) for c in ACCOUNT_ROW.split(",")))
+        select(*ACCOUNT_COLUMNS)
         .join(ReservationKey, joined)
         .where(ReservationKey.reservation_id == bindparam("rid"))
         .order_by(ReservationKey.position)
