@@ -19,7 +19,13 @@ from dp_budget_provider.ledger import history
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.records import VerifyReport
-from dp_budget_provider.ledger.schema import Account, HistoryEntry, Reservation, ReservationKey
+from dp_budget_provider.ledger.schema import (
+    Account,
+    HistoryEntry,
+    LedgerConfig,
+    Reservation,
+    ReservationKey,
+)
 from dp_budget_provider.ledger.spend import Pending, Spend
 
 
@@ -90,7 +96,10 @@ class _Replay:
 
 def verify(connection: Connection, size: int) -> VerifyReport:
     """Audit the ledger seen through ``connection`` (one consistent snapshot)."""
-    problems = [f"entry {p.seq}: {p.problem}" for p in history.chain_problems(connection)]
+    chains = connection.execute(
+        select(LedgerConfig.chains).where(LedgerConfig.id == 1)
+    ).scalar_one()
+    problems = [f"entry {p.seq}: {p.problem}" for p in history.chain_problems(connection, chains)]
     digests = dict(connection.execute(select(Reservation.id, Reservation.keys_digest)).all())
     keys_of: dict[str, list[LedgerKey]] = defaultdict(list)
     for row in connection.execute(

@@ -1,9 +1,13 @@
 """The append-only, hash-chained audit history.
 
-Each entry's hash is sha256 over the previous hash and the entry's canonical JSON, so
-an edited, deleted, inserted or reordered entry breaks every later link. The chain head
-row is locked as the last step of each write transaction: entries are appended in
-commit order with consecutive sequence numbers.
+Each entry's hash is sha256 over the previous hash *on its chain* and the entry's
+canonical JSON, so an edited, deleted, inserted or reordered entry breaks every later
+link of its chain. The history is split into :data:`CHAINS` chains by key
+(:func:`chain_of`): writers on different keys lock different chain heads, instead of
+all queueing on one row. A chain's head row is locked as the last step of each write
+transaction, so each chain is appended in commit order. ``seq`` numbers the whole
+history (the order replays and pages use); it is hashed with the entry, rises along
+every chain and follows the commit order of each account.
 
 The canonical JSON ends with the sequence number (``"seq"`` sorts last), so everything
 before it, the *link prefix*, is known before the chain head is locked. On PostgreSQL
@@ -16,17 +20,35 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, insert, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select, update
 
+from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.schema import ChainHead, HistoryEntry
 
 GENESIS = "0" * 64
+# Chains of a ledger made now (fixed per ledger in dp_ledger_config.chains).
+CHAINS = 64
+# The chain of entries about no key, or about a whole window.
+KEYLESS_CHAIN = 1
+
+
+def chain_of(key: LedgerKey | None, chains: int) -> int:
+    """The chain (1..chains) an entry about ``key`` is linked on: a stable hash of the key.
+
+    Any chain would do for integrity; spreading keys over chains is what lets writers
+    on different keys link their entries without waiting for each other.
+    """
+    if key is None or chains <= 1:
+        return KEYLESS_CHAIN
+    text = "\x1f".join((key.tenant, key.subject, key.query_type, key.window))
+    return zlib.crc32(text.encode()) % chains + 1
 
 
 def canonical_json(value: Any) -> str:
@@ -78,6 +100,7 @@ def entry_body(row: Any) -> dict[str, Any]:
 
 def entry_columns(
     *,
+    chain: int,
     at: str,
     action: str,
     actor: str,
@@ -87,6 +110,7 @@ def entry_columns(
 ) -> dict[str, Any]:
     """The stored columns of a new entry, except seq and the hashes, plus its link prefix."""
     row = {
+        "chain": chain,
         "at": at,
         "action": action,
         "actor": actor,
@@ -101,19 +125,20 @@ def entry_columns(
     return row
 
 
-# The server-side append (PostgreSQL, migration 0002); parameters from entry_columns.
+# The server-side append (PostgreSQL, migration 0003); parameters from entry_columns.
 SERVER_APPEND = (
-    "SELECT dp_append(%(at)s, %(action)s, %(actor)s, %(reservation_id)s, %(tenant)s, "
+    "SELECT dp_append(%(chain)s, %(at)s, %(action)s, %(actor)s, %(reservation_id)s, %(tenant)s, "
     "%(subject)s, %(query_type)s, %(window)s, %(payload)s, %(link_prefix)s)"
 )
 
 
-# The client-side append's statements (SQLite), built once.
-_HEAD_FOR_UPDATE = select(ChainHead.seq, ChainHead.hash).where(ChainHead.id == 1).with_for_update()
+# The client-side append's statements (SQLite, one writer at a time), built once.
+_HEAD_HASH = select(ChainHead.hash).where(ChainHead.id == bindparam("chain"))
+_LAST_SEQ = select(func.coalesce(func.max(HistoryEntry.seq), 0))
 _INSERT_ENTRY = insert(HistoryEntry)
 _MOVE_HEAD = (
     update(ChainHead)
-    .where(ChainHead.id == 1)
+    .where(ChainHead.id == bindparam("chain"))
     .values(seq=bindparam("new_seq"), hash=bindparam("new_hash"))
 )
 
@@ -121,6 +146,7 @@ _MOVE_HEAD = (
 def append(
     connection: Connection,
     *,
+    chain: int,
     at: str,
     action: str,
     actor: str,
@@ -128,19 +154,27 @@ def append(
     reservation_id: str | None = None,
     key: LedgerKey | None = None,
 ) -> int:
-    """Append one entry, locking the chain head (call last in the transaction); returns seq."""
+    """Append one entry on ``chain`` (call last in the transaction); returns its seq."""
     row = entry_columns(
-        at=at, action=action, actor=actor, payload=payload, reservation_id=reservation_id, key=key
+        chain=chain,
+        at=at,
+        action=action,
+        actor=actor,
+        payload=payload,
+        reservation_id=reservation_id,
+        key=key,
     )
     if connection.dialect.name == "postgresql":
         return int(connection.exec_driver_sql(SERVER_APPEND, row).scalar_one())
-    head = connection.execute(_HEAD_FOR_UPDATE).one()
-    seq = head.seq + 1
+    prev = connection.execute(_HEAD_HASH, {"chain": chain}).scalar_one_or_none()
+    if prev is None:
+        raise LedgerCorrupt(f"dp_chain_head has no row for chain {chain}")
+    seq = connection.execute(_LAST_SEQ).scalar_one() + 1
     row["seq"] = seq
-    row["prev_hash"] = head.hash
-    row["hash"] = link_hash(head.hash, row.pop("link_prefix"), seq)
+    row["prev_hash"] = prev
+    row["hash"] = link_hash(prev, row.pop("link_prefix"), seq)
     connection.execute(_INSERT_ENTRY, row)
-    connection.execute(_MOVE_HEAD, {"new_seq": seq, "new_hash": row["hash"]})
+    connection.execute(_MOVE_HEAD, {"chain": chain, "new_seq": seq, "new_hash": row["hash"]})
     return seq
 
 
@@ -181,23 +215,53 @@ class ChainProblem:
     problem: str
 
 
-def chain_problems(connection: Connection, batch: int = 5000) -> Iterator[ChainProblem]:
-    """Walk the whole history in order and report every broken link."""
-    expected_seq, prev = 1, GENESIS
+def chain_problems(
+    connection: Connection, chains: int, batch: int = 5000
+) -> Iterator[ChainProblem]:
+    """Walk the whole history in ``seq`` order, every chain at once; report broken links.
+
+    Each entry must link to the previous entry of its own chain and hash to what it
+    holds; each of the ``chains`` heads (the number is fixed in the ledger's config) must
+    name its chain's last entry, so an entry removed from the end of a chain is found too.
+    """
+    last: dict[int, tuple[int, str]] = {}  # chain -> (seq, hash) of its last entry so far
     result = connection.execution_options(yield_per=batch).execute(
         select(HistoryEntry).order_by(HistoryEntry.seq)
     )
     for row in result:
-        if row.seq != expected_seq:
-            yield ChainProblem(row.seq, f"expected entry {expected_seq}: entries missing or moved")
+        if not 1 <= row.chain <= chains:
+            yield ChainProblem(row.seq, f"entry names chain {row.chain}, outside 1..{chains}")
+        prev = last.get(row.chain, (0, GENESIS))[1]
         if row.prev_hash != prev:
-            yield ChainProblem(row.seq, "previous-hash link does not match the preceding entry")
+            yield ChainProblem(
+                row.seq,
+                f"previous-hash link does not match the preceding entry of chain {row.chain} "
+                "(entries missing, moved or inserted)",
+            )
         recomputed = entry_hash(
             row.prev_hash, row.seq, row.at, row.action, row.actor, entry_body(row)
         )
         if recomputed != row.hash:
             yield ChainProblem(row.seq, "content does not match its hash (entry edited)")
-        expected_seq, prev = row.seq + 1, row.hash
-    head = connection.execute(select(ChainHead.seq, ChainHead.hash).where(ChainHead.id == 1)).one()
-    if head.seq != expected_seq - 1 or head.hash != prev:
-        yield ChainProblem(head.seq, "chain head does not match the last entry (entries removed)")
+        last[row.chain] = (row.seq, row.hash)
+    heads = {row.id: row for row in connection.execute(select(ChainHead))}
+    for chain in range(1, chains + 1):
+        head = heads.pop(chain, None)
+        seq, hash_ = last.get(chain, (0, GENESIS))
+        if head is None:
+            yield ChainProblem(seq, f"the head of chain {chain} is missing")
+        elif (head.seq, head.hash) != (seq, hash_):
+            yield ChainProblem(
+                head.seq, f"head of chain {chain} does not match its last entry (entries removed)"
+            )
+    for extra in heads.values():
+        yield ChainProblem(
+            extra.seq, f"a head for chain {extra.id}, which the ledger does not have"
+        )
+
+
+def heads_digest(connection: Connection) -> tuple[int, str]:
+    """(last seq, sha256 over every chain head): changes whenever anything is appended."""
+    rows = connection.execute(select(ChainHead.id, ChainHead.seq, ChainHead.hash)).all()
+    text = "\n".join(f"{row.id}:{row.hash}" for row in sorted(rows))
+    return max((row.seq for row in rows), default=0), hashlib.sha256(text.encode()).hexdigest()

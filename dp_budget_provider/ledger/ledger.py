@@ -196,11 +196,20 @@ class PrivacyBudgetLedger:
                 orders=json.dumps(self._orders.tolist()),
                 conversion=self._conversion,
                 created_at=now,
+                chains=history.CHAINS,
             )
         )
-        connection.execute(insert(ChainHead).values(id=1, seq=0, hash=history.GENESIS))
+        self._chains = history.CHAINS
+        connection.execute(
+            insert(ChainHead),
+            [
+                {"id": chain, "seq": 0, "hash": history.GENESIS}
+                for chain in range(1, self._chains + 1)
+            ],
+        )
         history.append(
             connection,
+            chain=history.KEYLESS_CHAIN,
             at=now,
             action="create",
             actor=self.actor,
@@ -220,6 +229,7 @@ class PrivacyBudgetLedger:
         """Refuse another grid, conversion, delta or default cap; keep the stored delta."""
         config = connection.execute(select(LedgerConfig).where(LedgerConfig.id == 1)).one()
         self._delta: float = config.delta
+        self._chains: int = config.chains
         stored_orders = json.loads(config.orders)
         if stored_orders != self._orders.tolist():
             raise LedgerConfigMismatch(
@@ -244,6 +254,10 @@ class PrivacyBudgetLedger:
                 f"{default.warn_fraction}); refusing eps={cap.epsilon} (warn at "
                 f"{cap.warn_fraction}). Change caps with set_policy, which is audited"
             )
+
+    def _chain(self, key: LedgerKey) -> int:
+        """The history chain of entries about ``key`` (or a release whose first key it is)."""
+        return history.chain_of(key, self._chains)
 
     def _write(self) -> Any:
         return database.transaction(self._engine, write=True)
@@ -356,6 +370,7 @@ class PrivacyBudgetLedger:
             )
         history.append(
             connection,
+            chain=history.KEYLESS_CHAIN,
             at=now,
             action="policy",
             actor=self.actor,
@@ -661,6 +676,7 @@ class PrivacyBudgetLedger:
         )
         self._insert_reservation_keys(pipe, reservation_id, keys)
         pipe.append_history(
+            chain=self._chain(keys[0]),
             at=now,
             action="reserve",
             actor=self.actor,
@@ -777,6 +793,7 @@ class PrivacyBudgetLedger:
         )
         history.append(
             connection,
+            chain=self._chain(keys[0]),
             at=now,
             action=action,
             actor=self.actor,
@@ -831,6 +848,7 @@ class PrivacyBudgetLedger:
         keys = reservation.keys
         digest = history.keys_digest(keys)
         entry = history.entry_columns(
+            chain=self._chain(keys[0]),
             at=_stamp(_now()),
             action="commit",
             actor=self.actor,
@@ -984,6 +1002,7 @@ class PrivacyBudgetLedger:
             )
             history.append(
                 connection,
+                chain=self._chain(keys[0]),
                 at=now,
                 action="release",
                 actor=self.actor,
@@ -1201,6 +1220,7 @@ class PrivacyBudgetLedger:
             connection.execute(delete(Account).where(Account.window == label))
             history.append(
                 connection,
+                chain=history.KEYLESS_CHAIN,
                 at=_stamp(_now()),
                 action="reset",
                 actor=self.actor,
@@ -1239,6 +1259,7 @@ class PrivacyBudgetLedger:
             self._store_spend(connection, locked[new].id, merged, locked[old].releases, now)
             connection.execute(delete(Account).where(Account.id == locked[old].id))
             pipe.append_history(
+                chain=self._chain(new),
                 at=now,
                 action="rescope",
                 actor=self.actor,
@@ -1272,6 +1293,7 @@ class PrivacyBudgetLedger:
             connection = pipe.core()
             self._store_spend(connection, held.id, after, count, now)
             pipe.append_history(
+                chain=self._chain(keys[0]),
                 at=now,
                 action="correction",
                 actor=self.actor,

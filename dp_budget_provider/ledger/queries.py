@@ -43,7 +43,6 @@ from dp_budget_provider.ledger.records import COMMITTED, OPEN, REAPED, RELEASED,
 from dp_budget_provider.ledger.report import STATE_EXHAUSTED, STATE_OK, STATE_WARNING
 from dp_budget_provider.ledger.schema import (
     Account,
-    ChainHead,
     HistoryEntry,
     ReservationKey,
 )
@@ -706,9 +705,6 @@ def key_reservations(
 
 
 def chain_head(ledger: PrivacyBudgetLedger) -> tuple[int, str]:
-    """(seq, hash) of the last history entry: changes whenever anything is written."""
+    """(last seq, digest of every chain head): changes whenever anything is written."""
     with ledger.reading() as connection:
-        row = connection.execute(
-            select(ChainHead.seq, ChainHead.hash).where(ChainHead.id == 1)
-        ).one()
-    return int(row.seq), str(row.hash)
+        return history.heads_digest(connection)

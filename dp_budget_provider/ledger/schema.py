@@ -9,10 +9,12 @@ Design notes:
   row lock, so the prospective check reads everything it needs from the one locked row.
 * Reservations list their keys in ``dp_reservation_keys`` by value, not by account id:
   accounts are dropped when their window is reset, the audit trail is not.
-* ``dp_history`` is append-only and hash-chained; ``dp_chain_head`` holds the last link
-  and is the row every writer locks last, so appends are serialised and gap-free. On
-  PostgreSQL the server-side function ``dp_append`` (migration 0002) makes the link, so
-  that lock is held for microseconds, never across a client round trip.
+* ``dp_history`` is append-only and hash-chained, in ``dp_ledger_config.chains`` chains
+  (migration 0003): an entry is linked on its key's chain, so writers on different keys
+  rarely share a chain head. ``dp_chain_head`` holds each chain's last link, locked last
+  by every writer on that chain, so a chain is serialised and gap-free; ``seq`` orders
+  the whole history. On PostgreSQL the server-side function ``dp_append`` makes the
+  link, so a head's lock is never held across a client round trip.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class LedgerConfig(Base):
     conversion: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[str] = mapped_column(String(40))
     policy_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    chains: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
 class PolicyRow(Base):
@@ -136,6 +139,7 @@ class HistoryEntry(Base):
     __table_args__ = (Index("ix_dp_history_key", "tenant", "subject", "query_type", "window"),)
 
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    chain: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     at: Mapped[str] = mapped_column(String(40))
     action: Mapped[str] = mapped_column(String(16))
     actor: Mapped[str] = mapped_column(String(KEY_LENGTH))
@@ -150,7 +154,10 @@ class HistoryEntry(Base):
 
 
 class ChainHead(Base):
-    """The last history link; locked last by every writer so the chain has no forks or gaps."""
+    """The last link of one history chain (id = chain number; seq 0 while it is empty).
+
+    Locked last by every writer on that chain, so a chain has no forks or gaps.
+    """
 
     __tablename__ = "dp_chain_head"
 

@@ -97,7 +97,7 @@ POLICY_ROWS = (
 )
 
 SERVER_COMMIT = """
-SELECT * FROM dp_commit(%(reservation_id)s, %(state)s, %(action)s, %(at)s, %(actor)s,
+SELECT * FROM dp_commit(%(chain)s, %(reservation_id)s, %(state)s, %(action)s, %(at)s, %(actor)s,
     %(attempt_id)s, %(count)s, %(keys_digest)s, %(cost_rho)s, %(cost_mu2)s, %(tenant)s,
     %(subject)s, %(query_type)s, %(window)s, %(payload)s, %(link_prefix)s)
 """

@@ -509,7 +509,7 @@ def test_worker_killed_while_its_commit_waits_leaves_the_reservation_open(ledger
     if postgres:
         with pg_session(ledger_url, autocommit=False) as locker:
             with locker.cursor() as cursor:
-                cursor.execute("SELECT seq FROM dp_chain_head WHERE id = 1 FOR UPDATE")
+                cursor.execute("SELECT seq FROM dp_chain_head FOR UPDATE")  # every chain
             process, results = start_worker(
                 workers.operation, (ledger_url, "commit", reservation.id, 4.0, None)
             )
@@ -677,7 +677,7 @@ def test_backend_terminated_while_waiting_for_the_chain_head(postgres_url, op):
 
     with pg_session(postgres_url, autocommit=False) as locker:
         with locker.cursor() as cursor:
-            cursor.execute("SELECT seq FROM dp_chain_head WHERE id = 1 FOR UPDATE")
+            cursor.execute("SELECT seq FROM dp_chain_head FOR UPDATE")  # every chain
         process, results = start_worker(workers.operation, (postgres_url, op, argument, 4.0, None))
         expect_ready(results, process)
         with pg_session(postgres_url) as session, session.cursor() as cursor:

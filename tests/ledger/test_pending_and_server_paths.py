@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -241,20 +241,6 @@ def spy_on_general_path(ledger: PrivacyBudgetLedger, monkeypatch: Any) -> list[s
 
     monkeypatch.setattr(ledger, "_charge", charge)
     return charged
-
-
-@pytest.fixture
-def make_ledger() -> Iterator[Callable[..., PrivacyBudgetLedger]]:
-    opened: list[PrivacyBudgetLedger] = []
-
-    def make(*args: Any, **kwargs: Any) -> PrivacyBudgetLedger:
-        ledger = PrivacyBudgetLedger(*args, **kwargs)
-        opened.append(ledger)
-        return ledger
-
-    yield make
-    for ledger in opened:
-        ledger.close()
 
 
 # ---------------------------------------------------------------- 1. pending bookkeeping

@@ -1,0 +1,215 @@
+"""The history's hash chains (migration 0003): entries spread over chains by key, every
+chain verified, and an upgrade from the single chain of revision 0002.
+
+Stored rows are read and tampered with in plain SQL on the ledger's own URL.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import sqlalchemy as sa
+
+from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
+from dp_budget_provider.ledger import BudgetCap, LedgerKey, history, key_for
+from tests.ledger.test_pending_and_server_paths import execute, migrate, scalar
+
+CAP = BudgetCap(epsilon=1e6, delta=1e-5)
+WINDOW = "2026-11"
+GAUSS = GaussianMechanism(50.0)
+
+
+def rows(url: str, statement: str) -> list[tuple]:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as connection:
+            return [tuple(row) for row in connection.execute(sa.text(statement))]
+    finally:
+        engine.dispose()
+
+
+def keys_on_distinct_chains(count: int, chains: int = history.CHAINS) -> list[LedgerKey]:
+    """``count`` keys whose entries land on ``count`` different chains, none on chain 1."""
+    found: dict[int, LedgerKey] = {}
+    for i in range(10_000):
+        key = key_for(f"subject-{i}", "count", WINDOW)
+        chain = history.chain_of(key, chains)
+        if chain != history.KEYLESS_CHAIN:
+            found.setdefault(chain, key)
+        if len(found) == count:
+            return list(found.values())
+    raise AssertionError("keys did not spread over chains")
+
+
+def key_on_chain(chain: int) -> LedgerKey:
+    for i in range(10_000):
+        key = key_for(f"first-chain-{i}", "count", WINDOW)
+        if history.chain_of(key, history.CHAINS) == chain:
+            return key
+    raise AssertionError(f"no key maps to chain {chain}")
+
+
+def test_keys_spread_over_the_chains_and_keyless_entries_use_chain_one():
+    keys = [key_for(f"s-{i}", "q", WINDOW) for i in range(2000)]
+    counts = Counter(history.chain_of(key, history.CHAINS) for key in keys)
+    assert set(counts) == set(range(1, history.CHAINS + 1))  # every chain used
+    assert max(counts.values()) < 3 * len(keys) / history.CHAINS
+    assert history.chain_of(None, history.CHAINS) == history.KEYLESS_CHAIN
+    assert {history.chain_of(key, 1) for key in keys} == {1}
+    # Stable (a checksum of the canonical parts, not Python's salted hash()).
+    assert history.chain_of(key_for("alice", "heatmap", "2026-w28"), 64) == history.chain_of(
+        key_for(" Alice ", "HEATMAP", "2026-W28"), 64
+    )
+
+
+def test_each_entry_lands_on_its_keys_chain_and_every_chain_verifies(ledger_url, make_ledger):
+    ledger = make_ledger(cap=CAP, url=ledger_url)
+    keys = keys_on_distinct_chains(5)
+    for key in keys:
+        ledger.spend(key, GAUSS)
+        ledger.release(ledger.reserve(key, LaplaceMechanism(1.0)), reason="test")
+    multi = ledger.reserve(keys[::-1], GAUSS)  # stored in key order: its first key anchors
+    ledger.commit(multi)
+
+    assert scalar(ledger_url, "SELECT chains FROM dp_ledger_config") == history.CHAINS
+    assert scalar(ledger_url, "SELECT count(*) FROM dp_chain_head") == history.CHAINS
+    entries = rows(
+        ledger_url,
+        'SELECT seq, chain, action, tenant, subject, query_type, "window", reservation_id '
+        "FROM dp_history ORDER BY seq",
+    )
+    for seq, chain, action, tenant, subject, query_type, window, reservation_id in entries:
+        if tenant is not None:
+            key = LedgerKey.from_canonical(tenant, subject, query_type, window)
+            assert chain == history.chain_of(key, history.CHAINS), (seq, action)
+        elif reservation_id == multi.id:
+            assert chain == history.chain_of(multi.keys[0], history.CHAINS)
+        else:
+            assert action in ("create", "policy") and chain == history.KEYLESS_CHAIN
+    assert len({chain for _, chain, *_ in entries}) == 6
+    # seq orders the whole history and every head names its chain's last entry.
+    last = {}
+    for seq, chain, *_ in entries:
+        last[chain] = seq
+    heads = dict(rows(ledger_url, "SELECT id, seq FROM dp_chain_head"))
+    assert {chain: seq for chain, seq in heads.items() if seq} == last
+    assert ledger.verify().ok
+
+
+def _tampering(url: str) -> dict[str, tuple[str, str]]:
+    """Edits of a ledger whose chains 1 and c hold entries (c: the second key's chain)."""
+    chain = scalar(url, "SELECT max(chain) FROM dp_history")
+    first, last = rows(url, f"SELECT min(seq), max(seq) FROM dp_history WHERE chain = {chain}")[0]
+    other = scalar(url, f"SELECT max(seq) FROM dp_history WHERE chain <> {chain}")
+    return {
+        "delete the last entry of a chain (not the last overall)": (
+            f"DELETE FROM dp_history WHERE seq = {last}",
+            f"head of chain {chain} does not match",
+        ),
+        "delete a chain's first entry": (
+            f"DELETE FROM dp_history WHERE seq = {first}",
+            f"preceding entry of chain {chain}",
+        ),
+        "move an entry to another chain": (
+            f"UPDATE dp_history SET chain = 1 WHERE seq = {last}",
+            "preceding entry of chain 1",
+        ),
+        "swap the order of entries on two chains": (
+            f"UPDATE dp_history SET seq = -1 WHERE seq = {last}; "
+            f"UPDATE dp_history SET seq = {last} WHERE seq = {other}; "
+            f"UPDATE dp_history SET seq = {other} WHERE seq = -1",
+            "content does not match its hash",
+        ),
+        "drop a chain's head": (
+            f"DELETE FROM dp_chain_head WHERE id = {chain}",
+            f"the head of chain {chain} is missing",
+        ),
+        "claim fewer chains": (
+            "UPDATE dp_ledger_config SET chains = 1",
+            "outside 1..1",
+        ),
+        "add a chain head": (
+            f"INSERT INTO dp_chain_head (id, seq, hash) VALUES ({history.CHAINS + 1}, 0, "
+            f"'{history.GENESIS}')",
+            f"a head for chain {history.CHAINS + 1}",
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "delete the last entry of a chain (not the last overall)",
+        "delete a chain's first entry",
+        "move an entry to another chain",
+        "swap the order of entries on two chains",
+        "drop a chain's head",
+        "claim fewer chains",
+        "add a chain head",
+    ],
+)
+def test_verify_finds_tampering_on_any_chain(ledger_url, make_ledger, name):
+    ledger = make_ledger(cap=CAP, url=ledger_url)
+    a, b = keys_on_distinct_chains(2)
+    for _ in range(3):
+        ledger.spend(a, GAUSS)
+        ledger.spend(b, GAUSS)
+    assert ledger.verify().ok
+    statements, problem = _tampering(ledger_url)[name]
+    for statement in statements.split("; "):
+        execute(ledger_url, statement)
+    report = ledger.verify()
+    assert not report.ok
+    assert any(problem in p for p in report.problems), report.problems
+
+
+def test_upgrade_from_one_chain_keeps_the_history_and_shards_new_entries(ledger_url, make_ledger):
+    """A revision-0002 ledger (one chain) upgraded: old entries stay valid on chain 1,
+    numbering continues after them, new entries spread; a downgrade is refused once
+    entries live on other chains.
+    """
+    postgresql = ledger_url.startswith("postgresql")
+    key = key_on_chain(history.KEYLESS_CHAIN)
+    ledger = make_ledger(cap=CAP, url=ledger_url)
+    for _ in range(3):
+        ledger.spend(key, GAUSS)  # everything so far is on chain 1
+    ledger.close()
+    migrate(ledger_url, "downgrade", "0002")
+    assert scalar(ledger_url, "SELECT count(*) FROM dp_chain_head") == 1
+    before = rows(ledger_url, "SELECT seq, prev_hash, hash FROM dp_history ORDER BY seq")
+    assert [seq for seq, *_ in before] == list(range(1, 9))
+    if postgresql:  # 0002's single-chain append is back
+        execute(
+            ledger_url,
+            "SELECT dp_append('2026-11-29T00:00:00.000000Z', 'correction', 'test', NULL, "
+            "NULL, NULL, NULL, NULL, '{}', :prefix)",
+            prefix='{"action":"correction","actor":"test","at":"2026-11-29T00:00:00.000000Z",'
+            '"body":{"key":null,"payload":{},"reservation_id":null},"seq":',
+        )
+        assert scalar(ledger_url, "SELECT max(seq) FROM dp_history") == 9
+        execute(ledger_url, "DELETE FROM dp_history WHERE seq = 9")
+        execute(
+            ledger_url,
+            "UPDATE dp_chain_head SET seq = 8, hash = :hash WHERE id = 1",
+            hash=before[-1][2],
+        )
+
+    migrate(ledger_url, "upgrade", "head")
+    ledger = make_ledger(cap=CAP, url=ledger_url)
+    assert ledger.verify().ok
+    assert rows(ledger_url, "SELECT seq, prev_hash, hash FROM dp_history ORDER BY seq") == before
+    elsewhere = keys_on_distinct_chains(1)[0]
+    ledger.spend(elsewhere, GAUSS)
+    ledger.spend(key, GAUSS)
+    assert rows(ledger_url, "SELECT seq, chain FROM dp_history WHERE seq > 8 ORDER BY seq") == [
+        (9, history.chain_of(elsewhere, history.CHAINS)),
+        (10, history.chain_of(elsewhere, history.CHAINS)),
+        (11, 1),
+        (12, 1),
+    ]
+    assert ledger.verify().ok
+    ledger.close()
+    with pytest.raises(RuntimeError, match="chains other than chain 1"):
+        migrate(ledger_url, "downgrade", "0002")
+    assert scalar(ledger_url, "SELECT count(*) FROM dp_chain_head") == history.CHAINS
