@@ -13,6 +13,7 @@ pending spend as Gaussian-only exactly while ``pending_others`` is 0.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -971,3 +972,24 @@ def test_processes_on_overlapping_key_sets_stay_under_the_cap_and_clear_pending(
     assert ledger.open_reservations() == []
     report = ledger.verify()
     assert report.ok, report.problems
+
+
+def test_a_reservation_described_with_other_keys_commits_what_was_reserved(ledger_url, make_ledger):
+    """The ledger remembers the keys digest of the reservations it made, for their commit,
+    only for the very keys tuple it returned: a Reservation rebuilt with the same id but
+    other keys is re-digested, so the server refuses the description and the general
+    path charges exactly the stored keys.
+    """
+    ledger = make_ledger(cap=BudgetCap(epsilon=10.0, delta=DELTA), url=ledger_url)
+    alice, bob = key_for("alice", "heatmap", WINDOW), key_for("bob", "heatmap", WINDOW)
+    reservation = ledger.reserve([alice, bob], GAUSS)
+    forged = dataclasses.replace(reservation, keys=(alice,))
+    receipts = ledger.commit(forged)
+    assert [receipt.key for receipt in receipts] == [alice, bob]
+    charged = pending_of(cost_of(GAUSS))[0]
+    for key in (alice, bob):
+        row = account(ledger_url, key)
+        assert row["rho"] == charged and row["releases"] == 1
+        assert_nothing_pending(row)
+    assert ledger.commit(reservation) == receipts  # already committed: charges nothing more
+    assert ledger.verify().ok
