@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Engine, bindparam, func, insert, select, text, update
 
+from dp_budget_provider.ledger import database
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.schema import ChainHead, HistoryEntry
@@ -258,6 +259,30 @@ def chain_problems(
         yield ChainProblem(
             extra.seq, f"a head for chain {extra.id}, which the ledger does not have"
         )
+
+
+def settled_seq(engine: Engine) -> int | None:
+    """The highest ``seq`` below which no entry can still appear (PostgreSQL), else None.
+
+    On PostgreSQL an entry takes its number while its transaction holds its chain head,
+    and transactions on different chains commit in any order: entry 101 may be visible
+    while entry 100 is still being committed. Every number handed out so far belongs to
+    a transaction that holds a chain head until it ends, so once every head has been
+    share-locked (waiting for those transactions), each number up to the one read before
+    is committed or never will be. SQLite numbers under its single write lock, in commit
+    order, so it has no such window (None: no limit needed).
+    """
+    if engine.dialect.name != "postgresql":
+        return None
+    with database.transaction(engine, write=True) as connection:
+        handed_out = connection.execute(
+            text(
+                "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END "
+                "FROM dp_history_seq"
+            )
+        ).scalar_one()
+        connection.execute(text("SELECT id FROM dp_chain_head FOR SHARE")).all()
+    return int(handed_out)
 
 
 def heads_digest(connection: Connection) -> tuple[int, str]:

@@ -1178,8 +1178,16 @@ class PrivacyBudgetLedger:
     def history(
         self, key: LedgerKey | None = None, *, after_seq: int = 0, limit: int | None = None
     ) -> list[dict[str, Any]]:
-        """History entries in order (all, or those concerning ``key``), as plain dicts."""
+        """History entries in order (all, or those concerning ``key``), as plain dicts.
+
+        Paging with ``after_seq`` never skips an entry: only entries whose number is final
+        are returned (see :func:`history.settled_seq`), so one numbered below the last
+        entry returned cannot appear later.
+        """
+        settled = history.settled_seq(self._engine)
         query = select(HistoryEntry).where(HistoryEntry.seq > after_seq).order_by(HistoryEntry.seq)
+        if settled is not None:
+            query = query.where(HistoryEntry.seq <= settled)
         if key is not None:
             touching = select(ReservationKey.reservation_id).where(
                 ReservationKey.tenant == key.tenant,

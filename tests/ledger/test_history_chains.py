@@ -6,6 +6,8 @@ Stored rows are read and tampered with in plain SQL on the ledger's own URL.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 
 import pytest
@@ -13,6 +15,7 @@ import sqlalchemy as sa
 
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
 from dp_budget_provider.ledger import BudgetCap, LedgerKey, history, key_for
+from tests.ledger.test_concurrency import pg_session
 from tests.ledger.test_pending_and_server_paths import execute, migrate, scalar
 
 CAP = BudgetCap(epsilon=1e6, delta=1e-5)
@@ -213,3 +216,41 @@ def test_upgrade_from_one_chain_keeps_the_history_and_shards_new_entries(ledger_
     with pytest.raises(RuntimeError, match="chains other than chain 1"):
         migrate(ledger_url, "downgrade", "0002")
     assert scalar(ledger_url, "SELECT count(*) FROM dp_chain_head") == history.CHAINS
+
+
+def test_paging_waits_for_an_entry_numbered_before_others_but_still_committing(
+    postgres_url, make_ledger
+):
+    """Entry S is numbered by a transaction that has not committed yet when S+1 and S+2
+    (another chain) are already visible: a page after S-1 must wait for S instead of
+    returning S+1, S+2 (a reader continuing after S+2 would never see S).
+    """
+    ledger = make_ledger(cap=CAP, url=postgres_url)
+    a, b = keys_on_distinct_chains(2)
+    ledger.spend(a, GAUSS)
+    first = scalar(postgres_url, "SELECT max(seq) FROM dp_history") + 1
+    entry = history.entry_columns(
+        chain=history.chain_of(a, history.CHAINS),
+        at="2026-11-29T00:00:00.000000Z",
+        action="note",
+        actor="test",
+        payload={"note": "still committing"},
+    )
+    with pg_session(postgres_url, autocommit=False) as slow:
+        with slow.cursor() as cursor:
+            cursor.execute(history.SERVER_APPEND, entry)
+            assert cursor.fetchone()[0] == first
+        ledger.spend(b, GAUSS)  # first + 1, first + 2, committed
+        visible = rows(
+            postgres_url, f"SELECT seq FROM dp_history WHERE seq >= {first} ORDER BY seq"
+        )
+        assert visible == [(first + 1,), (first + 2,)]  # S is not, yet
+        committer = threading.Timer(1.0, slow.commit)
+        committer.start()
+        started = time.monotonic()
+        page = ledger.history(after_seq=first - 1)
+        waited = time.monotonic() - started
+        committer.join()
+    assert [e["seq"] for e in page] == [first, first + 1, first + 2]
+    assert waited > 0.5
+    assert ledger.history(after_seq=first + 2) == []
