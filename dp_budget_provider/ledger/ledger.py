@@ -43,7 +43,14 @@ from dp_budget_provider.accounting import (
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.conversion import check_conversion
 from dp_budget_provider.accounting.orders import validate_orders
-from dp_budget_provider.ledger import audit, database, history, pipeline, statements
+from dp_budget_provider.ledger import (
+    audit,
+    database,
+    history,
+    pipeline,
+    server_check,
+    statements,
+)
 from dp_budget_provider.ledger.errors import (
     BudgetExhausted,
     LedgerConfigMismatch,
@@ -161,6 +168,7 @@ class PrivacyBudgetLedger:
         except BaseException:
             self._engine.dispose()
             raise
+        self._limits = server_check.CapLimits(self._orders, self._delta, self._conversion)
 
     # ------------------------------------------------------------------ set-up
 
@@ -234,6 +242,9 @@ class PrivacyBudgetLedger:
         config = connection.execute(select(LedgerConfig).where(LedgerConfig.id == 1)).one()
         self._delta: float = config.delta
         self._chains: int = config.chains
+        if connection.dialect.name == "postgresql":
+            # Policies read after their version: what dp_reserve checks them against.
+            self._policy_snapshot = (config.policy_version, self._policies(connection))
         stored_orders = json.loads(config.orders)
         if stored_orders != self._orders.tolist():
             raise LedgerConfigMismatch(
@@ -599,6 +610,9 @@ class PrivacyBudgetLedger:
         ordered = self._keys(keys)
         mechanism, count, attempt_id, cost = self._release(mechanism, count, attempt)
         try:
+            decided = self._server_reserve(ordered, mechanism, count, attempt_id, cost)
+            if decided is not None:
+                return decided
             with pipeline.write(self._engine) as pipe:
                 return self._reserve(pipe, ordered, mechanism, count, attempt_id, cost)
         except (BudgetExhausted, pipeline.UniqueViolation) as error:
@@ -712,6 +726,20 @@ class PrivacyBudgetLedger:
                 "prospective_epsilon": worst,
             },
         )
+        return self._opened(reservation_id, attempt_id, keys, mechanism, count, worst, now, digest)
+
+    def _opened(
+        self,
+        reservation_id: str,
+        attempt_id: str,
+        keys: Sequence[LedgerKey],
+        mechanism: Mechanism,
+        count: int,
+        prospective_epsilon: float,
+        created_at: str,
+        digest: str,
+    ) -> Reservation:
+        """The record of a reservation just made; its keys digest is kept for its commit."""
         reservation = Reservation(
             id=reservation_id,
             attempt_id=attempt_id,
@@ -719,13 +747,83 @@ class PrivacyBudgetLedger:
             mechanism=mechanism,
             count=count,
             state=OPEN,
-            prospective_epsilon=worst,
-            created_at=now,
+            prospective_epsilon=prospective_epsilon,
+            created_at=created_at,
         )
         if len(self._digests) >= _DIGEST_CACHE_SIZE:
             self._digests.pop(next(iter(self._digests)))  # the oldest
         self._digests[reservation_id] = (reservation.keys, digest)
         return reservation
+
+    def _server_reserve(
+        self,
+        keys: list[LedgerKey],
+        mechanism: Mechanism,
+        count: int,
+        attempt_id: str,
+        cost: Spend,
+    ) -> Reservation | None:
+        """Reserve in one call to ``dp_reserve`` (PostgreSQL, one key, no residual curve).
+
+        The server accepts only what the client's check would accept (see
+        :mod:`server_check`), with the policies this ledger holds for the version it sends;
+        anything else (near or over the cap, a residual curve on the account, changed
+        policies) comes back undecided with nothing written: None, and the client decides.
+        The account row lock is then held for one server-side call only.
+        """
+        snapshot = self._policy_snapshot
+        if (
+            snapshot is None
+            or len(keys) != 1
+            or cost.residual is not None
+            or self._engine.dialect.name != "postgresql"
+        ):
+            return None
+        version, policies = snapshot
+        key = keys[0]
+        rho_limit, mu2_limit = self._limits.of(self._policy_for(policies, key).cap_epsilon)
+        now = _stamp(_now())
+        reservation_id = str(uuid.uuid4())
+        digest = history.keys_digest(keys)
+        spec = mechanism.to_spec()
+        entry = history.entry_around_server_tail(
+            chain=self._chain(key),
+            at=now,
+            action="reserve",
+            actor=self.actor,
+            payload={
+                "attempt_id": attempt_id,
+                "mechanism": spec,
+                "count": count,
+                "cost": cost.as_payload(),
+                "key_count": 1,
+                "keys_digest": digest,
+            },
+            tail_key="prospective",
+            reservation_id=reservation_id,
+            key=key,
+        )
+        params = {
+            **entry,
+            "policy_version": version,
+            "rho_limit": rho_limit,
+            "mu2_limit": mu2_limit,
+            "cost_rho": cost.rho,
+            "cost_mu2": cost.gaussian_mu2,
+            "attempt_id": attempt_id,
+            "mechanism": history.canonical_json(spec),
+            "count": count,
+            "keys_digest": digest,
+        }
+        try:
+            with pipeline.write(self._engine) as pipe:
+                rho, mu2 = pipe.query_alone(statements.SERVER_RESERVE, params)[0]
+        except pipeline.Undecided:
+            return None
+        prospective = self._bounds([Spend(rho, None, mu2)])[0].epsilon
+        return self._opened(
+            reservation_id, attempt_id, keys, mechanism, count, prospective, now, digest
+        )
 
     @staticmethod
     def _insert_reservation_keys(
@@ -774,6 +872,12 @@ class PrivacyBudgetLedger:
         return self._reservation_from_row(row, tuple(stored_keys))
 
     def _reservation_from_row(self, row: Any, keys: tuple[LedgerKey, ...]) -> Reservation:
+        prospective = row.prospective_epsilon
+        if prospective is None:  # decided by the server: it recorded the spend
+            spend = Spend.from_columns(
+                row.prospective_rho, None, row.prospective_mu2, self._orders.size
+            )
+            prospective = self._bounds([spend])[0].epsilon
         return Reservation(
             id=row.id,
             attempt_id=row.attempt_id,
@@ -781,7 +885,7 @@ class PrivacyBudgetLedger:
             mechanism=Mechanism.from_spec(json.loads(row.mechanism)),
             count=row.count,
             state=row.state,
-            prospective_epsilon=row.prospective_epsilon,
+            prospective_epsilon=prospective,
             created_at=row.created_at,
         )
 

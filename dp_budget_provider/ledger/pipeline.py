@@ -35,6 +35,14 @@ class UniqueViolation(LedgerError):
     """A write hit a unique constraint (e.g. a twin reserved the same attempt first)."""
 
 
+class Undecided(LedgerError):
+    """A server function left the decision to the client, having written nothing."""
+
+
+# The SQLSTATE of Undecided (raised by dp_reserve, migration 0003).
+UNDECIDED_SQLSTATE = "DPB01"
+
+
 class Pipeline:
     """One write transaction: ``query`` runs now, ``send`` may be deferred to the commit."""
 
@@ -157,17 +165,18 @@ def write(engine: Engine) -> Iterator[Pipeline]:
                     dbapi_connection.autocommit = False
     except psycopg2.errors.UniqueViolation as error:
         raise UniqueViolation(str(error)) from error
-    except psycopg2.errors.DataCorrupted as error:
-        raise LedgerCorrupt(str(error).strip()) from error
-    except psycopg2.errors.UndefinedFunction as error:
-        raise LedgerSchemaError(
-            f"ledger database {database.safe_url(engine)} lacks a server function of its "
-            f"schema ({str(error).strip().splitlines()[0]}); run `dp-budget db upgrade`"
-        ) from error
-    except (
-        psycopg2.OperationalError,
-        psycopg2.InterfaceError,
-        exc.OperationalError,
-        exc.InterfaceError,
-    ) as error:
+    except psycopg2.DatabaseError as error:
+        if error.pgcode == UNDECIDED_SQLSTATE:
+            raise Undecided(str(error).strip()) from error
+        if isinstance(error, psycopg2.errors.DataCorrupted):
+            raise LedgerCorrupt(str(error).strip()) from error
+        if isinstance(error, psycopg2.errors.UndefinedFunction):
+            raise LedgerSchemaError(
+                f"ledger database {database.safe_url(engine)} lacks a server function of its "
+                f"schema ({str(error).strip().splitlines()[0]}); run `dp-budget db upgrade`"
+            ) from error
+        if isinstance(error, psycopg2.OperationalError):
+            raise database.unavailable(engine, error) from error
+        raise
+    except (psycopg2.InterfaceError, exc.OperationalError, exc.InterfaceError) as error:
         raise database.unavailable(engine, error) from error

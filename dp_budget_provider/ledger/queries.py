@@ -691,7 +691,9 @@ def key_reservations(
             "cost_epsilon": epsilons.of_columns(
                 row.cost_rho, row.cost_residual, row.cost_gaussian_mu2
             ).epsilon,
-            "prospective_epsilon": row.prospective_epsilon,
+            "prospective_epsilon": row.prospective_epsilon
+            if row.prospective_epsilon is not None
+            else epsilons.of_columns(row.prospective_rho, None, row.prospective_mu2).epsilon,
             "actor": row.actor,
             "created_at": row.created_at,
             "resolved_at": row.resolved_at,

@@ -262,7 +262,11 @@ def entry_record(
         "hash": entry.get("hash"),
     }
     if entry["action"] == "reserve":
-        record["prospective_epsilon"] = payload.get("prospective_epsilon")
+        prospective = payload.get("prospective_epsilon")
+        if prospective is None and payload.get("prospective") and epsilon_alone is not None:
+            # decided by the server (dp_reserve), which records the prospective spend
+            prospective = epsilon_alone(payload["prospective"])
+        record["prospective_epsilon"] = prospective
     if entry["action"] in ("reserve", "commit", "reap") and "keys_digest" in payload:
         record["keys_digest"] = payload["keys_digest"]
     if entry["action"] == "rescope":

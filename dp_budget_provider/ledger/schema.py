@@ -103,7 +103,11 @@ class Reservation(Base):
     cost_gaussian_mu2: Mapped[float | None] = mapped_column(Float(53), nullable=True)
     key_count: Mapped[int] = mapped_column(Integer)
     keys_digest: Mapped[str] = mapped_column(String(64))
-    prospective_epsilon: Mapped[float] = mapped_column(Float(53))
+    # NULL when the server decided the reservation (dp_reserve, PostgreSQL): it cannot
+    # compute the epsilon, so it records the prospective spend, which determines it.
+    prospective_epsilon: Mapped[float | None] = mapped_column(Float(53), nullable=True)
+    prospective_rho: Mapped[float | None] = mapped_column(Float(53), nullable=True)
+    prospective_mu2: Mapped[float | None] = mapped_column(Float(53), nullable=True)
     actor: Mapped[str] = mapped_column(String(KEY_LENGTH))
     created_at: Mapped[str] = mapped_column(String(40))
     resolved_at: Mapped[str | None] = mapped_column(String(40), nullable=True)

@@ -96,6 +96,13 @@ POLICY_ROWS = (
     "min_window_seconds, compliance_clause FROM dp_policies"
 )
 
+SERVER_RESERVE = """
+SELECT * FROM dp_reserve(%(chain)s, %(tenant)s, %(subject)s, %(query_type)s, %(window)s,
+    %(policy_version)s, %(rho_limit)s, %(mu2_limit)s, %(cost_rho)s, %(cost_mu2)s,
+    %(reservation_id)s, %(attempt_id)s, %(mechanism)s, %(count)s, %(keys_digest)s,
+    %(actor)s, %(at)s, %(payload_head)s, %(prefix_head)s, %(prefix_tail)s)
+"""
+
 SERVER_COMMIT = """
 SELECT * FROM dp_commit(%(chain)s, %(reservation_id)s, %(state)s, %(action)s, %(at)s, %(actor)s,
     %(attempt_id)s, %(count)s, %(keys_digest)s, %(cost_rho)s, %(cost_mu2)s, %(tenant)s,

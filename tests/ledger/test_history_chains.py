@@ -175,8 +175,8 @@ def test_upgrade_from_one_chain_keeps_the_history_and_shards_new_entries(ledger_
     postgresql = ledger_url.startswith("postgresql")
     key = key_on_chain(history.KEYLESS_CHAIN)
     ledger = make_ledger(cap=CAP, url=ledger_url)
-    for _ in range(3):
-        ledger.spend(key, GAUSS)  # everything so far is on chain 1
+    for _ in range(3):  # everything so far is on chain 1, and decided by the client
+        ledger.spend(key, LaplaceMechanism(5.0))
     ledger.close()
     migrate(ledger_url, "downgrade", "0002")
     assert scalar(ledger_url, "SELECT count(*) FROM dp_chain_head") == 1

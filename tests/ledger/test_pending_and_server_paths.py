@@ -28,6 +28,7 @@ from alembic.config import Config
 
 from dp_budget_provider.accounting import (
     DEFAULT_ORDERS,
+    AccountantState,
     GaussianMechanism,
     LaplaceMechanism,
     Mechanism,
@@ -492,8 +493,23 @@ def ledger_record(url: str) -> tuple[list[tuple], list[tuple]]:
     """History and reservations without what differs between runs (ids, stamps, attempts,
     the reap reason, which names a creation time).
 
-    Reservations are numbered in the order the history first names them.
+    Reservations are numbered in the order the history first names them. A reservation
+    decided by the server (``dp_reserve``) records its prospective spend, not its epsilon;
+    it is converted here, independently of the ledger, with ``RDPAccountant``, so both
+    backends must record the same epsilon.
     """
+
+    def converted(rho: Any, mu2: Any) -> float:
+        accountant = RDPAccountant.from_state(
+            AccountantState(
+                tuple(float(a) for a in ORDERS),
+                float(rho),
+                (0.0,) * ORDERS.size,
+                None if mu2 is None else float(mu2),
+            )
+        )
+        return accountant.get_epsilon(DELTA)[0]
+
     engine = sa.create_engine(url)
     try:
         with engine.connect() as connection:
@@ -504,12 +520,15 @@ def ledger_record(url: str) -> tuple[list[tuple], list[tuple]]:
                 )
             ).all()
             reservations = {
-                row[0]: tuple(row[1:])
+                row[0]: (
+                    *row[1:9],
+                    row[9] if row[9] is not None else converted(row[10], row[11]),
+                )
                 for row in connection.execute(
                     sa.text(
                         "SELECT id, state, mechanism, count, cost_rho, cost_residual, "
-                        "cost_gaussian_mu2, key_count, keys_digest, prospective_epsilon "
-                        "FROM dp_reservations"
+                        "cost_gaussian_mu2, key_count, keys_digest, prospective_epsilon, "
+                        "prospective_rho, prospective_mu2 FROM dp_reservations"
                     )
                 )
             }
@@ -522,6 +541,9 @@ def ledger_record(url: str) -> tuple[list[tuple], list[tuple]]:
             number.setdefault(reservation_id, len(number))
         varying = {"attempt_id", "reason"} if action == "reap" else {"attempt_id"}
         content = {k: v for k, v in json.loads(payload).items() if k not in varying}
+        if "prospective" in content:
+            spend = content.pop("prospective")
+            content["prospective_epsilon"] = converted(spend["rho"], spend["gaussian_mu2"])
         steps.append((action, number.get(reservation_id), *key, content))
     assert set(number) == set(reservations)
     return steps, [reservations[rid] for rid in sorted(number, key=number.__getitem__)]
