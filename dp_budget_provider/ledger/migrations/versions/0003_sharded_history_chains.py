@@ -13,7 +13,9 @@
   is locked (so it rises along each chain) and while the entry's accounts are locked (so
   it follows their commit order); a transaction that rolls back after taking a number
   leaves a gap. SQLite has one writer at a time and numbers without gaps.
-* PostgreSQL: ``dp_append`` and ``dp_commit`` take the chain number; ``dp_accounts``
+* PostgreSQL: ``dp_append`` and ``dp_commit`` take the chain number, and ``dp_commit``
+  commits without waiting for the disk (a commit lost in a crash leaves its reservation
+  open, counted and reapable: never an undercount); ``dp_accounts``
   gets fillfactor 70 so an account's updates usually stay on its page (HOT updates,
   no index writes).
 * PostgreSQL: ``dp_reserve`` reserves a single-key release in one call when the server
@@ -78,10 +80,21 @@ END
 $$
 """
 
-# 0002's dp_commit with the chain passed through to dp_append.
-DP_COMMIT = _previous.DP_COMMIT.replace(
-    "CREATE FUNCTION dp_commit(\n", "CREATE FUNCTION dp_commit(\n    p_chain integer,\n", 1
-).replace("PERFORM dp_append(p_at,", "PERFORM dp_append(p_chain, p_at,", 1)
+# 0002's dp_commit with the chain passed through to dp_append, committing asynchronously:
+# a commit lost in a crash leaves its reservation open, still counted and later reaped
+# as charged, so only the reservation needs to wait for the disk.
+DP_COMMIT = (
+    _previous.DP_COMMIT.replace(
+        "CREATE FUNCTION dp_commit(\n", "CREATE FUNCTION dp_commit(\n    p_chain integer,\n", 1
+    )
+    .replace("PERFORM dp_append(p_at,", "PERFORM dp_append(p_chain, p_at,", 1)
+    .replace(
+        "    v_locked integer;\nBEGIN\n",
+        "    v_locked integer;\nBEGIN\n"
+        "    PERFORM set_config('synchronous_commit', 'off', true);\n",
+        1,
+    )
+)
 
 # The server-built part of the reserve entry's payload: the prospective spend, in the
 # form of Spend.as_payload, closing the payload. Only '"' in it needs escaping when the
@@ -193,22 +206,21 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     connection = op.get_bind()
-    sharded = connection.execute(
-        sa.text("SELECT count(*) FROM dp_history WHERE chain <> 1")
-    ).scalar_one()
-    if sharded:
-        raise RuntimeError(
-            f"cannot downgrade below revision 0003: {sharded} history entries are linked on "
-            "chains other than chain 1, which revision 0002 cannot verify"
-        )
-    decided = connection.execute(
-        sa.text("SELECT count(*) FROM dp_reservations WHERE prospective_epsilon IS NULL")
-    ).scalar_one()
-    if decided:
-        raise RuntimeError(
-            f"cannot downgrade below revision 0003: {decided} reservations record their "
-            "prospective spend instead of an epsilon, which revision 0002 cannot read"
-        )
+    for count, why in (
+        (
+            "SELECT count(*) FROM dp_history WHERE chain <> 1",
+            "history entries are linked on chains other than chain 1, which revision 0002 "
+            "cannot verify",
+        ),
+        (
+            "SELECT count(*) FROM dp_reservations WHERE prospective_epsilon IS NULL",
+            "reservations record their prospective spend instead of an epsilon, which "
+            "revision 0002 cannot read",
+        ),
+    ):
+        found = connection.execute(sa.text(count)).scalar_one()
+        if found:
+            raise RuntimeError(f"cannot downgrade below revision 0003: {found} {why}")
     if connection.dialect.name == "postgresql":
         op.execute(f"DROP FUNCTION {_RESERVE_SIGNATURE}")
         op.execute("ALTER TABLE dp_accounts RESET (fillfactor)")
