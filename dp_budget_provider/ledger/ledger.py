@@ -262,7 +262,8 @@ class PrivacyBudgetLedger:
             raise LedgerConfigMismatch(
                 f"ledger delta is fixed at {config.delta!r}; refusing delta={cap.delta!r}"
             )
-        default = self._policies(connection)[(ANY, ANY)]
+        held = self._policy_snapshot
+        default = (held[1] if held else self._policies(connection))[(ANY, ANY)]
         if (cap.epsilon, cap.warn_fraction) != (default.cap_epsilon, default.warn_fraction):
             raise LedgerConfigMismatch(
                 f"ledger default cap is eps={default.cap_epsilon} (warn at "
