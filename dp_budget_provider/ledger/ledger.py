@@ -821,7 +821,8 @@ class PrivacyBudgetLedger:
                 rho, mu2 = pipe.query_alone(statements.SERVER_RESERVE, params)[0]
         except pipeline.Undecided:
             return None
-        prospective = self._bounds([Spend(rho, None, mu2)])[0].epsilon
+        spend = Spend.from_columns(rho, None, mu2, self._orders.size)  # validated
+        prospective = self._bounds([spend])[0].epsilon
         return self._opened(
             reservation_id, attempt_id, keys, mechanism, count, prospective, now, digest
         )

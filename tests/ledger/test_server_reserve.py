@@ -25,7 +25,14 @@ from dp_budget_provider.accounting import (
     ZCDPMechanism,
     gaussian_epsilon,
 )
-from dp_budget_provider.ledger import BudgetCap, BudgetExhausted, Policy, key_for, report
+from dp_budget_provider.ledger import (
+    BudgetCap,
+    BudgetExhausted,
+    LedgerCorrupt,
+    Policy,
+    key_for,
+    report,
+)
 from dp_budget_provider.ledger.server_check import MARGIN, CapLimits, largest_within
 from dp_budget_provider.ledger.spend import Spend
 from tests.ledger.test_pending_and_server_paths import execute, scalar, snapshot
@@ -179,3 +186,31 @@ def test_only_the_commit_skips_waiting_for_the_disk(postgres_url, make_ledger):
     assert "set_config('synchronous_commit', 'off', true)" in source
     reserve_source = scalar(postgres_url, "SELECT prosrc FROM pg_proc WHERE proname = 'dp_reserve'")
     assert "synchronous_commit" not in reserve_source
+
+
+@pytest.mark.parametrize(
+    "tampering",
+    [
+        "rho = -1",
+        "rho = 'NaN'",
+        "rho = 'Infinity'",
+        "pending_rho = -0.5",
+        "gaussian_mu2 = 'NaN'",
+        "gaussian_mu2 = -1",
+        "pending_mu2 = 'Infinity'",
+        "pending_others = -1",
+    ],
+)
+def test_a_corrupt_account_is_never_decided_by_the_server(postgres_url, make_ledger, tampering):
+    """Values edited in SQL that the client refuses as corrupt (negative, NaN, infinite)
+    must not pass the server's limits: the reservation fails closed, writing nothing."""
+    make_ledger(BudgetCap(10.0, DELTA), url=postgres_url)
+    ledger = make_ledger(url=postgres_url)
+    key = key_for("alice", "heatmap", WINDOW)
+    ledger.commit(ledger.reserve(key, GAUSS))
+    assert decided_by_server(postgres_url) == 1
+    execute(postgres_url, f"UPDATE dp_accounts SET {tampering}")
+    before = snapshot(postgres_url)
+    with pytest.raises(LedgerCorrupt):
+        ledger.reserve(key, GAUSS)
+    assert repr(snapshot(postgres_url)) == repr(before)  # repr: NaN != NaN

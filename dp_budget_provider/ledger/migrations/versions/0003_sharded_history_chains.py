@@ -135,7 +135,15 @@ BEGIN
     v_rho := v_acc.rho + v_acc.pending_rho;
     v_mu2 := CASE WHEN v_acc.gaussian_mu2 IS NOT NULL AND v_acc.pending_others = 0
                   THEN v_acc.gaussian_mu2 + v_acc.pending_mu2 END;
-    IF v_version IS DISTINCT FROM p_policy_version
+    -- Stored values the client would refuse as corrupt are the client's to refuse (fail
+    -- closed; NaN sorts above infinity in PostgreSQL, so the upper bound excludes both).
+    IF NOT (v_acc.rho >= 0 AND v_acc.rho < 'Infinity'::float8
+            AND v_acc.pending_rho >= 0 AND v_acc.pending_rho < 'Infinity'::float8
+            AND v_acc.pending_mu2 >= 0 AND v_acc.pending_mu2 < 'Infinity'::float8
+            AND v_acc.pending_others >= 0
+            AND COALESCE(v_acc.gaussian_mu2 >= 0 AND v_acc.gaussian_mu2 < 'Infinity'::float8,
+                         true))
+       OR v_version IS DISTINCT FROM p_policy_version
        OR v_acc.residual IS NOT NULL OR v_acc.pending_residual IS NOT NULL
        OR NOT (v_rho <= p_rho_limit
                OR COALESCE(v_mu2 > 0 AND v_mu2 <= p_mu2_limit, false)) THEN
