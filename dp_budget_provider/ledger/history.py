@@ -110,6 +110,27 @@ def entry_columns(
     key: LedgerKey | None = None,
 ) -> dict[str, Any]:
     """The stored columns of a new entry, except seq and the hashes, plus its link prefix."""
+    return _entry_row(
+        chain=chain,
+        at=at,
+        action=action,
+        actor=actor,
+        payload_text=canonical_json(payload),
+        reservation_id=reservation_id,
+        key=key,
+    )
+
+
+def _entry_row(
+    *,
+    chain: int,
+    at: str,
+    action: str,
+    actor: str,
+    payload_text: str,
+    reservation_id: str | None,
+    key: LedgerKey | None,
+) -> dict[str, Any]:
     row = {
         "chain": chain,
         "at": at,
@@ -120,7 +141,7 @@ def entry_columns(
         "subject": key.subject if key else None,
         "query_type": key.query_type if key else None,
         "window": key.window if key else None,
-        "payload": canonical_json(payload),
+        "payload": payload_text,
     }
     row["link_prefix"] = link_prefix(at, action, actor, entry_body(_Row(row)))
     return row
@@ -147,19 +168,18 @@ def entry_around_server_tail(
     if not payload or any(name >= tail_key for name in payload):
         raise ValueError(f"{tail_key!r} must sort after every payload key")
     head = canonical_json(payload)[:-1] + f",{canonical_json(tail_key)}:"
-    row = entry_columns(
+    row = _entry_row(
         chain=chain,
         at=at,
         action=action,
         actor=actor,
-        payload={},
+        payload_text=head + _CUT,
         reservation_id=reservation_id,
         key=key,
     )
-    row["payload"] = head + _CUT
-    prefix = link_prefix(at, action, actor, entry_body(_Row(row)))
+    prefix = row.pop("link_prefix")
     cut = prefix.rindex(_ESCAPED_CUT)  # the last one: the payload ends with it
-    del row["link_prefix"], row["payload"]
+    del row["payload"]
     return {
         **row,
         "payload_head": head,

@@ -718,12 +718,7 @@ class PrivacyBudgetLedger:
             reservation_id=reservation_id,
             key=keys[0] if len(keys) == 1 else None,
             payload={
-                "attempt_id": attempt_id,
-                "mechanism": spec,
-                "count": count,
-                "cost": cost.as_payload(),
-                "key_count": len(keys),
-                "keys_digest": digest,
+                **self._reserve_payload(attempt_id, spec, count, cost, len(keys), digest),
                 "prospective_epsilon": worst,
             },
         )
@@ -792,14 +787,7 @@ class PrivacyBudgetLedger:
             at=now,
             action="reserve",
             actor=self.actor,
-            payload={
-                "attempt_id": attempt_id,
-                "mechanism": spec,
-                "count": count,
-                "cost": cost.as_payload(),
-                "key_count": 1,
-                "keys_digest": digest,
-            },
+            payload=self._reserve_payload(attempt_id, spec, count, cost, 1, digest),
             tail_key="prospective",
             reservation_id=reservation_id,
             key=key,
@@ -821,11 +809,34 @@ class PrivacyBudgetLedger:
                 rho, mu2 = pipe.query_alone(statements.SERVER_RESERVE, params)[0]
         except pipeline.Undecided:
             return None
-        spend = Spend.from_columns(rho, None, mu2, self._orders.size)  # validated
-        prospective = self._bounds([spend])[0].epsilon
+        prospective = self._prospective_epsilon(rho, mu2)
         return self._opened(
             reservation_id, attempt_id, keys, mechanism, count, prospective, now, digest
         )
+
+    @staticmethod
+    def _reserve_payload(
+        attempt_id: str,
+        spec: dict[str, Any],
+        count: int,
+        cost: Spend,
+        key_count: int,
+        keys_digest: str,
+    ) -> dict[str, Any]:
+        """The reserve entry's payload but for its prospective part (both paths write it)."""
+        return {
+            "attempt_id": attempt_id,
+            "mechanism": spec,
+            "count": count,
+            "cost": cost.as_payload(),
+            "key_count": key_count,
+            "keys_digest": keys_digest,
+        }
+
+    def _prospective_epsilon(self, rho: float, mu2: float | None) -> float:
+        """The epsilon of a prospective spend the server recorded (validated as stored)."""
+        spend = Spend.from_columns(rho, None, mu2, self._orders.size)
+        return self._bounds([spend])[0].epsilon
 
     @staticmethod
     def _insert_reservation_keys(
@@ -876,10 +887,7 @@ class PrivacyBudgetLedger:
     def _reservation_from_row(self, row: Any, keys: tuple[LedgerKey, ...]) -> Reservation:
         prospective = row.prospective_epsilon
         if prospective is None:  # decided by the server: it recorded the spend
-            spend = Spend.from_columns(
-                row.prospective_rho, None, row.prospective_mu2, self._orders.size
-            )
-            prospective = self._bounds([spend])[0].epsilon
+            prospective = self._prospective_epsilon(row.prospective_rho, row.prospective_mu2)
         return Reservation(
             id=row.id,
             attempt_id=row.attempt_id,
