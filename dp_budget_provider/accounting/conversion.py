@@ -14,9 +14,10 @@ equal the oracle's on the same grid.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -33,17 +34,50 @@ def check_conversion(conversion: object) -> Conversion:
     return conversion  # type: ignore[return-value]
 
 
-def _epsilon_per_order(
-    orders: np.ndarray, rdp: np.ndarray, delta: float, conversion: Conversion
-) -> np.ndarray:
+class _Terms(NamedTuple):
+    """The curve-independent parts of a conversion on a grid of orders:
+    eps(a) = (RDP(a) + first) - second, +inf where ``unusable``."""
+
+    first: np.ndarray
+    second: np.ndarray
+    unusable: np.ndarray
+    tiny_curve_shortcut: bool
+
+
+def _terms(orders: np.ndarray, delta: float, conversion: Conversion) -> _Terms:
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         if conversion == "classic":
-            return rdp + math.log(1.0 / delta) / (orders - 1.0)
-        improved = rdp + np.log1p(-1.0 / orders) - np.log(delta * orders) / (orders - 1.0)
-        improved = np.where(orders > 1.01, improved, np.inf)
+            return _Terms(
+                math.log(1.0 / delta) / (orders - 1.0),
+                np.zeros(orders.shape),
+                np.zeros(orders.shape, dtype=bool),
+                tiny_curve_shortcut=False,
+            )
+        usable = orders > 1.01
+        return _Terms(
+            np.where(usable, np.log1p(-1.0 / orders), 0.0),
+            np.where(usable, np.log(delta * orders) / (orders - 1.0), 0.0),
+            ~usable,
+            tiny_curve_shortcut=True,
+        )
+
+
+@functools.lru_cache(maxsize=32)
+def _grid_terms(orders: bytes, delta: float, conversion: Conversion) -> _Terms:
+    """:func:`_terms` of a fixed grid (a ledger's, an accountant's), computed once: a
+    conversion is then a few array operations, and the ledger makes two per release."""
+    return _terms(np.frombuffer(orders, dtype=np.float64), delta, conversion)
+
+
+def _epsilon_per_order(rdp: np.ndarray, delta: float, terms: _Terms) -> np.ndarray:
+    per_order = rdp + terms.first
+    per_order -= terms.second
+    per_order[terms.unusable] = np.inf
+    if terms.tiny_curve_shortcut:
         # Bretagnolle-Huber: TV <= sqrt(1 - exp(-KL)) and KL <= RDP(a), so a curve this
         # small already gives (0, delta)-DP.
-        return np.where(delta**2 + np.expm1(-rdp) > 0.0, 0.0, improved)
+        per_order[delta**2 + np.expm1(-rdp) > 0.0] = 0.0
+    return per_order
 
 
 def rdp_to_epsilon(
@@ -57,13 +91,14 @@ def rdp_to_epsilon(
     delta = check.open_unit("delta", delta)
     conversion = check_conversion(conversion)
     rdp = np.asarray(rdp, dtype=np.float64)
-    if np.any(np.isnan(rdp)) or np.any(rdp < 0.0):
+    if not (rdp >= 0.0).all():  # NaN compares false
         raise ValueError("RDP curve contains NaN or negative values; refusing to convert it")
-    if not np.any(rdp):
+    if not rdp.any():
         return 0.0, None
-    per_order = _epsilon_per_order(np.asarray(orders, dtype=np.float64), rdp, delta, conversion)
+    grid = np.ascontiguousarray(orders, dtype=np.float64)
+    per_order = _epsilon_per_order(rdp, delta, _grid_terms(grid.tobytes(), delta, conversion))
     best = int(np.argmin(per_order))
-    return max(0.0, float(per_order[best])), float(orders[best])
+    return max(0.0, float(per_order[best])), float(grid[best])
 
 
 def continuous_optimal_epsilon(
@@ -85,7 +120,8 @@ def continuous_optimal_epsilon(
 
     def objective(log_excess: float) -> float:
         alpha = 1.0 + math.exp(log_excess)
-        value = _epsilon_per_order(np.array([alpha]), np.array([rdp_at(alpha)]), delta, conversion)
+        terms = _terms(np.array([alpha]), delta, conversion)
+        value = _epsilon_per_order(np.array([rdp_at(alpha)]), delta, terms)
         return float(value[0])
 
     lo, hi = math.log(min_order - 1.0), math.log(max_order - 1.0)

@@ -169,6 +169,7 @@ class PrivacyBudgetLedger:
             self._engine.dispose()
             raise
         self._limits = server_check.CapLimits(self._orders, self._delta, self._conversion)
+        self._server = pipeline.ServerCalls(self._engine)
 
     # ------------------------------------------------------------------ set-up
 
@@ -288,6 +289,7 @@ class PrivacyBudgetLedger:
 
     def close(self) -> None:
         """Release the database connections."""
+        self._server.close()
         self._engine.dispose()
 
     @property
@@ -345,19 +347,24 @@ class PrivacyBudgetLedger:
         return policies
 
     def _policies_at(
-        self, pipe: pipeline.Pipeline, version: int | None
+        self, pipe: pipeline.Pipeline | None, version: int | None
     ) -> dict[tuple[str, str], Policy]:
         """The policies, reusing the last ones read while ``version`` says they are current.
 
         ``version`` is ``dp_ledger_config.policy_version`` as the server reported it with
         the locked rows (PostgreSQL, where a trigger bumps it on any policy change);
-        None (SQLite, in-process reads are cheap) always reads.
+        None (SQLite, in-process reads are cheap) always reads. Without ``pipe`` they are
+        read in a transaction of their own.
         """
         if version is not None and self._policy_snapshot is not None:
             known, policies = self._policy_snapshot
             if known == version:
                 return policies
-        policies = self._policies(pipe)
+        if pipe is None:
+            with self.reading() as connection:
+                policies = self._policies(connection)
+        else:
+            policies = self._policies(pipe)
         if version is not None:
             self._policy_snapshot = (version, policies)
         return policies
@@ -805,8 +812,7 @@ class PrivacyBudgetLedger:
             "keys_digest": digest,
         }
         try:
-            with pipeline.write(self._engine) as pipe:
-                rho, mu2 = pipe.query_alone(statements.SERVER_RESERVE, params)[0]
+            rho, mu2 = self._server.run(statements.SERVER_RESERVE, params)[0]
         except pipeline.Undecided:
             return None
         prospective = self._prospective_epsilon(rho, mu2)
@@ -1015,13 +1021,12 @@ class PrivacyBudgetLedger:
             "cost_rho": cost.rho,
             "cost_mu2": cost.gaussian_mu2,
         }
-        with pipeline.write(self._engine) as pipe:
-            rows = pipe.query_alone(statements.SERVER_COMMIT, params)
-            if rows[0][0] == "missing":
-                raise ReservationStateError(f"no reservation {reservation.id!r} in this ledger")
-            if rows[0][0] != "charged":
-                return None
-            policies = self._policies_at(pipe, rows[0][8])
+        rows = self._server.run(statements.SERVER_COMMIT, params)
+        if rows[0][0] == "missing":
+            raise ReservationStateError(f"no reservation {reservation.id!r} in this ledger")
+        if rows[0][0] != "charged":
+            return None
+        policies = self._policies_at(None, rows[0][8])
         # Rows come in any order: (outcome, tenant, subject, query_type, window, rho,
         # residual, gaussian_mu2, policy_version); equal stored values load once.
         loaded: dict[tuple[Any, ...], Spend] = {}
