@@ -2,10 +2,13 @@
 
 Run: ``.venv/bin/python bench/ledger.py`` (PostgreSQL at ``DP_BUDGET_TEST_PG``, by
 default ``host=127.0.0.1 port=5432 user=postgres``; ``pgbench`` on the PATH).
-``--duration`` sets the seconds of each throughput run (default 10).
+``--duration`` sets the seconds of each throughput run (default 10), ``--rounds`` how
+many times the throughput benchmarks alternate a baseline run and ours (default 3).
 
 Every benchmark measures its baseline in the same run, on the same server, and prints
-the ratio; each creates its own scratch databases and drops them afterwards.
+the ratio; each creates its own scratch databases and drops them afterwards. The
+throughput ratios are medians over rounds, each of ours against the baseline run just
+before it, because this machine's speed drifts from minute to minute.
 
 * hot key: 8 processes doing reserve + commit on one key, releases/s, vs ``pgbench``
   with 8 clients each running BEGIN; SELECT ... FOR UPDATE; UPDATE; END on one row.
@@ -23,10 +26,12 @@ import multiprocessing
 import os
 import re
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg2
@@ -123,68 +128,101 @@ END;
 """
 
 
-def bench_hot_key(duration: float) -> list[tuple]:
-    with scratch_database("dpb_bench_hot") as (_, url):
-        PrivacyBudgetLedger(cap=CAP, url=url).close()
-        hot = [key_for("hot-subject", "count", WINDOW)]
-        ours = ledger_throughput(url, [hot] * PROCESSES, "reserve-commit", duration)
-        ours_spend = ledger_throughput(url, [hot] * PROCESSES, "spend", duration)
+def interleaved(rounds: int, ours: Callable[[], float], base: Callable[[], float]) -> tuple:
+    """Rates of ``rounds`` alternating runs (baseline first) and their median ratio.
+
+    The machine's speed drifts within minutes (pgbench on one row gave 780 tps in one
+    run and 1,412 in the next), so each of ours is paired with the baseline run just
+    before it, and the median of the pair ratios is reported.
+    """
+    pairs = []
+    for _ in range(rounds):
+        base_rate = base()
+        pairs.append((ours(), base_rate))
+    ratios = sorted(o / b for o, b in pairs)
+    middle = statistics.median(ratios)
+    ours_rates = [o for o, _ in pairs]
+    base_rates = [b for _, b in pairs]
+    return statistics.median(ours_rates), statistics.median(base_rates), middle, pairs
+
+
+def describe(pairs: list[tuple[float, float]]) -> str:
+    return ", ".join(f"{o:.0f}/{b:.0f}" for o, b in pairs)
+
+
+def bench_hot_key(duration: float, rounds: int) -> list[tuple]:
     with (
+        scratch_database("dpb_bench_hot") as (_, url),
         scratch_database("dpb_bench_pgbench_hot") as (name, _),
         tempfile.TemporaryDirectory() as tmp,
     ):
+        PrivacyBudgetLedger(cap=CAP, url=url).close()
+        hot = [key_for("hot-subject", "count", WINDOW)]
         with connect(name) as connection, connection.cursor() as cursor:
             cursor.execute("CREATE TABLE hot (id integer PRIMARY KEY, v bigint NOT NULL)")
             cursor.execute("INSERT INTO hot VALUES (1, 0)")
         connection.close()
         script = Path(tmp) / "hot.sql"
         script.write_text(HOT_SCRIPT)
-        base = pgbench_tps(
-            name, "-n", "-c", str(PROCESSES), "-j", "2", "-T", str(int(duration)), "-f", str(script)
+        clients = ("-n", "-c", str(PROCESSES), "-j", "2", "-T", str(int(duration)))
+
+        def base() -> float:
+            return pgbench_tps(name, *clients, "-f", str(script))
+
+        results = {
+            mode: interleaved(
+                rounds,
+                lambda mode=mode: ledger_throughput(url, [hot] * PROCESSES, mode, duration),
+                base,
+            )
+            for mode in ("reserve-commit", "spend")
+        }
+    rows = []
+    for mode, label, goal in (
+        ("reserve-commit", "hot key, reserve+commit", f">= {GOAL_THROUGHPUT}"),
+        ("spend", "hot key, spend() (reserve+commit in one call)", "(info)"),
+    ):
+        ours, base_rate, ratio, pairs = results[mode]
+        rows.append(
+            (
+                f"{label} (median of {rounds}: {describe(pairs)})",
+                ours,
+                "releases/s",
+                base_rate,
+                "pgbench FOR UPDATE tps",
+                ratio,
+                goal,
+            )
         )
-    return [
-        (
-            "hot key, reserve+commit",
-            ours,
-            "releases/s",
-            base,
-            "pgbench FOR UPDATE tps",
-            ours / base,
-            f">= {GOAL_THROUGHPUT}",
-        ),
-        (
-            "hot key, spend() (reserve+commit in one call)",
-            ours_spend,
-            "releases/s",
-            base,
-            "pgbench FOR UPDATE tps",
-            ours_spend / base,
-            "(info)",
-        ),
-    ]
+    return rows
 
 
-def bench_distinct_keys(duration: float) -> list[tuple]:
-    with scratch_database("dpb_bench_distinct") as (_, url):
+def bench_distinct_keys(duration: float, rounds: int) -> list[tuple]:
+    with (
+        scratch_database("dpb_bench_distinct") as (_, url),
+        scratch_database("dpb_bench_pgbench_n") as (name, _),
+    ):
         PrivacyBudgetLedger(cap=CAP, url=url).close()
         key_sets = [
             [key_for(f"worker-{w}-subject-{j}", "count", WINDOW) for j in range(16)]
             for w in range(PROCESSES)
         ]
-        ours = ledger_throughput(url, key_sets, "reserve-commit", duration)
-    with scratch_database("dpb_bench_pgbench_n") as (name, _):
         pgbench(name, "-i", "-q", "-s", "1")
-        base = pgbench_tps(
-            name, "-n", "-N", "-c", str(PROCESSES), "-j", "2", "-T", str(int(duration))
+        ours, base_rate, ratio, pairs = interleaved(
+            rounds,
+            lambda: ledger_throughput(url, key_sets, "reserve-commit", duration),
+            lambda: pgbench_tps(
+                name, "-n", "-N", "-c", str(PROCESSES), "-j", "2", "-T", str(int(duration))
+            ),
         )
     return [
         (
-            "distinct keys, reserve+commit",
+            f"distinct keys, reserve+commit (median of {rounds}: {describe(pairs)})",
             ours,
             "releases/s",
-            base,
+            base_rate,
             "pgbench -N tps",
-            ours / base,
+            ratio,
             f">= {GOAL_THROUGHPUT}",
         ),
     ]
@@ -305,11 +343,15 @@ def print_table(rows: list[tuple]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per throughput run")
-    duration = parser.parse_args().duration
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating runs of ours and the baseline"
+    )
+    arguments = parser.parse_args()
+    duration, rounds = arguments.duration, arguments.rounds
     rows: list[tuple] = []
     for title, run in (
-        ("hot key", lambda: bench_hot_key(duration)),
-        ("distinct keys", lambda: bench_distinct_keys(duration)),
+        ("hot key", lambda: bench_hot_key(duration, rounds)),
+        ("distinct keys", lambda: bench_distinct_keys(duration, rounds)),
         ("many subjects", bench_many_subjects),
         ("embedded SQLite", lambda: bench_sqlite(duration)),
     ):
@@ -317,7 +359,11 @@ def main() -> None:
         start = time.perf_counter()
         rows += run()
         print(f"  done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    print(f"{PROCESSES} processes, {os.cpu_count()} cores, {duration:g} s per throughput run")
+    print(
+        f"{PROCESSES} processes, {os.cpu_count()} cores, {duration:g} s per throughput run, "
+        f"{rounds} rounds of ours and the baseline alternating (median ratio; each pair "
+        "ours/baseline in the name)"
+    )
     print_table(rows)
 
 

@@ -153,7 +153,7 @@ class PrivacyBudgetLedger:
         self._new_calendar = calendar or WindowCalendar()
         self._bound_cache: dict[tuple[Any, ...], EpsilonBound] = {}
         self._policy_cache: dict[tuple[Any, ...], Policy] = {}
-        self._cost_cache: dict[tuple[str, int], Spend] = {}
+        self._cost_cache: dict[tuple[Any, int], Spend] = {}
         # Keys digests of reservations made here, for their commit (keyed by id; valid for
         # the very keys tuple reserved): 10^5 keys take a tenth of a second to digest.
         self._digests: dict[str, tuple[tuple[LedgerKey, ...], str]] = {}
@@ -645,8 +645,16 @@ class PrivacyBudgetLedger:
         return mechanism, count, self._attempt(attempt), self._cost(mechanism, count)
 
     def _cost(self, mechanism: Mechanism, count: int) -> Spend:
-        """The cost of a release on the ledger's grid (kept: tasks repeat the same release)."""
-        signature = (history.canonical_json(mechanism.to_spec()), count)
+        """The cost of a release on the ledger's grid (kept: tasks repeat the same release).
+
+        Mechanisms are frozen value objects with validated float fields, so equal ones
+        describe the same release; one that is not hashable is known by its spec.
+        """
+        signature: tuple[Any, int] = (mechanism, count)
+        try:
+            hash(signature)
+        except TypeError:
+            signature = (history.canonical_json(mechanism.to_spec()), count)
         cost = self._cost_cache.get(signature)
         if cost is None:
             if len(self._cost_cache) > _BOUND_CACHE_SIZE:

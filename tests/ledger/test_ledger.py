@@ -1,7 +1,10 @@
 """Ledger semantics on SQLite and PostgreSQL: two-phase spend, idempotency, policies, audit."""
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
+from typing import ClassVar
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 from hypothesis import given, settings
@@ -10,6 +13,7 @@ from hypothesis import strategies as st
 from dp_budget_provider.accounting import (
     GaussianMechanism,
     LaplaceMechanism,
+    Mechanism,
     PoissonSubsampledGaussianMechanism,
     PureDPMechanism,
     RDPAccountant,
@@ -361,3 +365,34 @@ def test_verify_detects_direct_sql_tampering(ledger_url, ledger, statement, prob
     report = ledger.verify()
     assert not report.ok
     assert any(problem in p for p in report.problems), report.problems
+
+
+@dataclasses.dataclass  # not frozen: unhashable, as a user's own mechanism may be
+class _MutableGaussian(Mechanism):
+    kind: ClassVar[str] = "test-mutable-gaussian"
+    noise_multiplier: float
+
+    def rdp(self, orders: np.ndarray) -> np.ndarray:
+        return np.asarray(orders, dtype=np.float64) / (2.0 * self.noise_multiplier**2)
+
+
+def test_release_costs_are_kept_per_mechanism_value_hashable_or_not() -> None:
+    """Costs are kept per (mechanism, count); equal mechanisms share one, an unhashable
+    one is known by its spec, and every charge equals the accountant's."""
+    ledger = PrivacyBudgetLedger(cap=BudgetCap(epsilon=100.0, delta=1e-5))
+    key = key_for("cost-cache", "count", "2026-11")
+    releases = [
+        (GaussianMechanism(3), 1),
+        (GaussianMechanism(3.0), 1),  # equal to the first: validated to the same float
+        (GaussianMechanism(3.0), 2),
+        (_MutableGaussian(4.0), 1),
+        (_MutableGaussian(4.0), 1),
+        (_MutableGaussian(5.0), 1),
+    ]
+    accountant = RDPAccountant()
+    for mechanism, count in releases:
+        ledger.spend(key, mechanism, count=count)
+        accountant.compose(mechanism, count)
+    assert ledger.epsilon_of(key) == accountant.get_epsilon(1e-5)[0]
+    assert len(ledger._cost_cache) == 4
+    ledger.close()
