@@ -109,6 +109,10 @@ def verify(connection: Connection, size: int) -> VerifyReport:
     for reservation_id, digest in digests.items():
         if history.keys_digest(keys_of[reservation_id]) != digest:
             problems.append(f"reservation {reservation_id}: key set does not match its digest")
+    problems += [
+        f"reservation {reservation_id}: key rows of a reservation that does not exist"
+        for reservation_id in sorted(keys_of.keys() - digests.keys())
+    ]
     replay = _Replay(keys_of, digests, size)
     for entry in connection.execute(select(HistoryEntry).order_by(HistoryEntry.seq)):
         try:

@@ -19,7 +19,7 @@ Design notes:
 
 from __future__ import annotations
 
-from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 KEY_LENGTH = 256
@@ -114,16 +114,18 @@ class Reservation(Base):
 
 
 class ReservationKey(Base):
-    """One key of a reservation, by value (survives the account's reset)."""
+    """One key of a reservation, by value (survives the account's reset).
+
+    No foreign key to its reservation (revision 0004): both are written in one
+    transaction by the ledger only, and ``verify`` reports key rows of no reservation.
+    """
 
     __tablename__ = "dp_reservation_keys"
     __table_args__ = (
         Index("ix_dp_reservation_keys_key", "tenant", "subject", "query_type", "window"),
     )
 
-    reservation_id: Mapped[str] = mapped_column(
-        String(36), ForeignKey("dp_reservations.id"), primary_key=True
-    )
+    reservation_id: Mapped[str] = mapped_column(String(36), primary_key=True)
     position: Mapped[int] = mapped_column(Integer, primary_key=True)
     tenant: Mapped[str] = mapped_column(String(KEY_LENGTH))
     subject: Mapped[str] = mapped_column(String(KEY_LENGTH))
