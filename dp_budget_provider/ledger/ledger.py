@@ -162,6 +162,7 @@ class PrivacyBudgetLedger:
         self._conversion: Conversion = check_conversion(conversion)
         self.actor = actor or _default_actor()
         self._engine = database.make_engine(url)
+        self._server = pipeline.ServerCalls(self._engine)
         try:
             if not self._open_existing(cap):
                 self._create_or_open(cap, if_new)
@@ -169,7 +170,6 @@ class PrivacyBudgetLedger:
             self._engine.dispose()
             raise
         self._limits = server_check.CapLimits(self._orders, self._delta, self._conversion)
-        self._server = pipeline.ServerCalls(self._engine)
 
     # ------------------------------------------------------------------ set-up
 
@@ -277,7 +277,13 @@ class PrivacyBudgetLedger:
         return history.chain_of(key, self._chains)
 
     def _write(self) -> Any:
+        self._server.give_back()
         return database.transaction(self._engine, write=True)
+
+    def _pipelined(self) -> contextlib.AbstractContextManager[pipeline.Pipeline]:
+        """A pipelined write transaction (see :mod:`pipeline`) on a pooled connection."""
+        self._server.give_back()
+        return pipeline.write(self._engine)
 
     def reading(self) -> contextlib.AbstractContextManager[Connection]:
         """A read-only transaction on the ledger's tables, for reports and the UI.
@@ -285,6 +291,7 @@ class PrivacyBudgetLedger:
         The schema (``ledger.schema``) is the contract; writes must go through the
         methods of this class, which keep locks, pending spend and the history chain.
         """
+        self._server.give_back()
         return database.transaction(self._engine, write=False)
 
     def close(self) -> None:
@@ -621,7 +628,7 @@ class PrivacyBudgetLedger:
             decided = self._server_reserve(ordered, mechanism, count, attempt_id, cost)
             if decided is not None:
                 return decided
-            with pipeline.write(self._engine) as pipe:
+            with self._pipelined() as pipe:
                 return self._reserve(pipe, ordered, mechanism, count, attempt_id, cost)
         except (BudgetExhausted, pipeline.UniqueViolation) as error:
             if isinstance(error, pipeline.UniqueViolation) and "attempt_id" not in str(error):
@@ -1418,7 +1425,7 @@ class PrivacyBudgetLedger:
         if (old.tenant, old.window) != (new.tenant, new.window):
             raise ValueError("rescope keeps tenant and window; only subject/query type may change")
         now = _stamp(_now())
-        with pipeline.write(self._engine) as pipe:
+        with self._pipelined() as pipe:
             locked, _ = self._lock_accounts(pipe, sorted([old, new]), now)
             if locked[old].open_reservations:
                 raise LedgerError(f"{old} has open reservations; commit or reap them first")
@@ -1456,7 +1463,7 @@ class PrivacyBudgetLedger:
             raise ValueError("a correction needs a reason")
         cost = self._cost(mechanism, count)
         now = _stamp(_now())
-        with pipeline.write(self._engine) as pipe:
+        with self._pipelined() as pipe:
             held = self._lock_accounts(pipe, keys, now)[0][keys[0]]
             after = held.spend.plus(cost)
             connection = pipe.core()
@@ -1486,5 +1493,6 @@ class PrivacyBudgetLedger:
         history says was charged. All reads come from one snapshot, so writers running
         meanwhile cannot make a healthy ledger look corrupt.
         """
+        self._server.give_back()
         with database.transaction(self._engine, write=False, snapshot=True) as connection:
             return audit.verify(connection, self._orders.size)

@@ -208,7 +208,9 @@ class ServerCalls:
     * a connection that failed is invalidated and replaced on the next call; the call
       itself fails with :class:`LedgerUnavailable` (a server function either commits
       or writes nothing, and a retried attempt finds what it reserved);
-    * after a fork, the child leaves the parent's connection alone and takes its own.
+    * after a fork, the child leaves the parent's connection alone and takes its own;
+    * the ledger gives the connection back before any other use of the pool
+      (:meth:`give_back`), so a process holds one connection, as before.
 
     (Preparing the two calls once per session was tried: it saved the server nothing
     measurable.)
@@ -239,6 +241,20 @@ class ServerCalls:
                     raise
             self._idle_since = time.monotonic()
             return rows
+        finally:
+            self._lock.release()
+
+    def give_back(self) -> None:
+        """Return the kept connection to the pool unless a call is using it.
+
+        Called before the ledger takes a pooled connection for anything else, so that a
+        ledger mixing server calls with other reads and writes holds one connection, not
+        two (each Airflow task opens a ledger; connections are a server's scarce resource).
+        """
+        if self._held is None or not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._drop(invalidate=False)
         finally:
             self._lock.release()
 

@@ -130,3 +130,20 @@ def test_a_call_while_another_is_under_way_takes_a_pooled_connection(
     release(ledger)
     assert used == [backend, backend]
     assert ledger.epsilon_of(KEY) > 0
+
+
+def test_reads_between_server_calls_keep_one_connection_per_ledger(
+    postgres_url: str, make_ledger: MakeLedger
+) -> None:
+    """Each Airflow task opens a ledger: the kept connection goes back to the pool before
+    a read or a client-path write, so the ledger holds one connection, not two."""
+    ledger = make_ledger(cap=CAP, url=postgres_url)
+    for _ in range(3):
+        reservation = ledger.reserve(KEY, NOISE)
+        assert ledger.epsilon_of(KEY) >= 0  # a read while the connection is kept
+        ledger.commit(reservation)
+        ledger.open_reservations()
+        ledger.correct(KEY, NOISE, reason="a release the ledger missed")  # client path
+        assert ledger_backends(postgres_url) == 1
+    assert ledger.verify().ok
+    assert ledger_backends(postgres_url) == 1
