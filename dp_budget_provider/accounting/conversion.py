@@ -65,8 +65,12 @@ def _terms(orders: np.ndarray, delta: float, conversion: Conversion) -> _Terms:
 @functools.lru_cache(maxsize=32)
 def _grid_terms(orders: bytes, delta: float, conversion: Conversion) -> _Terms:
     """:func:`_terms` of a fixed grid (a ledger's, an accountant's), computed once: a
-    conversion is then a few array operations, and the ledger makes two per release."""
-    return _terms(np.frombuffer(orders, dtype=np.float64), delta, conversion)
+    conversion is then a few array operations, and the ledger makes two per release.
+    The cached arrays are read-only: every conversion shares them."""
+    terms = _terms(np.frombuffer(orders, dtype=np.float64), delta, conversion)
+    for array in (terms.first, terms.second, terms.unusable):
+        array.flags.writeable = False
+    return terms
 
 
 def _epsilon_per_order(rdp: np.ndarray, delta: float, terms: _Terms) -> np.ndarray:
