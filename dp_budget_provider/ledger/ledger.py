@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import (
     Connection,
+    Engine,
     and_,
     delete,
     insert,
@@ -276,14 +277,18 @@ class PrivacyBudgetLedger:
         """The history chain of entries about ``key`` (or a release whose first key it is)."""
         return history.chain_of(key, self._chains)
 
-    def _write(self) -> Any:
+    def _pool(self) -> Engine:
+        """The engine, for any use but the server calls: the connection kept for those
+        goes back to the pool first, so the ledger holds one connection, not two."""
         self._server.give_back()
-        return database.transaction(self._engine, write=True)
+        return self._engine
+
+    def _write(self) -> Any:
+        return database.transaction(self._pool(), write=True)
 
     def _pipelined(self) -> contextlib.AbstractContextManager[pipeline.Pipeline]:
         """A pipelined write transaction (see :mod:`pipeline`) on a pooled connection."""
-        self._server.give_back()
-        return pipeline.write(self._engine)
+        return pipeline.write(self._pool())
 
     def reading(self) -> contextlib.AbstractContextManager[Connection]:
         """A read-only transaction on the ledger's tables, for reports and the UI.
@@ -291,8 +296,7 @@ class PrivacyBudgetLedger:
         The schema (``ledger.schema``) is the contract; writes must go through the
         methods of this class, which keep locks, pending spend and the history chain.
         """
-        self._server.give_back()
-        return database.transaction(self._engine, write=False)
+        return database.transaction(self._pool(), write=False)
 
     def close(self) -> None:
         """Release the database connections."""
@@ -1318,7 +1322,7 @@ class PrivacyBudgetLedger:
         are returned (see :func:`history.settled_seq`), so one numbered below the last
         entry returned cannot appear later.
         """
-        settled = history.settled_seq(self._engine)
+        settled = history.settled_seq(self._pool())
         query = select(HistoryEntry).where(HistoryEntry.seq > after_seq).order_by(HistoryEntry.seq)
         if settled is not None:
             query = query.where(HistoryEntry.seq <= settled)
@@ -1493,6 +1497,5 @@ class PrivacyBudgetLedger:
         history says was charged. All reads come from one snapshot, so writers running
         meanwhile cannot make a healthy ledger look corrupt.
         """
-        self._server.give_back()
-        with database.transaction(self._engine, write=False, snapshot=True) as connection:
+        with database.transaction(self._pool(), write=False, snapshot=True) as connection:
             return audit.verify(connection, self._orders.size)

@@ -142,6 +142,9 @@ def test_reads_between_server_calls_keep_one_connection_per_ledger(
         reservation = ledger.reserve(KEY, NOISE)
         assert ledger.epsilon_of(KEY) >= 0  # a read while the connection is kept
         ledger.commit(reservation)
+        assert ledger.history(after_seq=0)  # pages wait for settled numbers on the pool
+        assert ledger_backends(postgres_url) == 1
+        ledger.commit(ledger.reserve(KEY, NOISE))
         ledger.open_reservations()
         ledger.correct(KEY, NOISE, reason="a release the ledger missed")  # client path
         assert ledger_backends(postgres_url) == 1
