@@ -17,6 +17,13 @@ before it, because this machine's speed drifts from minute to minute.
   vs one ``UPDATE ... FROM unnest(ids)`` of the same rows in a copy of the accounts.
 * embedded SQLite: releases/s of ``spend`` from one process vs the same transaction
   shape (BEGIN IMMEDIATE; SELECT; UPDATE; INSERT; COMMIT) in raw sqlite3.
+* the ceiling (information): where a release's CPU goes (the 8 Python processes vs the
+  server, each beside pgbench -N's per transaction), and the throughput ratios when
+  pgbench itself sends the ledger's two server calls, recorded from a real release: the
+  most any client could reach with the server work a release now takes.
+
+``--only NAME`` (repeatable) runs only the named benchmarks. The CPU figures read the
+machine's busy time (``/proc/stat``), so run nothing else meanwhile.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import argparse
 import multiprocessing
 import os
 import re
+import resource
 import sqlite3
 import statistics
 import subprocess
@@ -33,6 +41,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import psycopg2
 
@@ -49,6 +58,21 @@ MECHANISM = GaussianMechanism(1000.0)
 GOAL_THROUGHPUT = 0.3
 GOAL_BULK = 3.0
 SPAWN = multiprocessing.get_context("spawn")
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every process on the machine has used so far (Linux ``/proc/stat``)."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle, iowait = fields[3], fields[4]
+    return (sum(fields) - idle - iowait) / os.sysconf("SC_CLK_TCK")
+
+
+class Measured(NamedTuple):
+    """A throughput run and where its CPU went, per release (or per transaction)."""
+
+    rate: float
+    client_us: float
+    server_us: float
 
 
 def connect(database: str) -> psycopg2.extensions.connection:
@@ -73,22 +97,39 @@ def pgbench(database: str, *arguments: str) -> str:
     return done.stdout + done.stderr
 
 
-def pgbench_tps(database: str, *arguments: str) -> float:
+def pgbench_run(database: str, *arguments: str) -> Measured:
+    """A pgbench run: transactions/s, and pgbench's and the server's CPU per transaction
+    (the machine's busy time during the run minus pgbench's own)."""
+    client = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy = machine_busy_seconds()
     output = pgbench(database, *arguments)
-    match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", output)
-    if match is None:
+    busy = machine_busy_seconds() - busy
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rate = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", output)
+    done = re.search(r"number of transactions actually processed: ([0-9]+)", output)
+    if rate is None or done is None:
         raise RuntimeError(f"could not read tps from pgbench:\n{output}")
-    return float(match.group(1))
+    transactions = int(done.group(1))
+    own = after.ru_utime + after.ru_stime - client.ru_utime - client.ru_stime
+    return Measured(
+        float(rate.group(1)), own / transactions * 1e6, (busy - own) / transactions * 1e6
+    )
+
+
+def pgbench_tps(database: str, *arguments: str) -> float:
+    return pgbench_run(database, *arguments).rate
 
 
 # ---------------------------------------------------------------------------- ledger workers
 
 
 def release_loop(url: str, keys: list, mode: str, duration: float, barrier, results) -> None:
-    """Releases on ``keys`` (round robin) for ``duration`` seconds after the barrier."""
+    """Releases on ``keys`` (round robin) for ``duration`` seconds after the barrier;
+    reports (releases, seconds, CPU seconds of this process during the loop)."""
     ledger = PrivacyBudgetLedger(url=url)
     ledger.commit(ledger.reserve(keys[0], MECHANISM))  # connection and caches warm
     barrier.wait(120)
+    cpu = time.process_time()
     done, start = 0, time.perf_counter()
     deadline = start + duration
     while time.perf_counter() < deadline:
@@ -98,25 +139,39 @@ def release_loop(url: str, keys: list, mode: str, duration: float, barrier, resu
         else:
             ledger.commit(ledger.reserve(key, MECHANISM))
         done += 1
-    results.put((done, time.perf_counter() - start))
+    results.put((done, time.perf_counter() - start, time.process_time() - cpu))
     ledger.close()
 
 
-def ledger_throughput(url: str, key_sets: list[list], mode: str, duration: float) -> float:
-    """Releases per second of ``len(key_sets)`` processes, one key set each."""
+def ledger_run(url: str, key_sets: list[list], mode: str, duration: float) -> Measured:
+    """``len(key_sets)`` processes releasing, one key set each. The server's CPU is the
+    machine's busy time while they loop minus their own: run nothing else meanwhile."""
     results = SPAWN.Queue()
-    barrier = SPAWN.Barrier(len(key_sets))
+    barrier = SPAWN.Barrier(len(key_sets) + 1)
     processes = [
         SPAWN.Process(target=release_loop, args=(url, keys, mode, duration, barrier, results))
         for keys in key_sets
     ]
     for process in processes:
         process.start()
+    barrier.wait(300)
+    busy = machine_busy_seconds()
     reports = [results.get(timeout=duration + 300) for _ in processes]
+    busy = machine_busy_seconds() - busy
     for process in processes:
         process.join()
-    releases = sum(done for done, _ in reports)
-    return releases / max(elapsed for _, elapsed in reports)
+    releases = sum(done for done, _, _ in reports)
+    client = sum(cpu for _, _, cpu in reports)
+    return Measured(
+        releases / max(elapsed for _, elapsed, _ in reports),
+        client / releases * 1e6,
+        (busy - client) / releases * 1e6,
+    )
+
+
+def ledger_throughput(url: str, key_sets: list[list], mode: str, duration: float) -> float:
+    """Releases per second of ``len(key_sets)`` processes, one key set each."""
+    return ledger_run(url, key_sets, mode, duration).rate
 
 
 # ---------------------------------------------------------------------------- benchmarks
@@ -229,20 +284,22 @@ def bench_distinct_keys(duration: float, rounds: int) -> list[tuple]:
 
 
 def bench_many_subjects() -> list[tuple]:
-    rows, times = [], {}
+    rows, times, client = [], {}, {}
     with scratch_database("dpb_bench_subjects") as (name, url):
         ledger = PrivacyBudgetLedger(cap=CAP, url=url)
         for size in (10**4, 10**5):
             keys = [key_for(f"n{size}-subject-{i:06d}", "count", WINDOW) for i in range(size)]
-            start = time.perf_counter()
+            cpu, start = time.process_time(), time.perf_counter()
             reservation = ledger.reserve(keys, MECHANISM)
             reserved = time.perf_counter()
             ledger.commit(reservation)
             committed = time.perf_counter()
             times[size] = (reserved - start, committed - reserved, committed - start)
+            client[size] = time.process_time() - cpu
             print(
                 f"  {size:>6} subjects: reserve {times[size][0]:.3f} s, commit "
-                f"{times[size][1]:.3f} s, total {times[size][2]:.3f} s",
+                f"{times[size][1]:.3f} s, total {times[size][2]:.3f} s, of which this "
+                f"process's CPU {client[size]:.3f} s",
                 file=sys.stderr,
             )
         ledger.close()
@@ -269,7 +326,8 @@ def bench_many_subjects() -> list[tuple]:
             reserve, commit, total = times[size]
             rows.append(
                 (
-                    f"{size} subjects: reserve {reserve:.2f} s + commit {commit:.2f} s",
+                    f"{size} subjects: reserve {reserve:.2f} s + commit {commit:.2f} s "
+                    f"(client CPU {client[size]:.2f} s)",
                     total,
                     "s per release",
                     raw,
@@ -332,6 +390,159 @@ def bench_sqlite(duration: float) -> list[tuple]:
     ]
 
 
+# ---------------------------------------------------------------------------- the ceiling
+
+CEILING_SUBJECT = "ceiling-subject"
+
+
+def recorded_calls(url: str, subject: str) -> list[tuple[str, dict]]:
+    """The server calls (SQL, parameters) of a second reserve + commit on one key, as the
+    ledger sends them (the first creates the account)."""
+    ledger = PrivacyBudgetLedger(url=url)
+    sent: list[tuple[str, dict]] = []
+    send = ledger._server.run  # bench only: record what the ledger sends
+
+    def recording(sql: str, params: dict) -> list:
+        rows = send(sql, params)
+        sent.append((sql, dict(params)))
+        return rows
+
+    ledger._server.run = recording
+    key = key_for(subject, "count", WINDOW)
+    for _ in range(2):
+        ledger.commit(ledger.reserve(key, MECHANISM))
+    ledger.close()
+    if len(sent) != 4:
+        raise RuntimeError(f"expected 4 server calls, the ledger made {len(sent)}")
+    return sent[2:]
+
+
+def pgbench_script(database: str, url: str, distinct: bool) -> str:
+    """A pgbench script of the ledger's own reserve and commit calls, each transaction on
+    a new reservation; on 16 keys per client (``distinct``) or all on one key."""
+    subject = CEILING_SUBJECT if distinct else "hot-subject"
+    calls = recorded_calls(url, subject)
+    ids = {calls[0][1]["reservation_id"]: "r:client_id-:serial"}
+    ids[calls[0][1]["attempt_id"]] = "a:client_id-:serial"
+    if distinct:
+        ids[subject] = "s:client_id-:k"
+    lines = ["\\set serial random(1, 9000000000000000000)"]
+    if distinct:  # each key on a chain of its own, as the ledger's hash of it would be
+        lines += ["\\set k random(0, 15)", "\\set chain (:client_id * 16 + :k) % 64 + 1"]
+    with connect(database) as connection, connection.cursor() as cursor:
+        for sql, params in calls:
+            for name, value in params.items():
+                if isinstance(value, str):
+                    for literal, variable in ids.items():
+                        value = value.replace(literal, variable)
+                    params[name] = value
+            if distinct:
+                params["chain"] = 987_654_321
+            text = cursor.mogrify(sql, params).decode()
+            lines.append(" ".join(text.replace("987654321", ":chain").split()) + ";")
+    connection.close()
+    return "\n".join(lines) + "\n"
+
+
+def bench_ceiling(duration: float, rounds: int) -> list[tuple]:
+    """Where a release's time goes, and the most any client could reach.
+
+    The ledger's two server calls, sent by pgbench (a C client using ~50 us per
+    transaction) instead of 8 Python processes, give the ceiling of the throughput
+    ratios: what the server work of a release allows on this machine. The CPU rows split
+    a release's cost between the client processes and the server, beside pgbench -N's.
+    """
+    clients = ("-n", "-c", str(PROCESSES), "-j", "2", "-T", str(int(duration)))
+    runs: dict[str, list[Measured]] = {
+        name: [] for name in ("n", "ours", "calls", "hot", "hot calls")
+    }
+    with (
+        scratch_database("dpb_bench_ceiling") as (ledger_db, url),
+        scratch_database("dpb_bench_ceiling_n") as (pgbench_db, _),
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        PrivacyBudgetLedger(cap=CAP, url=url).close()
+        pgbench(pgbench_db, "-i", "-q", "-s", "1")
+        with connect(pgbench_db) as connection, connection.cursor() as cursor:
+            cursor.execute("CREATE TABLE hot (id integer PRIMARY KEY, v bigint NOT NULL)")
+            cursor.execute("INSERT INTO hot VALUES (1, 0)")
+        connection.close()
+        scripts = {}
+        for name, text in (
+            ("calls", pgbench_script(ledger_db, url, distinct=True)),
+            ("hot calls", pgbench_script(ledger_db, url, distinct=False)),
+            ("hot", HOT_SCRIPT),
+        ):
+            scripts[name] = Path(tmp) / f"{name.replace(' ', '_')}.sql"
+            scripts[name].write_text(text)
+        key_sets = [
+            [key_for(f"worker-{w}-subject-{j}", "count", WINDOW) for j in range(16)]
+            for w in range(PROCESSES)
+        ]
+        for _ in range(rounds):
+            runs["n"].append(pgbench_run(pgbench_db, *clients, "-N"))
+            runs["ours"].append(ledger_run(url, key_sets, "reserve-commit", duration))
+            runs["calls"].append(pgbench_run(ledger_db, *clients, "-f", str(scripts["calls"])))
+            runs["hot"].append(pgbench_run(pgbench_db, *clients, "-f", str(scripts["hot"])))
+            runs["hot calls"].append(
+                pgbench_run(ledger_db, *clients, "-f", str(scripts["hot calls"]))
+            )
+    median = {
+        name: Measured(*(statistics.median(field) for field in zip(*measured, strict=True)))
+        for name, measured in runs.items()
+    }
+    n, ours, calls = median["n"], median["ours"], median["calls"]
+    hot, hot_calls = median["hot"], median["hot calls"]
+    info = f"(info, median of {rounds})"
+    return [
+        (
+            "distinct keys, server CPU per release (reserve+commit, Python clients)",
+            ours.server_us,
+            "us",
+            n.server_us,
+            "per pgbench -N tx",
+            ours.server_us / n.server_us,
+            info,
+        ),
+        (
+            "distinct keys, client CPU per release (in the 8 Python processes)",
+            ours.client_us,
+            "us",
+            n.client_us,
+            "per pgbench -N tx (pgbench)",
+            ours.client_us / n.client_us,
+            info,
+        ),
+        (
+            "ceiling, distinct keys: the ledger's two server calls sent by pgbench",
+            calls.rate,
+            "releases/s",
+            n.rate,
+            "pgbench -N tps",
+            calls.rate / n.rate,
+            info,
+        ),
+        (
+            "ceiling, distinct keys: server CPU per release so sent",
+            calls.server_us,
+            "us",
+            n.server_us,
+            "per pgbench -N tx",
+            calls.server_us / n.server_us,
+            info,
+        ),
+        (
+            "ceiling, hot key: the ledger's two server calls sent by pgbench",
+            hot_calls.rate,
+            "releases/s",
+            hot.rate,
+            "pgbench FOR UPDATE tps",
+            hot_calls.rate / hot.rate,
+            info,
+        ),
+    ]
+
+
 def print_table(rows: list[tuple]) -> None:
     print()
     print("| benchmark | ours | unit | baseline | baseline is | ratio | goal |")
@@ -346,15 +557,23 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=3, help="alternating runs of ours and the baseline"
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=["hot", "distinct", "subjects", "sqlite", "ceiling"],
+        help="run only this benchmark (repeatable; default: all)",
+    )
     arguments = parser.parse_args()
     duration, rounds = arguments.duration, arguments.rounds
+    benchmarks = {
+        "hot": ("hot key", lambda: bench_hot_key(duration, rounds)),
+        "distinct": ("distinct keys", lambda: bench_distinct_keys(duration, rounds)),
+        "subjects": ("many subjects", bench_many_subjects),
+        "sqlite": ("embedded SQLite", lambda: bench_sqlite(duration)),
+        "ceiling": ("the ceiling", lambda: bench_ceiling(duration, rounds)),
+    }
     rows: list[tuple] = []
-    for title, run in (
-        ("hot key", lambda: bench_hot_key(duration, rounds)),
-        ("distinct keys", lambda: bench_distinct_keys(duration, rounds)),
-        ("many subjects", bench_many_subjects),
-        ("embedded SQLite", lambda: bench_sqlite(duration)),
-    ):
+    for title, run in (benchmarks[name] for name in arguments.only or benchmarks):
         print(f"running: {title}", file=sys.stderr)
         start = time.perf_counter()
         rows += run()
