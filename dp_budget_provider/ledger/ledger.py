@@ -16,7 +16,7 @@ import json
 import socket
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -29,7 +29,6 @@ from sqlalchemy import (
     insert,
     or_,
     select,
-    text,
     tuple_,
     update,
 )
@@ -54,13 +53,19 @@ from dp_budget_provider.ledger import (
 )
 from dp_budget_provider.ledger.errors import (
     BudgetExhausted,
-    LedgerConfigMismatch,
     LedgerCorrupt,
     LedgerError,
     ReservationStateError,
 )
 from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
-from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy, lookup_order
+from dp_budget_provider.ledger.opening import NewLedger, open_ledger
+from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
+from dp_budget_provider.ledger.policy_store import (
+    PolicyStore,
+    policy_for,
+    policy_lookup,
+    write_policy,
+)
 from dp_budget_provider.ledger.records import (
     COMMITTED,
     OPEN,
@@ -73,10 +78,7 @@ from dp_budget_provider.ledger.records import (
 )
 from dp_budget_provider.ledger.schema import (
     Account,
-    ChainHead,
     HistoryEntry,
-    LedgerConfig,
-    PolicyRow,
     ReservationKey,
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
@@ -151,127 +153,27 @@ class PrivacyBudgetLedger:
         for name, value in (("cap", cap), ("if_new", if_new)):
             if value is not None and not isinstance(value, BudgetCap):
                 raise ValueError(f"{name} must be a BudgetCap, got {value!r}")
-        self._new_calendar = calendar or WindowCalendar()
         self._bound_cache: dict[tuple[Any, ...], EpsilonBound] = {}
-        self._policy_cache: dict[tuple[Any, ...], Policy] = {}
         self._cost_cache: dict[tuple[Any, int], Spend] = {}
         # Keys digests of reservations made here, for their commit (keyed by id; valid for
         # the very keys tuple reserved): 10^5 keys take a tenth of a second to digest.
         self._digests: dict[str, tuple[tuple[LedgerKey, ...], str]] = {}
-        self._policy_snapshot: tuple[int, dict[tuple[str, str], Policy]] | None = None
         self._orders = validate_orders(orders)
         self._conversion: Conversion = check_conversion(conversion)
         self.actor = actor or _default_actor()
         self._engine = database.make_engine(url)
         self._server = pipeline.ServerCalls(self._engine)
+        self._policy_store = PolicyStore(self.reading)
+        new = NewLedger(
+            self._orders, self._conversion, calendar or WindowCalendar(), self.actor, _stamp(_now())
+        )
         try:
-            if not self._open_existing(cap):
-                self._create_or_open(cap, if_new)
+            settings = open_ledger(self.reading, self._write, self._policy_store, new, cap, if_new)
         except BaseException:
             self._engine.dispose()
             raise
+        self._delta, self._chains = settings.delta, settings.chains
         self._limits = server_check.CapLimits(self._orders, self._delta, self._conversion)
-
-    # ------------------------------------------------------------------ set-up
-
-    def _open_existing(self, cap: BudgetCap | None) -> bool:
-        """Open a ready ledger in a read transaction (no write lock: every task opens one)."""
-        with self.reading() as connection:
-            if database.is_empty(connection):
-                return False
-            database.check_schema(connection)
-            if not database.is_initialised(connection):
-                return False
-            self._check_config(connection, cap)
-            return True
-
-    def _create_or_open(self, cap: BudgetCap | None, if_new: BudgetCap | None) -> None:
-        """Create schema and configuration under the write lock, or open what a racing twin made."""
-        with self._write() as connection:
-            if connection.dialect.name == "postgresql":
-                connection.execute(text("SELECT pg_advisory_xact_lock(7263514)"))
-            if database.is_empty(connection):
-                database.create_schema(connection)
-            database.check_schema(connection)
-            if database.is_initialised(connection):
-                self._check_config(connection, cap)
-            else:
-                self._initialise(connection, cap or if_new)
-
-    def _initialise(self, connection: Connection, cap: BudgetCap | None) -> None:
-        if cap is None:
-            raise LedgerConfigMismatch("a new ledger needs a BudgetCap for its default policy")
-        self._delta = cap.delta
-        now = _stamp(_now())
-        connection.execute(
-            insert(LedgerConfig).values(
-                id=1,
-                delta=cap.delta,
-                orders=json.dumps(self._orders.tolist()),
-                conversion=self._conversion,
-                created_at=now,
-                chains=history.CHAINS,
-            )
-        )
-        self._chains = history.CHAINS
-        connection.execute(
-            insert(ChainHead),
-            [
-                {"id": chain, "seq": 0, "hash": history.GENESIS}
-                for chain in range(1, self._chains + 1)
-            ],
-        )
-        history.append(
-            connection,
-            chain=history.KEYLESS_CHAIN,
-            at=now,
-            action="create",
-            actor=self.actor,
-            payload={
-                "delta": cap.delta,
-                "orders": self._orders.tolist(),
-                "conversion": self._conversion,
-            },
-        )
-        self._write_policy(
-            connection,
-            Policy(cap.epsilon, cap.warn_fraction, calendar=self._new_calendar),
-            now,
-        )
-
-    def _check_config(self, connection: Connection, cap: BudgetCap | None) -> None:
-        """Refuse another grid, conversion, delta or default cap; keep the stored delta."""
-        config = connection.execute(select(LedgerConfig).where(LedgerConfig.id == 1)).one()
-        self._delta: float = config.delta
-        self._chains: int = config.chains
-        if connection.dialect.name == "postgresql":
-            # Policies read after their version: what dp_reserve checks them against.
-            self._policy_snapshot = (config.policy_version, self._policies(connection))
-        stored_orders = json.loads(config.orders)
-        if stored_orders != self._orders.tolist():
-            raise LedgerConfigMismatch(
-                f"ledger was created with a grid of {len(stored_orders)} orders; opening it with "
-                f"a different grid of {self._orders.size} would mix incomparable curves"
-            )
-        if config.conversion != self._conversion:
-            raise LedgerConfigMismatch(
-                f"ledger was created with conversion {config.conversion!r}, "
-                f"not {self._conversion!r}"
-            )
-        if cap is None:
-            return
-        if cap.delta != config.delta:
-            raise LedgerConfigMismatch(
-                f"ledger delta is fixed at {config.delta!r}; refusing delta={cap.delta!r}"
-            )
-        held = self._policy_snapshot
-        default = (held[1] if held else self._policies(connection))[(ANY, ANY)]
-        if (cap.epsilon, cap.warn_fraction) != (default.cap_epsilon, default.warn_fraction):
-            raise LedgerConfigMismatch(
-                f"ledger default cap is eps={default.cap_epsilon} (warn at "
-                f"{default.warn_fraction}); refusing eps={cap.epsilon} (warn at "
-                f"{cap.warn_fraction}). Change caps with set_policy, which is audited"
-            )
 
     def _chain(self, key: LedgerKey) -> int:
         """The history chain of entries about ``key`` (or a release whose first key it is)."""
@@ -325,118 +227,17 @@ class PrivacyBudgetLedger:
 
     # ------------------------------------------------------------------ policies
 
-    def _policies(self, source: Connection | pipeline.Pipeline) -> dict[tuple[str, str], Policy]:
-        """The stored policies, read now (never stale): in the caller's transaction, or
-        from a pipeline not yet under way as a read of its own.
-
-        Rows are read every time; only the validated ``Policy`` built from an identical
-        row is reused, so a release does not re-validate the same policy again and again.
-        """
-        if isinstance(source, pipeline.Pipeline):
-            rows = source.read(statements.POLICY_ROWS)
-        else:
-            rows = source.exec_driver_sql(statements.POLICY_ROWS).all()
-        policies = {}
-        for row in rows:
-            values = tuple(row)
-            policy = self._policy_cache.get(values)
-            if policy is None:
-                tenant, query_type, cap, warn, calendar, length, min_window, clause = values
-                policy = Policy(
-                    cap_epsilon=cap,
-                    warn_fraction=warn,
-                    tenant=tenant,
-                    query_type=query_type,
-                    calendar=WindowCalendar(calendar, length),
-                    min_window=timedelta(seconds=min_window),
-                    compliance_clause=clause,
-                )
-                self._policy_cache[values] = policy
-            policies[(values[0], values[1])] = policy
-        if (ANY, ANY) not in policies:
-            raise LedgerCorrupt("the ledger has no default policy")
-        return policies
-
-    def _policies_at(
-        self, pipe: pipeline.Pipeline | None, version: int | None
-    ) -> dict[tuple[str, str], Policy]:
-        """The policies, reusing the last ones read while ``version`` says they are current.
-
-        ``version`` is ``dp_ledger_config.policy_version`` as the server reported it with
-        the locked rows (PostgreSQL, where a trigger bumps it on any policy change);
-        None (SQLite, in-process reads are cheap) always reads. Without ``pipe`` they are
-        read in a transaction of their own.
-        """
-        if version is not None and self._policy_snapshot is not None:
-            known, policies = self._policy_snapshot
-            if known == version:
-                return policies
-        if pipe is None:
-            with self.reading() as connection:
-                policies = self._policies(connection)
-        else:
-            policies = self._policies(pipe)
-        if version is not None:
-            self._policy_snapshot = (version, policies)
-        return policies
-
-    @staticmethod
-    def _policy_for(policies: Mapping[tuple[str, str], Policy], key: LedgerKey) -> Policy:
-        for scope in lookup_order(key.tenant, key.query_type):
-            if scope in policies:
-                return policies[scope]
-        raise LedgerCorrupt("the ledger has no default policy")
-
-    @classmethod
-    def _policy_lookup(
-        cls, policies: Mapping[tuple[str, str], Policy]
-    ) -> Callable[[LedgerKey], Policy]:
-        """``_policy_for`` over many keys, looking each (tenant, query_type) up once."""
-        found: dict[tuple[str, str], Policy] = {}
-
-        def policy_of(key: LedgerKey) -> Policy:
-            policy = found.get((key.tenant, key.query_type))
-            if policy is None:
-                policy = found[(key.tenant, key.query_type)] = cls._policy_for(policies, key)
-            return policy
-
-        return policy_of
-
-    def _write_policy(self, connection: Connection, policy: Policy, now: str) -> None:
-        record = policy.as_record()
-        values = {k: v for k, v in record.items() if k not in ("tenant", "query_type")}
-        values["updated_at"] = now
-        updated = connection.execute(
-            update(PolicyRow)
-            .where(PolicyRow.tenant == policy.tenant, PolicyRow.query_type == policy.query_type)
-            .values(**values)
-        )
-        if updated.rowcount == 0:
-            connection.execute(
-                insert(PolicyRow).values(
-                    tenant=policy.tenant, query_type=policy.query_type, **values
-                )
-            )
-        history.append(
-            connection,
-            chain=history.KEYLESS_CHAIN,
-            at=now,
-            action="policy",
-            actor=self.actor,
-            payload={**record, "calendar": policy.calendar.to_spec()},
-        )
-
     def set_policy(self, policy: Policy) -> None:
         """Create or replace the policy of ``policy.scope`` (an audited history entry)."""
         if not isinstance(policy, Policy):
             raise ValueError(f"policy must be a Policy, got {policy!r}")
         with self._write() as connection:
-            self._write_policy(connection, policy, _stamp(_now()))
+            write_policy(connection, policy, _stamp(_now()), self.actor)
 
     def policies(self) -> list[Policy]:
         """Every stored policy, default first."""
         with self.reading() as connection:
-            stored = self._policies(connection)
+            stored = self._policy_store.read(connection)
         return sorted(stored.values(), key=lambda p: (p.scope != (ANY, ANY), p.scope))
 
     def policy_for(self, key: LedgerKey) -> Policy:
@@ -447,7 +248,7 @@ class PrivacyBudgetLedger:
         """The policy for a tenant and query type (what decides a key's window calendar)."""
         probe = LedgerKey(tenant, "-", query_type, "-")
         with self.reading() as connection:
-            return self._policy_for(self._policies(connection), probe)
+            return policy_for(self._policy_store.read(connection), probe)
 
     # ------------------------------------------------------------------ validation helpers
 
@@ -694,13 +495,13 @@ class PrivacyBudgetLedger:
     ) -> Reservation:
         now = _stamp(_now())
         locked, policy_version = self._lock_accounts(pipe, keys, now, reserving=cost)
-        policies = self._policies_at(pipe, policy_version)
+        policies = self._policy_store.at(pipe, policy_version)
         # The pending spend read back includes this cost but for its residual curve.
         residual = Spend(0.0, cost.residual, 0.0)
         # Accounts holding equal values share their Spend objects: convert each once.
         bounds: dict[tuple[int, int], EpsilonBound] = {}
         worst = 0.0
-        policy_of = self._policy_lookup(policies)
+        policy_of = policy_lookup(policies)
         for key in keys:
             held = locked[key]
             marker = (id(held.spend), id(held.pending))
@@ -793,7 +594,7 @@ class PrivacyBudgetLedger:
         policies) comes back undecided with nothing written: None, and the client decides.
         The account row lock is then held for one server-side call only.
         """
-        snapshot = self._policy_snapshot
+        snapshot = self._policy_store.snapshot
         if (
             snapshot is None
             or len(keys) != 1
@@ -803,7 +604,7 @@ class PrivacyBudgetLedger:
             return None
         version, policies = snapshot
         key = keys[0]
-        rho_limit, mu2_limit = self._limits.of(self._policy_for(policies, key).cap_epsilon)
+        rho_limit, mu2_limit = self._limits.of(policy_for(policies, key).cap_epsilon)
         now = _stamp(_now())
         reservation_id = str(uuid.uuid4())
         digest = history.keys_digest(keys)
@@ -946,7 +747,9 @@ class PrivacyBudgetLedger:
         cost = Spend.from_columns(
             row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, self._orders.size
         )
-        policies = self._policies(connection)  # before the locks: held as briefly as possible
+        policies = self._policy_store.read(
+            connection
+        )  # before the locks: held as briefly as possible
         keys, accounts = self._lock_reservation(connection, row.id, row.key_count)
         after = self._close_reservation(connection, keys, accounts, cost, now, charge=row.count)
         connection.execute(
@@ -995,7 +798,7 @@ class PrivacyBudgetLedger:
     ) -> list[SpendReceipt]:
         """Receipts of ``keys`` holding ``spends``; each distinct (spend, policy) pair is
         converted once (a release over 10^5 new subjects leaves them all equal)."""
-        policy_of = self._policy_lookup(policies)
+        policy_of = policy_lookup(policies)
         made: dict[tuple[int, int], tuple[Any, ...]] = {}
         receipts = []
         for key, spend in zip(keys, spends, strict=True):
@@ -1045,7 +848,7 @@ class PrivacyBudgetLedger:
             raise ReservationStateError(f"no reservation {reservation.id!r} in this ledger")
         if rows[0][0] != "charged":
             return None
-        policies = self._policies_at(None, rows[0][8])
+        policies = self._policy_store.at(None, rows[0][8])
         # Rows come in any order: (outcome, tenant, subject, query_type, window, rho,
         # residual, gaussian_mu2, policy_version); equal stored values load once.
         loaded: dict[tuple[Any, ...], Spend] = {}
@@ -1270,7 +1073,9 @@ class PrivacyBudgetLedger:
 
     def _receipts(self, connection: Connection, keys: list[LedgerKey]) -> list[SpendReceipt]:
         held = self._held(connection, keys)
-        return self._receipts_of(keys, [held[key][0] for key in keys], self._policies(connection))
+        return self._receipts_of(
+            keys, [held[key][0] for key in keys], self._policy_store.read(connection)
+        )
 
     def epsilon_of(self, key: LedgerKey) -> float:
         """Committed cumulative eps of ``key`` at the ledger's delta (0 if untouched)."""
@@ -1305,10 +1110,10 @@ class PrivacyBudgetLedger:
         size = self._orders.size
         with self.reading() as connection:
             rows = list(connection.execute(query))
-            policies = self._policies(connection)
+            policies = self._policy_store.read(connection)
         spends = [Spend.from_columns(r.rho, r.residual, r.gaussian_mu2, size) for r in rows]
         statuses = [
-            AccountStatus.of(row, bound, self._policy_for(policies, _key_of(row)))
+            AccountStatus.of(row, bound, policy_for(policies, _key_of(row)))
             for row, bound in zip(rows, self._bounds(spends), strict=True)
         ]
         return statuses
@@ -1446,7 +1251,7 @@ class PrivacyBudgetLedger:
                 key=new,
                 payload={"from": old.as_dict(), "carried": carried.as_payload(), "reason": reason},
             )
-            return self._receipts_of([new], [merged], self._policies(connection))[0]
+            return self._receipts_of([new], [merged], self._policy_store.read(connection))[0]
 
     def correct(
         self,
@@ -1485,7 +1290,7 @@ class PrivacyBudgetLedger:
                     "reason": reason,
                 },
             )
-            return self._receipts_of(keys, [after], self._policies(connection))[0]
+            return self._receipts_of(keys, [after], self._policy_store.read(connection))[0]
 
     # ------------------------------------------------------------------ audit
 

@@ -1,0 +1,152 @@
+"""Opening a ledger database: its configuration is written once, then checked forever.
+
+delta, the orders grid and the conversion are fixed when a ledger is created, because
+curves on different grids or at different deltas cannot be compared or composed
+(letting delta vary is "delta shopping"). Opening an existing ledger with other values
+is refused; the default cap may be omitted to take what is stored. Every task opens a
+ledger, so a ready one is opened in a read transaction (no write lock); only a new one
+takes the write lock, where a racing twin's creation is found and checked instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+from sqlalchemy import Connection, insert, select, text
+
+from dp_budget_provider.accounting import Conversion
+from dp_budget_provider.ledger import database, history
+from dp_budget_provider.ledger.errors import LedgerConfigMismatch
+from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
+from dp_budget_provider.ledger.policy_store import PolicyStore, write_policy
+from dp_budget_provider.ledger.schema import ChainHead, LedgerConfig
+from dp_budget_provider.ledger.windows import WindowCalendar
+
+Transaction = Callable[[], contextlib.AbstractContextManager[Connection]]
+# Taken by every process creating a ledger, so only one initialises it.
+_CREATE_LOCK = 7263514
+
+
+class Settings(NamedTuple):
+    """What a ledger's database fixes for its whole life (besides grid and conversion)."""
+
+    delta: float
+    chains: int
+
+
+class NewLedger(NamedTuple):
+    """What a new ledger is created with."""
+
+    orders: np.ndarray
+    conversion: Conversion
+    calendar: WindowCalendar
+    actor: str
+    now: str
+
+
+def open_ledger(
+    reading: Transaction,
+    writing: Transaction,
+    policies: PolicyStore,
+    new: NewLedger,
+    cap: BudgetCap | None,
+    if_new: BudgetCap | None,
+) -> Settings:
+    """Open the ledger, creating schema and configuration if the database has none.
+
+    ``cap`` must match what is stored (delta and default cap); ``if_new`` only applies
+    to a new ledger. The grid and conversion must always match.
+    """
+    with reading() as connection:
+        if not database.is_empty(connection):
+            database.check_schema(connection)
+            if database.is_initialised(connection):
+                return _check(connection, policies, new, cap)
+    with writing() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(text(f"SELECT pg_advisory_xact_lock({_CREATE_LOCK})"))
+        if database.is_empty(connection):
+            database.create_schema(connection)
+        database.check_schema(connection)
+        if database.is_initialised(connection):
+            return _check(connection, policies, new, cap)
+        return _initialise(connection, new, cap or if_new)
+
+
+def _initialise(connection: Connection, new: NewLedger, cap: BudgetCap | None) -> Settings:
+    if cap is None:
+        raise LedgerConfigMismatch("a new ledger needs a BudgetCap for its default policy")
+    connection.execute(
+        insert(LedgerConfig).values(
+            id=1,
+            delta=cap.delta,
+            orders=json.dumps(new.orders.tolist()),
+            conversion=new.conversion,
+            created_at=new.now,
+            chains=history.CHAINS,
+        )
+    )
+    connection.execute(
+        insert(ChainHead),
+        [
+            {"id": chain, "seq": 0, "hash": history.GENESIS}
+            for chain in range(1, history.CHAINS + 1)
+        ],
+    )
+    history.append(
+        connection,
+        chain=history.KEYLESS_CHAIN,
+        at=new.now,
+        action="create",
+        actor=new.actor,
+        payload={
+            "delta": cap.delta,
+            "orders": new.orders.tolist(),
+            "conversion": new.conversion,
+        },
+    )
+    write_policy(
+        connection,
+        Policy(cap.epsilon, cap.warn_fraction, calendar=new.calendar),
+        new.now,
+        new.actor,
+    )
+    return Settings(cap.delta, history.CHAINS)
+
+
+def _check(
+    connection: Connection, policies: PolicyStore, new: NewLedger, cap: BudgetCap | None
+) -> Settings:
+    """Refuse another grid, conversion, delta or default cap; return what is stored."""
+    config = connection.execute(select(LedgerConfig).where(LedgerConfig.id == 1)).one()
+    if connection.dialect.name == "postgresql":
+        # Policies read after their version: what dp_reserve checks them against.
+        policies.remember(connection, config.policy_version)
+    stored_orders = json.loads(config.orders)
+    if stored_orders != new.orders.tolist():
+        raise LedgerConfigMismatch(
+            f"ledger was created with a grid of {len(stored_orders)} orders; opening it with "
+            f"a different grid of {new.orders.size} would mix incomparable curves"
+        )
+    if config.conversion != new.conversion:
+        raise LedgerConfigMismatch(
+            f"ledger was created with conversion {config.conversion!r}, not {new.conversion!r}"
+        )
+    if cap is not None:
+        if cap.delta != config.delta:
+            raise LedgerConfigMismatch(
+                f"ledger delta is fixed at {config.delta!r}; refusing delta={cap.delta!r}"
+            )
+        held = policies.snapshot
+        default = (held[1] if held else policies.read(connection))[(ANY, ANY)]
+        if (cap.epsilon, cap.warn_fraction) != (default.cap_epsilon, default.warn_fraction):
+            raise LedgerConfigMismatch(
+                f"ledger default cap is eps={default.cap_epsilon} (warn at "
+                f"{default.warn_fraction}); refusing eps={cap.epsilon} (warn at "
+                f"{cap.warn_fraction}). Change caps with set_policy, which is audited"
+            )
+    return Settings(config.delta, config.chains)

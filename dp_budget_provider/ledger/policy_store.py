@@ -1,0 +1,139 @@
+"""The ledger's policies as stored: read, reused while their version holds, written audited.
+
+Every release needs the policy of each of its keys. Reading and validating the policy
+rows for every release cost more than the release's own writes, so:
+
+* a ``Policy`` built from a row is kept and reused for an identical row (rows are still
+  read whenever policies are asked for: never stale);
+* on PostgreSQL a trigger bumps ``dp_ledger_config.policy_version`` on any change to
+  ``dp_policies``, and the server reports that version with the rows it locks, so the
+  policies last read are reused for as long as the version they were read at is current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+
+from sqlalchemy import Connection, insert, update
+
+from dp_budget_provider.ledger import history, pipeline, statements
+from dp_budget_provider.ledger.errors import LedgerCorrupt
+from dp_budget_provider.ledger.keys import LedgerKey
+from dp_budget_provider.ledger.policy import ANY, Policy, lookup_order
+from dp_budget_provider.ledger.schema import PolicyRow
+from dp_budget_provider.ledger.windows import WindowCalendar
+
+Policies = dict[tuple[str, str], Policy]
+
+
+class PolicyStore:
+    """Reads the stored policies for one ledger, reusing what it validated before."""
+
+    def __init__(
+        self, reading: Callable[[], contextlib.AbstractContextManager[Connection]]
+    ) -> None:
+        self._reading = reading  # a read transaction of the ledger's own
+        self._built: dict[tuple[object, ...], Policy] = {}
+        # (policy_version, policies read at it), PostgreSQL only: what dp_reserve checks.
+        self.snapshot: tuple[int, Policies] | None = None
+
+    def read(self, source: Connection | pipeline.Pipeline) -> Policies:
+        """The stored policies, read now: in the caller's transaction, or from a pipeline
+        not yet under way as a read of its own."""
+        if isinstance(source, pipeline.Pipeline):
+            rows = source.read(statements.POLICY_ROWS)
+        else:
+            rows = source.exec_driver_sql(statements.POLICY_ROWS).all()
+        policies = {}
+        for row in rows:
+            values = tuple(row)
+            policy = self._built.get(values)
+            if policy is None:
+                tenant, query_type, cap, warn, calendar, length, min_window, clause = values
+                policy = Policy(
+                    cap_epsilon=cap,
+                    warn_fraction=warn,
+                    tenant=tenant,
+                    query_type=query_type,
+                    calendar=WindowCalendar(calendar, length),
+                    min_window=timedelta(seconds=min_window),
+                    compliance_clause=clause,
+                )
+                self._built[values] = policy
+            policies[(values[0], values[1])] = policy
+        if (ANY, ANY) not in policies:
+            raise LedgerCorrupt("the ledger has no default policy")
+        return policies
+
+    def remember(self, connection: Connection, version: int) -> Policies:
+        """Read the policies at ``version`` (read after it, in the same transaction)."""
+        policies = self.read(connection)
+        self.snapshot = (version, policies)
+        return policies
+
+    def at(self, pipe: pipeline.Pipeline | None, version: int | None) -> Policies:
+        """The policies, reusing the last ones read while ``version`` says they are current.
+
+        ``version`` is ``dp_ledger_config.policy_version`` as the server reported it with
+        the locked rows (PostgreSQL); None (SQLite, in-process reads are cheap) always
+        reads. Without ``pipe`` they are read in a transaction of their own.
+        """
+        if version is not None and self.snapshot is not None:
+            known, policies = self.snapshot
+            if known == version:
+                return policies
+        if pipe is None:
+            with self._reading() as connection:
+                policies = self.read(connection)
+        else:
+            policies = self.read(pipe)
+        if version is not None:
+            self.snapshot = (version, policies)
+        return policies
+
+
+def policy_for(policies: Mapping[tuple[str, str], Policy], key: LedgerKey) -> Policy:
+    """The policy that applies to ``key``: the most specific stored scope."""
+    for scope in lookup_order(key.tenant, key.query_type):
+        if scope in policies:
+            return policies[scope]
+    raise LedgerCorrupt("the ledger has no default policy")
+
+
+def policy_lookup(policies: Mapping[tuple[str, str], Policy]) -> Callable[[LedgerKey], Policy]:
+    """:func:`policy_for` over many keys, looking each (tenant, query_type) up once."""
+    found: dict[tuple[str, str], Policy] = {}
+
+    def policy_of(key: LedgerKey) -> Policy:
+        policy = found.get((key.tenant, key.query_type))
+        if policy is None:
+            policy = found[(key.tenant, key.query_type)] = policy_for(policies, key)
+        return policy
+
+    return policy_of
+
+
+def write_policy(connection: Connection, policy: Policy, now: str, actor: str) -> None:
+    """Create or replace the policy of ``policy.scope``, with its history entry."""
+    record = policy.as_record()
+    values = {k: v for k, v in record.items() if k not in ("tenant", "query_type")}
+    values["updated_at"] = now
+    updated = connection.execute(
+        update(PolicyRow)
+        .where(PolicyRow.tenant == policy.tenant, PolicyRow.query_type == policy.query_type)
+        .values(**values)
+    )
+    if updated.rowcount == 0:
+        connection.execute(
+            insert(PolicyRow).values(tenant=policy.tenant, query_type=policy.query_type, **values)
+        )
+    history.append(
+        connection,
+        chain=history.KEYLESS_CHAIN,
+        at=now,
+        action="policy",
+        actor=actor,
+        payload={**record, "calendar": policy.calendar.to_spec()},
+    )
