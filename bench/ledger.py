@@ -17,10 +17,11 @@ before it, because this machine's speed drifts from minute to minute.
   vs one ``UPDATE ... FROM unnest(ids)`` of the same rows in a copy of the accounts.
 * embedded SQLite: releases/s of ``spend`` from one process vs the same transaction
   shape (BEGIN IMMEDIATE; SELECT; UPDATE; INSERT; COMMIT) in raw sqlite3.
-* the ceiling (information): where a release's CPU goes (the 8 Python processes vs the
-  server, each beside pgbench -N's per transaction), and the throughput ratios when
+* server share (information): where a release's CPU goes (the 8 Python processes vs
+  the server, each beside pgbench -N's per transaction), and the throughput ratios when
   pgbench itself sends the ledger's two server calls, recorded from a real release: the
-  most any client could reach with the server work a release now takes.
+  most any client could reach with the server work a release now takes. (Bare Python
+  loops of the same transaction shapes, without the ledger: ``bench/ledger_ceiling.py``.)
 
 ``--only NAME`` (repeatable) runs only the named benchmarks. The CPU figures read the
 machine's busy time (``/proc/stat``), so run nothing else meanwhile.
@@ -390,9 +391,9 @@ def bench_sqlite(duration: float) -> list[tuple]:
     ]
 
 
-# ---------------------------------------------------------------------------- the ceiling
+# ---------------------------------------------------------------------------- server share
 
-CEILING_SUBJECT = "ceiling-subject"
+RECORDED_SUBJECT = "recorded-subject"
 
 
 def recorded_calls(url: str, subject: str) -> list[tuple[str, dict]]:
@@ -420,7 +421,7 @@ def recorded_calls(url: str, subject: str) -> list[tuple[str, dict]]:
 def pgbench_script(database: str, url: str, distinct: bool) -> str:
     """A pgbench script of the ledger's own reserve and commit calls, each transaction on
     a new reservation; on 16 keys per client (``distinct``) or all on one key."""
-    subject = CEILING_SUBJECT if distinct else "hot-subject"
+    subject = RECORDED_SUBJECT if distinct else "hot-subject"
     calls = recorded_calls(url, subject)
     ids = {calls[0][1]["reservation_id"]: "r:client_id-:serial"}
     ids[calls[0][1]["attempt_id"]] = "a:client_id-:serial"
@@ -444,7 +445,7 @@ def pgbench_script(database: str, url: str, distinct: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def bench_ceiling(duration: float, rounds: int) -> list[tuple]:
+def bench_server_share(duration: float, rounds: int) -> list[tuple]:
     """Where a release's time goes, and the most any client could reach.
 
     The ledger's two server calls, sent by pgbench (a C client using ~50 us per
@@ -457,8 +458,8 @@ def bench_ceiling(duration: float, rounds: int) -> list[tuple]:
         name: [] for name in ("n", "ours", "calls", "hot", "hot calls")
     }
     with (
-        scratch_database("dpb_bench_ceiling") as (ledger_db, url),
-        scratch_database("dpb_bench_ceiling_n") as (pgbench_db, _),
+        scratch_database("dpb_bench_share") as (ledger_db, url),
+        scratch_database("dpb_bench_share_n") as (pgbench_db, _),
         tempfile.TemporaryDirectory() as tmp,
     ):
         PrivacyBudgetLedger(cap=CAP, url=url).close()
@@ -514,7 +515,7 @@ def bench_ceiling(duration: float, rounds: int) -> list[tuple]:
             info,
         ),
         (
-            "ceiling, distinct keys: the ledger's two server calls sent by pgbench",
+            "distinct keys, the ledger's two server calls sent by pgbench (no Python)",
             calls.rate,
             "releases/s",
             n.rate,
@@ -523,7 +524,7 @@ def bench_ceiling(duration: float, rounds: int) -> list[tuple]:
             info,
         ),
         (
-            "ceiling, distinct keys: server CPU per release so sent",
+            "distinct keys, server CPU per release so sent",
             calls.server_us,
             "us",
             n.server_us,
@@ -532,7 +533,7 @@ def bench_ceiling(duration: float, rounds: int) -> list[tuple]:
             info,
         ),
         (
-            "ceiling, hot key: the ledger's two server calls sent by pgbench",
+            "hot key, the ledger's two server calls sent by pgbench (no Python)",
             hot_calls.rate,
             "releases/s",
             hot.rate,
@@ -560,7 +561,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         action="append",
-        choices=["hot", "distinct", "subjects", "sqlite", "ceiling"],
+        choices=["hot", "distinct", "subjects", "sqlite", "server-share"],
         help="run only this benchmark (repeatable; default: all)",
     )
     arguments = parser.parse_args()
@@ -570,7 +571,7 @@ def main() -> None:
         "distinct": ("distinct keys", lambda: bench_distinct_keys(duration, rounds)),
         "subjects": ("many subjects", bench_many_subjects),
         "sqlite": ("embedded SQLite", lambda: bench_sqlite(duration)),
-        "ceiling": ("the ceiling", lambda: bench_ceiling(duration, rounds)),
+        "server-share": ("server share", lambda: bench_server_share(duration, rounds)),
     }
     rows: list[tuple] = []
     for title, run in (benchmarks[name] for name in arguments.only or benchmarks):
