@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,11 +47,13 @@ def make_engine(url: str | None) -> Engine:
         parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
             engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+            _one_process_per_connection(engine)
         elif parsed.get_backend_name() == "postgresql":
             engine = create_engine(
                 url,
                 connect_args={"connect_timeout": 10, "application_name": "dp-budget-ledger"},
             )
+            _one_process_per_connection(engine)
             _ping_idle_connections(engine)
         else:
             raise ValueError(
@@ -59,6 +63,60 @@ def make_engine(url: str | None) -> Engine:
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine)
     return engine
+
+
+# PostgreSQL connections made in this process or inherited from a parent: after a fork
+# the child detaches their sockets (``_detach_inherited``), whatever it does with them.
+_SOCKETS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _one_process_per_connection(engine: Engine) -> None:
+    """Never use a connection made by another process (a forked child's inheritance).
+
+    A connection inherited across a fork is one server session behind two processes:
+    their messages interleave on the socket and one may read the other's answer, e.g.
+    a refused reservation read as granted. A checked-out connection made by another
+    process is therefore dropped without being touched, and the pool makes a new one;
+    after a fork, :func:`_detach_inherited` has already pointed the child's copies of
+    the sockets at ``/dev/null``, so even closing them cannot end the parent's sessions.
+    """
+
+    @event.listens_for(engine, "connect")
+    def on_connect(dbapi_connection: Any, record: Any) -> None:
+        record.info["pid"] = os.getpid()
+        if engine.dialect.name == "postgresql":
+            _SOCKETS.add(dbapi_connection)
+
+    @event.listens_for(engine, "checkout")
+    def on_checkout(_dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        made_by = record.info.get("pid")
+        if made_by != os.getpid():
+            record.dbapi_connection = proxy.dbapi_connection = None  # the maker's to close
+            raise exc.DisconnectionError(
+                f"ledger connection made by process {made_by}, not this one ({os.getpid()})"
+            )
+
+
+def _detach_inherited() -> None:
+    """In a forked child: point every inherited PostgreSQL socket at ``/dev/null``.
+
+    The parent keeps its sockets; whatever the child later sends on its copies (a
+    rollback when a pool takes one back, libpq's goodbye when one is garbage collected)
+    goes nowhere, and the child's pools replace them on first use.
+    """
+    inherited = [connection for connection in list(_SOCKETS) if not connection.closed]
+    if not inherited:
+        return
+    nowhere = os.open(os.devnull, os.O_RDWR)
+    try:
+        for connection in inherited:
+            with contextlib.suppress(Exception):
+                os.dup2(nowhere, connection.fileno())
+    finally:
+        os.close(nowhere)
+
+
+os.register_at_fork(after_in_child=_detach_inherited)
 
 
 def _ping_idle_connections(engine: Engine) -> None:
