@@ -117,6 +117,11 @@ def pgbench_run(database: str, *arguments: str) -> Measured:
     )
 
 
+def pgbench_clients(duration: float) -> tuple[str, ...]:
+    """pgbench's options for a run of ``duration`` s with as many clients as we run processes."""
+    return ("-n", "-c", str(PROCESSES), "-j", "2", "-T", str(int(duration)))
+
+
 def pgbench_tps(database: str, *arguments: str) -> float:
     return pgbench_run(database, *arguments).rate
 
@@ -177,6 +182,26 @@ def ledger_throughput(url: str, key_sets: list[list], mode: str, duration: float
 
 # ---------------------------------------------------------------------------- benchmarks
 
+HOT_SUBJECT = "hot-subject"
+KEYS_PER_PROCESS = 16
+
+
+def distinct_key_sets() -> list[list]:
+    """Each process's own keys (the distinct-key benchmarks)."""
+    return [
+        [key_for(f"worker-{w}-subject-{j}", "count", WINDOW) for j in range(KEYS_PER_PROCESS)]
+        for w in range(PROCESSES)
+    ]
+
+
+def create_hot_row(database: str) -> None:
+    """The one row the hot-key baseline locks and updates."""
+    with connect(database) as connection, connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE hot (id integer PRIMARY KEY, v bigint NOT NULL)")
+        cursor.execute("INSERT INTO hot VALUES (1, 0)")
+    connection.close()
+
+
 HOT_SCRIPT = """BEGIN;
 SELECT v FROM hot WHERE id = 1 FOR UPDATE;
 UPDATE hot SET v = v + 1 WHERE id = 1;
@@ -213,14 +238,11 @@ def bench_hot_key(duration: float, rounds: int) -> list[tuple]:
         tempfile.TemporaryDirectory() as tmp,
     ):
         PrivacyBudgetLedger(cap=CAP, url=url).close()
-        hot = [key_for("hot-subject", "count", WINDOW)]
-        with connect(name) as connection, connection.cursor() as cursor:
-            cursor.execute("CREATE TABLE hot (id integer PRIMARY KEY, v bigint NOT NULL)")
-            cursor.execute("INSERT INTO hot VALUES (1, 0)")
-        connection.close()
+        hot = [key_for(HOT_SUBJECT, "count", WINDOW)]
+        create_hot_row(name)
         script = Path(tmp) / "hot.sql"
         script.write_text(HOT_SCRIPT)
-        clients = ("-n", "-c", str(PROCESSES), "-j", "2", "-T", str(int(duration)))
+        clients = pgbench_clients(duration)
 
         def base() -> float:
             return pgbench_tps(name, *clients, "-f", str(script))
@@ -259,17 +281,12 @@ def bench_distinct_keys(duration: float, rounds: int) -> list[tuple]:
         scratch_database("dpb_bench_pgbench_n") as (name, _),
     ):
         PrivacyBudgetLedger(cap=CAP, url=url).close()
-        key_sets = [
-            [key_for(f"worker-{w}-subject-{j}", "count", WINDOW) for j in range(16)]
-            for w in range(PROCESSES)
-        ]
+        key_sets = distinct_key_sets()
         pgbench(name, "-i", "-q", "-s", "1")
         ours, base_rate, ratio, pairs = interleaved(
             rounds,
             lambda: ledger_throughput(url, key_sets, "reserve-commit", duration),
-            lambda: pgbench_tps(
-                name, "-n", "-N", "-c", str(PROCESSES), "-j", "2", "-T", str(int(duration))
-            ),
+            lambda: pgbench_tps(name, *pgbench_clients(duration), "-N"),
         )
     return [
         (
@@ -421,7 +438,7 @@ def recorded_calls(url: str, subject: str) -> list[tuple[str, dict]]:
 def pgbench_script(database: str, url: str, distinct: bool) -> str:
     """A pgbench script of the ledger's own reserve and commit calls, each transaction on
     a new reservation; on 16 keys per client (``distinct``) or all on one key."""
-    subject = RECORDED_SUBJECT if distinct else "hot-subject"
+    subject = RECORDED_SUBJECT if distinct else HOT_SUBJECT
     calls = recorded_calls(url, subject)
     ids = {calls[0][1]["reservation_id"]: "r:client_id-:serial"}
     ids[calls[0][1]["attempt_id"]] = "a:client_id-:serial"
@@ -429,7 +446,8 @@ def pgbench_script(database: str, url: str, distinct: bool) -> str:
         ids[subject] = "s:client_id-:k"
     lines = ["\\set serial random(1, 9000000000000000000)"]
     if distinct:  # each key on a chain of its own, as the ledger's hash of it would be
-        lines += ["\\set k random(0, 15)", "\\set chain (:client_id * 16 + :k) % 64 + 1"]
+        last, per = KEYS_PER_PROCESS - 1, KEYS_PER_PROCESS
+        lines += [f"\\set k random(0, {last})", f"\\set chain (:client_id * {per} + :k) % 64 + 1"]
     with connect(database) as connection, connection.cursor() as cursor:
         for sql, params in calls:
             for name, value in params.items():
@@ -453,7 +471,7 @@ def bench_server_share(duration: float, rounds: int) -> list[tuple]:
     ratios: what the server work of a release allows on this machine. The CPU rows split
     a release's cost between the client processes and the server, beside pgbench -N's.
     """
-    clients = ("-n", "-c", str(PROCESSES), "-j", "2", "-T", str(int(duration)))
+    clients = pgbench_clients(duration)
     runs: dict[str, list[Measured]] = {
         name: [] for name in ("n", "ours", "calls", "hot", "hot calls")
     }
@@ -464,10 +482,7 @@ def bench_server_share(duration: float, rounds: int) -> list[tuple]:
     ):
         PrivacyBudgetLedger(cap=CAP, url=url).close()
         pgbench(pgbench_db, "-i", "-q", "-s", "1")
-        with connect(pgbench_db) as connection, connection.cursor() as cursor:
-            cursor.execute("CREATE TABLE hot (id integer PRIMARY KEY, v bigint NOT NULL)")
-            cursor.execute("INSERT INTO hot VALUES (1, 0)")
-        connection.close()
+        create_hot_row(pgbench_db)
         scripts = {}
         for name, text in (
             ("calls", pgbench_script(ledger_db, url, distinct=True)),
@@ -476,10 +491,7 @@ def bench_server_share(duration: float, rounds: int) -> list[tuple]:
         ):
             scripts[name] = Path(tmp) / f"{name.replace(' ', '_')}.sql"
             scripts[name].write_text(text)
-        key_sets = [
-            [key_for(f"worker-{w}-subject-{j}", "count", WINDOW) for j in range(16)]
-            for w in range(PROCESSES)
-        ]
+        key_sets = distinct_key_sets()
         for _ in range(rounds):
             runs["n"].append(pgbench_run(pgbench_db, *clients, "-N"))
             runs["ours"].append(ledger_run(url, key_sets, "reserve-commit", duration))
