@@ -16,7 +16,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,9 @@ VERSION_TABLE = "dp_budget_alembic_version"
 SQLITE_BUSY_TIMEOUT_MS = 60_000
 IDLE_PING_SECONDS = 2.0
 _WRITE = "dp_budget_write"
+
+# Opens one transaction on the ledger's database (the ledger's ``reading``, ``_write``).
+Transaction = Callable[[], contextlib.AbstractContextManager[Connection]]
 
 
 def make_engine(url: str | None) -> Engine:

@@ -10,9 +10,7 @@ takes the write lock, where a racing twin's creation is found and checked instea
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
@@ -26,7 +24,6 @@ from dp_budget_provider.ledger.policy_store import PolicyStore, write_policy
 from dp_budget_provider.ledger.schema import ChainHead, LedgerConfig
 from dp_budget_provider.ledger.windows import WindowCalendar
 
-Transaction = Callable[[], contextlib.AbstractContextManager[Connection]]
 # Taken by every process creating a ledger, so only one initialises it.
 _CREATE_LOCK = 7263514
 
@@ -49,8 +46,8 @@ class NewLedger(NamedTuple):
 
 
 def open_ledger(
-    reading: Transaction,
-    writing: Transaction,
+    reading: database.Transaction,
+    writing: database.Transaction,
     policies: PolicyStore,
     new: NewLedger,
     cap: BudgetCap | None,

@@ -12,13 +12,12 @@ rows for every release cost more than the release's own writes, so:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 from sqlalchemy import Connection, insert, update
 
-from dp_budget_provider.ledger import history, pipeline, statements
+from dp_budget_provider.ledger import database, history, pipeline, statements
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.policy import ANY, Policy, lookup_order
@@ -31,9 +30,7 @@ Policies = dict[tuple[str, str], Policy]
 class PolicyStore:
     """Reads the stored policies for one ledger, reusing what it validated before."""
 
-    def __init__(
-        self, reading: Callable[[], contextlib.AbstractContextManager[Connection]]
-    ) -> None:
+    def __init__(self, reading: database.Transaction) -> None:
         self._reading = reading  # a read transaction of the ledger's own
         self._built: dict[tuple[object, ...], Policy] = {}
         # (policy_version, policies read at it), PostgreSQL only: what dp_reserve checks.
