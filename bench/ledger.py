@@ -52,7 +52,7 @@ from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
 from tests.scratch_postgres import dsn_part, scratch_database  # noqa: E402
 
 PROCESSES = 8
-WINDOW = "2026-11"
+WINDOW = "2026-w45"
 # A cap no benchmark can reach, and a tiny cost per release: nothing is ever refused.
 CAP = BudgetCap(epsilon=1e9, delta=1e-5)
 MECHANISM = GaussianMechanism(1000.0)

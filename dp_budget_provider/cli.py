@@ -21,7 +21,7 @@ Commands::
     dp-budget policy list
     dp-budget policy set --epsilon E [--tenant T] [--query-type Q] [--warn-fraction F]
                          [--calendar iso_week|month|day|fixed] [--length-seconds N]
-                         [--min-window-seconds N] [--clause TEXT]
+                         [--min-window-seconds N] [--grace DURATION] [--clause TEXT]
     dp-budget report [--format md|json] [--window W] [--tenant T]
 """
 
@@ -55,7 +55,7 @@ from dp_budget_provider.ledger import (
     report,
 )
 from dp_budget_provider.ledger.keys import canonical_part
-from dp_budget_provider.ledger.policy import DEFAULT_MIN_WINDOW
+from dp_budget_provider.ledger.policy import DEFAULT_GRACE, DEFAULT_MIN_WINDOW
 from dp_budget_provider.ledger.schema import LedgerConfig
 from dp_budget_provider.ledger.windows import CALENDAR_KINDS
 
@@ -457,12 +457,13 @@ def cmd_policy_list(args: argparse.Namespace) -> int:
             p.calendar.kind
             + (f" ({p.calendar.length_seconds}s)" if p.calendar.length_seconds else ""),
             f"{int(p.min_window.total_seconds())}s",
+            f"{int(p.grace.total_seconds())}s",
             p.compliance_clause or "-",
         )
         for p in policies
     ]
-    headers = ["TENANT", "QUERY TYPE", "CAP", "WARN", "CALENDAR", "MIN WINDOW", "CLAUSE"]
-    _print(_columns(headers, rows, right="235"))
+    headers = ["TENANT", "QUERY TYPE", "CAP", "WARN", "CALENDAR", "MIN WINDOW", "GRACE", "CLAUSE"]
+    _print(_columns(headers, rows, right="2356"))
     return 0
 
 
@@ -496,6 +497,11 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
             query_type=query_type,
             calendar=calendar,
             min_window=min_window,
+            grace=args.grace
+            if args.grace is not None
+            else current.grace
+            if current
+            else DEFAULT_GRACE,
             compliance_clause=(
                 args.clause
                 if args.clause is not None
@@ -509,6 +515,7 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
         f"policy {policy.tenant}/{policy.query_type} {'updated' if current else 'created'}: cap "
         f"{_g(policy.cap_epsilon)}, warning at {policy.warn_fraction:.0%}, calendar "
         f"{policy.calendar.kind}, minimum window {int(policy.min_window.total_seconds())}s, "
+        f"grace {int(policy.grace.total_seconds())}s, "
         f"clause: {policy.compliance_clause or '(none)'}"
     )
     return 0
@@ -640,6 +647,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--length-seconds", type=_count, default=None, help="window length of a fixed calendar"
     )
     policy_set.add_argument("--min-window-seconds", type=_count, default=None)
+    policy_set.add_argument(
+        "--grace",
+        type=parse_duration,
+        default=None,
+        help="how long after a window ends late and backfilled runs may still charge it, "
+        "before maintenance may seal it (e.g. 3d; default 3d)",
+    )
     policy_set.add_argument(
         "--clause", default=None, help="the compliance clause the cap implements"
     )

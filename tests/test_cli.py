@@ -487,18 +487,31 @@ def test_policy_list_and_set(seeded):
     assert [row.split()[:2] for row in rows] == [["*", "*"], ["acme", "*"]]
     assert rows[1].endswith(CLAUSE)
 
+    # acme/count has been charged in ISO weeks: another calendar is refused, audited nothing.
+    refused = run(
+        "policy", "set", "--tenant", "acme", "--query-type", "count", "--epsilon", "1.5",
+        "--calendar", "day", url=seeded,
+    )  # fmt: skip
+    assert_one_line_error(refused)
+    assert "second set of windows" in refused.stderr
     result = run(
         "policy", "set", "--tenant", "acme", "--query-type", "count", "--epsilon", "1.5",
-        "--warn-fraction", "0.5", "--calendar", "day", "--clause", "contract 7 s.2",
+        "--warn-fraction", "0.5", "--grace", "1d", "--clause", "contract 7 s.2",
         url=seeded,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "policy acme/count created" in result.stdout
     ledger = open_ledger(seeded)
     policy = ledger.policy_for(DAVE)
-    assert (policy.cap_epsilon, policy.warn_fraction, policy.calendar.kind) == (1.5, 0.5, "day")
+    assert (policy.cap_epsilon, policy.warn_fraction, policy.calendar.kind) == (
+        1.5,
+        0.5,
+        "iso_week",
+    )
+    assert policy.grace == timedelta(days=1)
     assert policy.compliance_clause == "contract 7 s.2"
     assert ledger.history()[-1]["action"] == "policy"
+    assert [e["action"] for e in ledger.history()].count("policy") == 3
     ledger.close()
 
 

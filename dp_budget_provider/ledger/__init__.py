@@ -12,6 +12,7 @@ from dp_budget_provider.ledger.errors import (
     LedgerSchemaError,
     LedgerUnavailable,
     ReservationStateError,
+    WindowSealed,
 )
 from dp_budget_provider.ledger.keys import LedgerKey, key_for
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
@@ -42,6 +43,7 @@ __all__ = [
     "SpendReceipt",
     "VerifyReport",
     "WindowCalendar",
+    "WindowSealed",
     "is_closed",
     "key_for",
     "window_bounds",

@@ -25,6 +25,7 @@ from dp_budget_provider.ledger.schema import (
     LedgerConfig,
     Reservation,
     ReservationKey,
+    Window,
 )
 from dp_budget_provider.ledger.spend import Pending, Spend
 
@@ -46,6 +47,8 @@ class _Replay:
         self.open_count: dict[LedgerKey, int] = defaultdict(int)
         self.pending: dict[LedgerKey, Pending] = defaultdict(Pending)
         self.cost_of: dict[str, Spend] = {}
+        self.rescoped: dict[LedgerKey, str] = {}  # sealed key -> the query type it moved to
+        self.sealed: set[tuple[str, str, str]] = set()  # (tenant, query_type, window)
 
     def _close(self, entry: Any, keys: list[LedgerKey]) -> None:
         """One reservation closes on ``keys``: its cost leaves their pending spend."""
@@ -83,15 +86,57 @@ class _Replay:
             )
         elif entry.action == "rescope":
             old, new = LedgerKey(**payload["from"]), _key_of(entry)
-            self.expected[new] = self.expected[new].plus(self.expected.pop(old, Spend()))
-            self.open_count.pop(old, None)
-            self.pending.pop(old, None)
+            carried = self.expected.setdefault(old, Spend())
+            self.expected[new] = self.expected[new].plus(carried)
+            if old.query_type != new.query_type and (old.tenant, old.subject, old.window) == (
+                new.tenant,
+                new.subject,
+                new.window,
+            ):
+                self.rescoped[old] = new.query_type  # the key stays, sealed
+            else:  # an entry of an earlier version, which dropped the old key
+                del self.expected[old]
+                self.open_count.pop(old, None)
+                self.pending.pop(old, None)
         elif entry.action == "reset":
-            for key in [k for k in self.expected if k.window == payload["window"]]:
-                del self.expected[key]
-                self.open_count.pop(key, None)
-                self.pending.pop(key, None)
+            window = payload["window"]
+            sealed = payload.get("sealed")  # None: an earlier version's reset of every scope
+            scopes = None if sealed is None else {tuple(scope) for scope in sealed}
+            for key in [k for k in self.expected if k.window == window]:
+                if scopes is None or (key.tenant, key.query_type) in scopes:
+                    del self.expected[key]
+                    self.open_count.pop(key, None)
+                    self.pending.pop(key, None)
+                    self.rescoped.pop(key, None)
+            self.sealed |= {(t, q, window) for t, q in scopes or ()}
         return []
+
+
+def _seal_problems(
+    connection: Connection, replay: _Replay, accounts: Mapping[LedgerKey, Any]
+) -> list[str]:
+    """Seals as the history made them: sealed windows and re-scoped keys, never undone.
+
+    Unsealing a window or clearing a key's re-scope mark in SQL would let it be charged
+    again from where its accounts left off (or from zero), so either is reported.
+    """
+    problems = []
+    stored = {
+        (row.tenant, row.query_type, row.window): row.sealed_at
+        for row in connection.execute(select(Window))
+    }
+    for scope in sorted(replay.sealed):
+        if stored.get(scope) is None:
+            problems.append(f"window {scope}: sealed by a reset in the history but not sealed")
+    for key, row in accounts.items():
+        if (key.tenant, key.query_type, key.window) not in stored:
+            problems.append(f"account {key}: its window has no row in dp_windows")
+        if row.rescoped_to != replay.rescoped.get(key):
+            problems.append(
+                f"account {key}: re-scope mark {row.rescoped_to!r} differs from the history's "
+                f"{replay.rescoped.get(key)!r}"
+            )
+    return problems
 
 
 def verify(connection: Connection, size: int) -> VerifyReport:
@@ -120,6 +165,7 @@ def verify(connection: Connection, size: int) -> VerifyReport:
         except (ValueError, KeyError, TypeError, LedgerCorrupt) as error:
             problems.append(f"entry {entry.seq}: unreadable payload ({error!r}); edited?")
     accounts = {_key_of(row): row for row in connection.execute(select(Account))}
+    problems += _seal_problems(connection, replay, accounts)
     for key, row in accounts.items():
         stored = Spend.from_columns(row.rho, row.residual, row.gaussian_mu2, size)
         if key not in replay.expected:

@@ -25,7 +25,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, exc, inspect, text
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import StaticPool
 
 from dp_budget_provider.ledger.errors import LedgerSchemaError, LedgerUnavailable
@@ -49,7 +49,8 @@ def make_engine(url: str | None) -> Engine:
     else:
         parsed = make_url(url)
         if parsed.get_backend_name() == "sqlite":
-            engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+            parsed = _absolute_sqlite(parsed)
+            engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
             _one_process_per_connection(engine)
         elif parsed.get_backend_name() == "postgresql":
             engine = create_engine(
@@ -66,6 +67,25 @@ def make_engine(url: str | None) -> Engine:
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine)
     return engine
+
+
+def _absolute_sqlite(url: URL) -> URL:
+    """A SQLite URL with an absolute path: ``sqlite:///ledger.db`` opened from two folders
+    would be two ledgers, each with a full budget. The resolved path is logged."""
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return url
+    path = Path(database)
+    if path.is_absolute():
+        return url
+    resolved = path.resolve()
+    logging.getLogger(__name__).warning(
+        "relative SQLite ledger path %r resolved to %s (give an absolute path: "
+        "sqlite:////abs/path/ledger.db)",
+        database,
+        resolved,
+    )
+    return url.set(database=str(resolved))
 
 
 # PostgreSQL connections made in this process or inherited from a parent: after a fork

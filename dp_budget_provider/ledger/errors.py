@@ -38,3 +38,8 @@ class LedgerCorrupt(LedgerError):
 
 class ReservationStateError(LedgerError):
     """A reservation was used in a state that does not allow it (e.g. commit after release)."""
+
+
+class WindowSealed(LedgerError):
+    """A release or correction named a window (or a re-scoped key) that can never be charged
+    again: its accounts were dropped, so charging it would start from zero."""

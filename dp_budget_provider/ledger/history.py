@@ -147,51 +147,6 @@ def _entry_row(
     return row
 
 
-def entry_around_server_tail(
-    *,
-    chain: int,
-    at: str,
-    action: str,
-    actor: str,
-    payload: dict[str, Any],
-    tail_key: str,
-    reservation_id: str,
-    key: LedgerKey,
-) -> dict[str, Any]:
-    """An entry whose payload the server completes with ``tail_key``'s value (dp_reserve).
-
-    ``tail_key`` must sort after every key of ``payload``: the canonical payload is then
-    ``payload_head`` + the server's JSON value + ``}``. The link prefix embeds the payload
-    as a JSON string, so it is returned cut around that value (``prefix_head``,
-    ``prefix_tail``); the server escapes its part (quotes only: it writes numbers).
-    """
-    if not payload or any(name >= tail_key for name in payload):
-        raise ValueError(f"{tail_key!r} must sort after every payload key")
-    head = canonical_json(payload)[:-1] + f",{canonical_json(tail_key)}:"
-    row = _entry_row(
-        chain=chain,
-        at=at,
-        action=action,
-        actor=actor,
-        payload_text=head + _CUT,
-        reservation_id=reservation_id,
-        key=key,
-    )
-    prefix = row.pop("link_prefix")
-    cut = prefix.rindex(_ESCAPED_CUT)  # the last one: the payload ends with it
-    del row["payload"]
-    return {
-        **row,
-        "payload_head": head,
-        "prefix_head": prefix[:cut],
-        "prefix_tail": prefix[cut + len(_ESCAPED_CUT) :],
-    }
-
-
-_CUT = "\x00"  # never in canonical JSON (escaped there), so it marks the cut
-_ESCAPED_CUT = canonical_json(_CUT)[1:-1]
-
-
 # The server-side append (PostgreSQL, migration 0003); parameters from entry_columns.
 SERVER_APPEND = (
     "SELECT dp_append(%(chain)s, %(at)s, %(action)s, %(actor)s, %(reservation_id)s, %(tenant)s, "

@@ -2,9 +2,19 @@
 
 Canonicalisation is a privacy control, not cosmetics: if "Alice", " alice" and
 "ALICE" were three accounts, one person could be charged three times less than they
-leak. Every part goes through Unicode NFKC, casefolding, trimming and whitespace
-collapsing; parts that are empty, too long or carry control/format characters
-(zero-width joiners would otherwise fork accounts invisibly) are refused.
+leak. Every part goes through Unicode NFKC, casefolding, trimming and collapsing of
+spaces. Refused, because they would fork one account invisibly:
+
+* empty or over-long parts;
+* control characters (tab, newline and ``\x1f`` too: they are refused, not turned into
+  spaces), format characters, line and paragraph separators, unassigned and private-use
+  code points;
+* default-ignorable code points (Unicode's Default_Ignorable_Code_Point: U+034F, variation
+  selectors such as U+FE0F, Hangul fillers such as U+3164, zero-width characters, ...)
+  and the blank U+2800;
+* a part that mixes letters of the Latin, Greek, Cyrillic or Armenian scripts ("аlice"
+  with a Cyrillic "а" would be a second alice). A part written wholly in one script is
+  accepted as it is: whole-script look-alikes are not folded.
 """
 
 from __future__ import annotations
@@ -14,21 +24,82 @@ import unicodedata
 from dataclasses import dataclass
 
 MAX_PART_LENGTH = 256
-_WHITESPACE = re.compile(r"\s+")
+_SPACES = re.compile(r" +")
+_ASCII_CONTROL = re.compile("[\x00-\x1f\x7f]")
+# Unicode 15.1 DerivedCoreProperties.txt, Default_Ignorable_Code_Point, plus U+2800.
+_IGNORABLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
+    "\u202a-\u202e\u2060-\u206f\u2800\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+)
+# Scripts whose letters pass for each other's ("a" Latin, "а" Cyrillic, "α" Greek, ...).
+_CONFUSABLE_SCRIPTS = frozenset({"LATIN", "GREEK", "CYRILLIC", "ARMENIAN"})
+
+
+def _refuse_invisible(name: str, text: str) -> None:
+    for char in text:
+        category = unicodedata.category(char)
+        if category[0] == "C" or category in ("Zl", "Zp") or _IGNORABLE.match(char):
+            raise ValueError(
+                f"{name} contains the invisible or control character U+{ord(char):04X} "
+                f"({unicodedata.name(char, category)}); such characters would make one "
+                "account look like another"
+            )
+
+
+def _refuse_mixed_scripts(name: str, text: str) -> None:
+    scripts = set()
+    for char in text:
+        if unicodedata.category(char)[0] == "L":
+            script = unicodedata.name(char, "").split(" ")[0]
+            if script in _CONFUSABLE_SCRIPTS:
+                scripts.add(script)
+    if len(scripts) > 1:
+        raise ValueError(
+            f"{name} {text!r} mixes {' and '.join(sorted(scripts))} letters, which can look "
+            "identical: write it in one script"
+        )
+
+
+def plain_text(name: str, value: object, limit: int = MAX_PART_LENGTH) -> str:
+    """A short, visible string as given (actors, reasons): no control or invisible
+    characters, at most ``limit`` characters; ValueError naming it otherwise."""
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise ValueError(f"{name} must not be empty")
+    if len(value) > limit:
+        raise ValueError(f"{name} is {len(value)} characters long; the limit is {limit}")
+    _refuse_invisible(name, value)
+    return value
 
 
 def canonical_part(name: str, value: object) -> str:
     """Canonical form of one key part, or ValueError naming the part."""
     if not isinstance(value, str):
         raise ValueError(f"{name} must be a string, got {type(value).__name__}")
-    text = _WHITESPACE.sub(" ", unicodedata.normalize("NFKC", value).casefold()).strip()
+    if len(value) > 4 * MAX_PART_LENGTH:  # before normalising: NFKC of a huge text is slow
+        raise ValueError(f"{name} is {len(value)} characters long; the limit is {MAX_PART_LENGTH}")
+    if value.isascii() and not _ASCII_CONTROL.search(value):
+        # The common case, 10^5 times per release: NFKC and casefold of visible ASCII are
+        # lower(), and ASCII holds no invisible character and one script.
+        text = _SPACES.sub(" ", value.lower()).strip()
+        if not text:
+            raise ValueError(f"{name} must not be empty")
+        if len(text) > MAX_PART_LENGTH:
+            raise ValueError(
+                f"{name} is {len(text)} characters long; the limit is {MAX_PART_LENGTH}"
+            )
+        return text
+    _refuse_invisible(name, value)
+    normal = unicodedata.normalize("NFKC", value).casefold()
+    _refuse_invisible(name, normal)
+    text = _SPACES.sub(" ", "".join(" " if char.isspace() else char for char in normal)).strip()
     if not text:
         raise ValueError(f"{name} must not be empty")
     if len(text) > MAX_PART_LENGTH:
         raise ValueError(f"{name} is {len(text)} characters long; the limit is {MAX_PART_LENGTH}")
-    for char in text:
-        if unicodedata.category(char).startswith("C"):
-            raise ValueError(f"{name} contains the control or format character {char!r}")
+    _refuse_mixed_scripts(name, text)
     return text
 
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import hashlib
+import hmac
 import json
+import secrets
 import socket
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -48,7 +51,6 @@ from dp_budget_provider.ledger import (
     database,
     history,
     pipeline,
-    server_check,
     statements,
 )
 from dp_budget_provider.ledger.errors import (
@@ -56,11 +58,13 @@ from dp_budget_provider.ledger.errors import (
     LedgerCorrupt,
     LedgerError,
     ReservationStateError,
+    WindowSealed,
 )
 from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
 from dp_budget_provider.ledger.opening import NewLedger, open_ledger
 from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
 from dp_budget_provider.ledger.policy_store import (
+    Policies,
     PolicyStore,
     policy_for,
     policy_lookup,
@@ -82,12 +86,12 @@ from dp_budget_provider.ledger.schema import (
     ReservationKey,
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
+from dp_budget_provider.ledger.schema import Window as WindowRow
 from dp_budget_provider.ledger.spend import Pending, Spend
-from dp_budget_provider.ledger.windows import WindowCalendar, is_closed
+from dp_budget_provider.ledger.windows import WindowCalendar, is_closed, window_bounds
 
 _CHUNK = 1000
 _BOUND_CACHE_SIZE = 100_000
-_DIGEST_CACHE_SIZE = 64  # reservations awaiting their commit in one process
 _KEY_COLUMNS = statements.KEY_COLUMNS
 
 
@@ -98,6 +102,11 @@ def _now() -> datetime:
 def _stamp(moment: datetime) -> str:
     """Fixed-width UTC timestamps: they sort as strings."""
     return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def token_digest(token: str) -> str:
+    """What the ledger stores of a reservation's token (never the token itself)."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def _default_actor() -> str:
@@ -155,14 +164,10 @@ class PrivacyBudgetLedger:
                 raise ValueError(f"{name} must be a BudgetCap, got {value!r}")
         self._bound_cache: dict[tuple[Any, ...], EpsilonBound] = {}
         self._cost_cache: dict[tuple[Any, int], Spend] = {}
-        # Keys digests of reservations made here, for their commit (keyed by id; valid for
-        # the very keys tuple reserved): 10^5 keys take a tenth of a second to digest.
-        self._digests: dict[str, tuple[tuple[LedgerKey, ...], str]] = {}
         self._orders = validate_orders(orders)
         self._conversion: Conversion = check_conversion(conversion)
         self.actor = actor or _default_actor()
         self._engine = database.make_engine(url)
-        self._server = pipeline.ServerCalls(self._engine)
         self._policy_store = PolicyStore(self.reading)
         new = NewLedger(
             self._orders, self._conversion, calendar or WindowCalendar(), self.actor, _stamp(_now())
@@ -173,16 +178,13 @@ class PrivacyBudgetLedger:
             self._engine.dispose()
             raise
         self._delta, self._chains = settings.delta, settings.chains
-        self._limits = server_check.CapLimits(self._orders, self._delta, self._conversion)
 
     def _chain(self, key: LedgerKey) -> int:
         """The history chain of entries about ``key`` (or a release whose first key it is)."""
         return history.chain_of(key, self._chains)
 
     def _pool(self) -> Engine:
-        """The engine, for any use but the server calls: the connection kept for those
-        goes back to the pool first, so the ledger holds one connection, not two."""
-        self._server.give_back()
+        """The engine every transaction of this ledger runs on."""
         return self._engine
 
     def _write(self) -> Any:
@@ -202,7 +204,6 @@ class PrivacyBudgetLedger:
 
     def close(self) -> None:
         """Release the database connections."""
-        self._server.close()
         self._engine.dispose()
 
     @property
@@ -228,10 +229,31 @@ class PrivacyBudgetLedger:
     # ------------------------------------------------------------------ policies
 
     def set_policy(self, policy: Policy) -> None:
-        """Create or replace the policy of ``policy.scope`` (an audited history entry)."""
+        """Create or replace the policy of ``policy.scope`` (an audited history entry).
+
+        A scope that has been charged keeps its calendar for the ledger's life: a second
+        calendar would cut the same time into a second set of windows, each with a full
+        cap. So a policy that would change the calendar of any charged (tenant, query
+        type) is refused; give new query types a calendar of their own instead.
+        """
         if not isinstance(policy, Policy):
             raise ValueError(f"policy must be a Policy, got {policy!r}")
         with self._write() as connection:
+            stored = self._policy_store.read(connection)
+            before, after = policy_lookup(stored), policy_lookup({**stored, policy.scope: policy})
+            charged = connection.execute(
+                select(WindowRow.tenant, WindowRow.query_type).distinct()
+            ).all()
+            for tenant, query_type in charged:
+                probe = LedgerKey.from_canonical(tenant, "-", query_type, "-")
+                was, becomes = before(probe).calendar, after(probe).calendar
+                if was != becomes:
+                    raise LedgerError(
+                        f"tenant {tenant!r}, query type {query_type!r} has been charged in "
+                        f"{was.kind} windows; a policy giving it {becomes.kind} windows would "
+                        "open a second set of windows over the same time. Keep its calendar "
+                        "(or use a new query type)"
+                    )
             write_policy(connection, policy, _stamp(_now()), self.actor)
 
     def policies(self) -> list[Policy]:
@@ -308,7 +330,7 @@ class PrivacyBudgetLedger:
             rows = pipe.query(
                 statements.PG_UPSERT, {**added, "now": now, **statements.key_parts(keys)}
             )
-            return statements.accounts_by_key(rows, keys, size), rows[0][14]
+            return statements.accounts_by_key(rows, keys, size), rows[0][15]
         rows = []
         for chunk in _chunks(keys):
             rows += pipe.connection.execute(
@@ -331,6 +353,97 @@ class PrivacyBudgetLedger:
                 ],
             ).all()
         return statements.accounts_by_key(rows, keys, size), None
+
+    def _lock_chargeable(
+        self,
+        pipe: pipeline.Pipeline,
+        keys: Sequence[LedgerKey],
+        moment: datetime,
+        reserving: Spend | None = None,
+    ) -> tuple[dict[LedgerKey, statements.LockedAccount], Policies]:
+        """Lock the windows and accounts ``keys`` charge, refusing any that may not be charged.
+
+        The one gate of every write that adds spend (reserve, rescope, correct): a sealed
+        window, a re-scoped key, a label that is not its scope calendar's own, or a window
+        that has not begun is refused, and the transaction rolls back with nothing written.
+        Returns the locked accounts and the policies in force.
+        """
+        now = _stamp(moment)
+        self._lock_windows(pipe, keys, now)
+        locked, version = self._lock_accounts(pipe, keys, now, reserving)
+        policies = self._policy_store.at(pipe, version)
+        self._check_windows(keys, policy_lookup(policies), moment)
+        self._check_not_rescoped(keys, locked)
+        return locked, policies
+
+    @staticmethod
+    def _lock_windows(pipe: pipeline.Pipeline, keys: Sequence[LedgerKey], now: str) -> None:
+        """Create and share-lock the window rows ``keys`` charge; refuse a sealed one.
+
+        Every account's scope and window has a row in ``dp_windows``; a reset seals it
+        under an exclusive lock before dropping the accounts, so a window is either
+        chargeable for this whole transaction or refused here (:class:`WindowSealed`).
+        """
+        scopes = sorted({(key.tenant, key.query_type, key.window) for key in keys})
+        if pipe.postgresql:
+            parts = {
+                "tenants": "\n".join(scope[0] for scope in scopes),
+                "query_types": "\n".join(scope[1] for scope in scopes),
+                "windows": "\n".join(scope[2] for scope in scopes),
+            }
+            rows = pipe.query(statements.PG_LOCK_WINDOWS, {**parts, "now": now})
+        else:
+            rows = []
+            for tenant, query_type, window in scopes:
+                scope = {"tenant": tenant, "query_type": query_type, "window": window}
+                pipe.query(statements.SQLITE_NEW_WINDOW, {**scope, "now": now})
+                rows += pipe.query(statements.SQLITE_WINDOW, scope)
+        if len(rows) != len(scopes):
+            raise LedgerCorrupt(f"{len(scopes)} windows charged but {len(rows)} window rows found")
+        for tenant, query_type, window, sealed_at in rows:
+            if sealed_at is not None:
+                raise WindowSealed(
+                    f"window {window!r} of tenant {tenant!r}, query type {query_type!r} was "
+                    f"sealed at {sealed_at} (reset after its grace period): nothing can be "
+                    "charged to it any more"
+                )
+
+    @staticmethod
+    def _check_windows(
+        keys: Sequence[LedgerKey], policy_of: Callable[[LedgerKey], Policy], moment: datetime
+    ) -> None:
+        """Refuse a window that is not its scope calendar's own name for a period, or that
+        has not begun (data that does not exist yet cannot be released)."""
+        seen: set[tuple[str, str, str]] = set()
+        for key in keys:
+            scope = (key.tenant, key.query_type, key.window)
+            if scope in seen:
+                continue
+            seen.add(scope)
+            calendar = policy_of(key).calendar
+            if not calendar.is_canonical(key.window):
+                raise ValueError(
+                    f"window {key.window!r} is not a window of the {calendar.kind} calendar of "
+                    f"tenant {key.tenant!r}, query type {key.query_type!r}: expected "
+                    f"{calendar.expected_form}"
+                )
+            if window_bounds(key.window)[0] > moment:
+                raise ValueError(
+                    f"window {key.window!r} has not begun: data that does not exist yet "
+                    "cannot be released"
+                )
+
+    @staticmethod
+    def _check_not_rescoped(
+        keys: Sequence[LedgerKey], locked: Mapping[LedgerKey, statements.LockedAccount]
+    ) -> None:
+        for key in keys:
+            moved = locked[key].rescoped_to
+            if moved is not None:
+                raise WindowSealed(
+                    f"{key} was re-scoped to query type {moved!r}: its spend lives there now, "
+                    "and this key can never be charged again"
+                )
 
     def _lock_reservation(
         self, connection: Connection, reservation_id: str, key_count: int
@@ -424,29 +537,27 @@ class PrivacyBudgetLedger:
 
         Raises :class:`BudgetExhausted` (writing nothing) when any key would pass its
         cap counting its committed spend and all open reservations. ``attempt`` names
-        the task attempt (idempotency); reserving again with the same attempt returns
-        the existing reservation.
+        the task attempt: an attempt reserves once, ever. Reserving again with an attempt
+        that already reserved (open, committed, released or reaped) is refused with
+        :class:`ReservationStateError`, so one attempt never authorises two releases.
+        The returned reservation carries a secret token: only its holder can commit or
+        release it.
         """
         ordered = self._keys(keys)
         mechanism, count, attempt_id, cost = self._release(mechanism, count, attempt)
         try:
-            decided = self._server_reserve(ordered, mechanism, count, attempt_id, cost)
-            if decided is not None:
-                return decided
             with self._pipelined() as pipe:
                 return self._reserve(pipe, ordered, mechanism, count, attempt_id, cost)
-        except (BudgetExhausted, pipeline.UniqueViolation) as error:
-            if isinstance(error, pipeline.UniqueViolation) and "attempt_id" not in str(error):
+        except pipeline.UniqueViolation as error:
+            if "attempt_id" not in str(error):
                 raise
-            # The attempt may hold a reservation already (a retried task, or a twin that
-            # won the race): answer with it instead of refusing or failing.
             with self.reading() as connection:
                 existing = self._reservation_by_attempt(connection, attempt_id)
-            if existing is None:
-                raise
-            with self.reading() as connection:
-                existing_keys = self._reservation_keys(connection, existing.id)
-            return self._same_reservation(existing, existing_keys, ordered, mechanism, count)
+            state = "" if existing is None else f" ({existing.id}, {existing.state})"
+            raise ReservationStateError(
+                f"attempt {attempt_id!r} has already reserved{state}: an attempt releases at "
+                "most once, and a new try of a task needs a new attempt id"
+            ) from error
 
     def _release(
         self, mechanism: Mechanism | Mapping[str, Any], count: int, attempt: str | None
@@ -493,9 +604,9 @@ class PrivacyBudgetLedger:
         attempt_id: str,
         cost: Spend,
     ) -> Reservation:
-        now = _stamp(_now())
-        locked, policy_version = self._lock_accounts(pipe, keys, now, reserving=cost)
-        policies = self._policy_store.at(pipe, policy_version)
+        moment = _now()
+        now = _stamp(moment)
+        locked, policies = self._lock_chargeable(pipe, keys, moment, reserving=cost)
         # The pending spend read back includes this cost but for its residual curve.
         residual = Spend(0.0, cost.residual, 0.0)
         # Accounts holding equal values share their Spend objects: convert each once.
@@ -516,6 +627,7 @@ class PrivacyBudgetLedger:
         if cost.residual is not None:
             self._add_pending_residual(pipe, keys, locked, cost.residual)
         reservation_id = str(uuid.uuid4())
+        token = secrets.token_urlsafe(32)
         digest = history.keys_digest(keys)
         spec = mechanism.to_spec()
         pipe.send(
@@ -523,6 +635,7 @@ class PrivacyBudgetLedger:
             {
                 "id": reservation_id,
                 "attempt_id": attempt_id,
+                "token_hash": token_digest(token),
                 "state": OPEN,
                 "mechanism": history.canonical_json(spec),
                 "count": count,
@@ -549,95 +662,16 @@ class PrivacyBudgetLedger:
                 "prospective_epsilon": worst,
             },
         )
-        return self._opened(reservation_id, attempt_id, keys, mechanism, count, worst, now, digest)
-
-    def _opened(
-        self,
-        reservation_id: str,
-        attempt_id: str,
-        keys: Sequence[LedgerKey],
-        mechanism: Mechanism,
-        count: int,
-        prospective_epsilon: float,
-        created_at: str,
-        digest: str,
-    ) -> Reservation:
-        """The record of a reservation just made; its keys digest is kept for its commit."""
-        reservation = Reservation(
+        return Reservation(
             id=reservation_id,
             attempt_id=attempt_id,
             keys=tuple(keys),
             mechanism=mechanism,
             count=count,
             state=OPEN,
-            prospective_epsilon=prospective_epsilon,
-            created_at=created_at,
-        )
-        if len(self._digests) >= _DIGEST_CACHE_SIZE:
-            self._digests.pop(next(iter(self._digests)))  # the oldest
-        self._digests[reservation_id] = (reservation.keys, digest)
-        return reservation
-
-    def _server_reserve(
-        self,
-        keys: list[LedgerKey],
-        mechanism: Mechanism,
-        count: int,
-        attempt_id: str,
-        cost: Spend,
-    ) -> Reservation | None:
-        """Reserve in one call to ``dp_reserve`` (PostgreSQL, one key, no residual curve).
-
-        The server accepts only what the client's check would accept (see
-        :mod:`server_check`), with the policies this ledger holds for the version it sends;
-        anything else (near or over the cap, a residual curve on the account, changed
-        policies) comes back undecided with nothing written: None, and the client decides.
-        The account row lock is then held for one server-side call only.
-        """
-        snapshot = self._policy_store.snapshot
-        if (
-            snapshot is None
-            or len(keys) != 1
-            or cost.residual is not None
-            or self._engine.dialect.name != "postgresql"
-        ):
-            return None
-        version, policies = snapshot
-        key = keys[0]
-        rho_limit, mu2_limit = self._limits.of(policy_for(policies, key).cap_epsilon)
-        now = _stamp(_now())
-        reservation_id = str(uuid.uuid4())
-        digest = history.keys_digest(keys)
-        spec = mechanism.to_spec()
-        entry = history.entry_around_server_tail(
-            chain=self._chain(key),
-            at=now,
-            action="reserve",
-            actor=self.actor,
-            payload=self._reserve_payload(attempt_id, spec, count, cost, 1, digest),
-            tail_key="prospective",
-            reservation_id=reservation_id,
-            key=key,
-        )
-        params = {
-            **entry,
-            "policy_version": version,
-            "rho_limit": rho_limit,
-            "mu2_limit": mu2_limit,
-            "cost_rho": cost.rho,
-            "cost_mu2": cost.gaussian_mu2,
-            "attempt_id": attempt_id,
-            "mechanism": history.canonical_json(spec),
-            "count": count,
-            "keys_digest": digest,
-        }
-        try:
-            rho, mu2 = self._server.run(statements.SERVER_RESERVE, params)[0]
-        except pipeline.Undecided:
-            return None
-        prospective = self._prospective_epsilon(rho, mu2)
-        return self._opened(
-            reservation_id, attempt_id, keys, mechanism, count, prospective, now, digest
+            prospective_epsilon=worst,
+            created_at=now,
+            token=token,
         )
 
     @staticmethod
@@ -691,24 +725,6 @@ class PrivacyBudgetLedger:
         return connection.execute(
             select(ReservationRow).where(ReservationRow.attempt_id == attempt_id)
         ).one_or_none()
-
-    def _same_reservation(
-        self,
-        row: Any,
-        stored_keys: list[LedgerKey],
-        keys: list[LedgerKey],
-        mechanism: Mechanism,
-        count: int,
-    ) -> Reservation:
-        if (
-            row.keys_digest != history.keys_digest(keys)
-            or row.mechanism != history.canonical_json(mechanism.to_spec())
-            or row.count != count
-        ):
-            raise ReservationStateError(
-                f"attempt {row.attempt_id!r} already reserved a different release"
-            )
-        return self._reservation_from_row(row, tuple(stored_keys))
 
     def _reservation_from_row(self, row: Any, keys: tuple[LedgerKey, ...]) -> Reservation:
         prospective = row.prospective_epsilon
@@ -810,58 +826,6 @@ class PrivacyBudgetLedger:
             receipts.append(SpendReceipt(key, *fields))
         return receipts
 
-    def _server_commit(self, reservation: Reservation) -> list[SpendReceipt] | None:
-        """Commit in one call to the server's ``dp_commit`` (PostgreSQL, no residual cost).
-
-        The function re-checks that the stored reservation is open and is exactly the one
-        described (attempt, count, keys digest, cost); anything else returns None and the
-        general path decides. The account row locks live for one server-side call only.
-        """
-        cost = self._cost(reservation.mechanism, reservation.count)
-        if cost.residual is not None:
-            return None
-        keys = reservation.keys
-        known = self._digests.pop(reservation.id, None)
-        digest = known[1] if known and known[0] is keys else history.keys_digest(keys)
-        entry = history.entry_columns(
-            chain=self._chain(keys[0]),
-            at=_stamp(_now()),
-            action="commit",
-            actor=self.actor,
-            reservation_id=reservation.id,
-            key=keys[0] if len(keys) == 1 else None,
-            payload=self._charge_payload(
-                reservation.attempt_id, cost, reservation.count, len(keys), digest
-            ),
-        )
-        params = {
-            **entry,
-            "state": COMMITTED,
-            "attempt_id": reservation.attempt_id,
-            "count": reservation.count,
-            "keys_digest": digest,
-            "cost_rho": cost.rho,
-            "cost_mu2": cost.gaussian_mu2,
-        }
-        rows = self._server.run(statements.SERVER_COMMIT, params)
-        if rows[0][0] == "missing":
-            raise ReservationStateError(f"no reservation {reservation.id!r} in this ledger")
-        if rows[0][0] != "charged":
-            return None
-        policies = self._policy_store.at(None, rows[0][8])
-        # Rows come in any order: (outcome, tenant, subject, query_type, window, rho,
-        # residual, gaussian_mu2, policy_version); equal stored values load once.
-        loaded: dict[tuple[Any, ...], Spend] = {}
-        spends = {}
-        for row in rows:
-            stored = tuple(row[5:8])
-            if stored not in loaded:
-                loaded[stored] = Spend.from_columns(*stored, self._orders.size)
-            spends[tuple(row[1:5])] = loaded[stored]
-        return self._receipts_of(
-            keys, [spends[statements.key_tuple(key)] for key in keys], policies
-        )
-
     def _close_reservation(
         self,
         connection: Connection,
@@ -929,8 +893,9 @@ class PrivacyBudgetLedger:
             values["pending_others"] = pending.others
         connection.execute(update(Account).where(Account.id == account_id).values(**values))
 
-    def _open_row(self, connection: Connection, reservation: Reservation | str) -> Any:
-        reservation_id = reservation.id if isinstance(reservation, Reservation) else reservation
+    @staticmethod
+    def _open_row(connection: Connection, reservation_id: str) -> Any:
+        """The reservation row, locked for the rest of the transaction."""
         row = connection.execute(
             statements.reservation_for_update(), {"rid": reservation_id}
         ).one_or_none()
@@ -938,14 +903,34 @@ class PrivacyBudgetLedger:
             raise ReservationStateError(f"no reservation {reservation_id!r} in this ledger")
         return row
 
-    def commit(self, reservation: Reservation | str) -> list[SpendReceipt]:
-        """Charge a reservation (the release happened); a second commit charges nothing."""
-        if isinstance(reservation, Reservation) and self._engine.dialect.name == "postgresql":
-            receipts = self._server_commit(reservation)
-            if receipts is not None:
-                return receipts
+    def _owned_row(self, connection: Connection, reservation: Reservation, what: str) -> Any:
+        """The reservation row, locked, if ``reservation`` is its holder's (token matches).
+
+        Reservation ids and attempt ids are visible in the UI, XCom and the history, so
+        neither proves that the caller is the attempt that reserved: only the token that
+        ``reserve`` handed to that attempt does (the ledger keeps its digest only).
+        """
+        if not isinstance(reservation, Reservation):
+            raise ValueError(
+                f"{what} takes the Reservation that reserve() returned, got {reservation!r}"
+            )
+        row = self._open_row(connection, reservation.id)
+        if row.token_hash is None or not hmac.compare_digest(
+            row.token_hash, token_digest(reservation.token)
+        ):
+            raise ReservationStateError(
+                f"reservation {row.id} belongs to attempt {row.attempt_id!r}; only the attempt "
+                f"that reserved it may {what} it"
+            )
+        return row
+
+    def commit(self, reservation: Reservation) -> list[SpendReceipt]:
+        """Charge a reservation (the release happened); a second commit charges nothing.
+
+        Only the attempt that reserved may commit (see :meth:`_owned_row`).
+        """
         with self._write() as connection:
-            row = self._open_row(connection, reservation)
+            row = self._owned_row(connection, reservation, "commit")
             if row.state in (COMMITTED, REAPED):
                 return self._receipts(connection, self._reservation_keys(connection, row.id))
             if row.state != OPEN:
@@ -954,10 +939,14 @@ class PrivacyBudgetLedger:
                 )
             return self._charge(connection, row, state=COMMITTED, action="commit")
 
-    def release(self, reservation: Reservation | str, reason: str = "") -> None:
-        """Drop a reservation whose release never touched the data (nothing is charged)."""
+    def release(self, reservation: Reservation, reason: str = "") -> None:
+        """Drop a reservation whose release never touched the data (nothing is charged).
+
+        Only the attempt that reserved may release, and only before it touched the data:
+        anyone else holding an id could otherwise void the charge of a release that ran.
+        """
         with self._write() as connection:
-            row = self._open_row(connection, reservation)
+            row = self._owned_row(connection, reservation, "release")
             if row.state == RELEASED:
                 return
             if row.state != OPEN:
@@ -1172,27 +1161,63 @@ class PrivacyBudgetLedger:
 
     # ------------------------------------------------------------------ windows and re-scoring
 
-    def reset(self, window: str, now: datetime | None = None) -> int:
-        """Drop the live accounts of a closed window; returns how many. History is kept.
+    def windows_for(
+        self, tenant: str, query_type: str, start: datetime, end: datetime | None = None
+    ) -> list[str]:
+        """The windows a release reading the data interval [start, end) is charged to.
 
-        Refuses a window that is still open under its calendar, or that is not a
-        calendar label at all (it can never be proven closed), or that still has open
-        reservations (reap them first).
+        The scope's calendar decides (``end`` omitted: the moment ``start``); the
+        reservation checks the labels again against the policy in force when it is made.
         """
-        if not isinstance(window, str):
-            raise ValueError(f"window must be a string, got {window!r}")
-        label = LedgerKey("x", "x", "x", window).window
-        moment = now or _now()
-        if not is_closed(label, moment):
+        calendar = self.policy_for_scope(tenant, query_type).calendar
+        return calendar.windows_overlapping(start, start if end is None else end)
+
+    def reset(self, window: str) -> int:
+        """Seal a closed window and drop its live accounts; returns how many. History is kept.
+
+        A window may be reset once it has ended and every scope charged in it is past
+        its policy's grace period, by the ledger's own clock. Sealing comes first and is
+        final: a sealed window is never charged again (a late, retried or backfilled run
+        is refused), so dropping its accounts never refunds anything. Refuses a window
+        that is open, within its grace period, not a calendar label at all (it can never
+        be proven closed), or that still has open reservations (reap them first).
+        Resetting a sealed or never-charged window does nothing.
+        """
+        label = canonical_part("window", window)
+        try:
+            window_bounds(label)
+        except ValueError as error:
             raise LedgerError(
-                f"window {label!r} is open at {_stamp(moment)} or not a calendar window; "
-                "resetting it would refill a live budget"
-            )
+                f"window {label!r} is not a calendar window, so it can never be proven closed"
+            ) from error
+        moment = _now()
+        now = _stamp(moment)
         with self._write() as connection:
+            policy_of = policy_lookup(self._policy_store.read(connection))
+            scopes = [
+                (row.tenant, row.query_type)
+                for row in connection.execute(
+                    select(WindowRow.tenant, WindowRow.query_type)
+                    .where(WindowRow.window == label, WindowRow.sealed_at.is_(None))
+                    .order_by(WindowRow.tenant, WindowRow.query_type)
+                    .with_for_update()
+                )
+            ]
+            for tenant, query_type in scopes:
+                grace = policy_of(LedgerKey.from_canonical(tenant, "-", query_type, label)).grace
+                if not is_closed(label, moment, grace):
+                    raise LedgerError(
+                        f"window {label!r} of tenant {tenant!r}, query type {query_type!r} is "
+                        f"open or within its grace period of {grace} at {now}; resetting it "
+                        "would cut off the runs still due to charge it"
+                    )
+            if not scopes:
+                return 0
+            scoped = tuple_(Account.tenant, Account.query_type).in_(scopes)
             rows = list(
                 connection.execute(
                     select(Account.id, Account.open_reservations)
-                    .where(Account.window == label)
+                    .where(Account.window == label, scoped)
                     .order_by(*_lock_order(connection))
                     .with_for_update()
                 )
@@ -1202,47 +1227,85 @@ class PrivacyBudgetLedger:
                 raise LedgerError(
                     f"window {label!r} has {busy} account(s) with open reservations; reap first"
                 )
-            connection.execute(delete(Account).where(Account.window == label))
+            connection.execute(
+                update(WindowRow)
+                .where(
+                    WindowRow.window == label,
+                    tuple_(WindowRow.tenant, WindowRow.query_type).in_(scopes),
+                )
+                .values(sealed_at=now)
+            )
+            for chunk in _chunks([row.id for row in rows]):
+                connection.execute(delete(Account).where(Account.id.in_(chunk)))
             history.append(
                 connection,
                 chain=history.KEYLESS_CHAIN,
-                at=_stamp(_now()),
+                at=now,
                 action="reset",
                 actor=self.actor,
-                payload={"window": label, "accounts": len(rows), "closed_at": _stamp(moment)},
+                payload={
+                    "window": label,
+                    "accounts": len(rows),
+                    "sealed": [list(scope) for scope in scopes],
+                },
             )
         return len(rows)
 
-    def reset_closed(self, now: datetime | None = None) -> dict[str, int]:
-        """Reset every window that is closed at ``now``; returns accounts dropped per window."""
-        moment = now or _now()
+    def reset_closed(self) -> dict[str, int]:
+        """Reset every window past its grace period (the ledger's clock); accounts dropped per
+        window. Windows that can never close (not calendar labels, or ending past the year
+        9999) are left alone, as are those still within a scope's grace period."""
+        moment = _now()
         with self.reading() as connection:
-            windows = list(connection.execute(select(Account.window).distinct()).scalars())
-        return {w: self.reset(w, moment) for w in sorted(windows) if is_closed(w, moment)}
+            policy_of = policy_lookup(self._policy_store.read(connection))
+            rows = connection.execute(
+                select(WindowRow.tenant, WindowRow.query_type, WindowRow.window).where(
+                    WindowRow.sealed_at.is_(None)
+                )
+            ).all()
+        due: dict[str, bool] = {}
+        for tenant, query_type, label in rows:
+            grace = policy_of(LedgerKey.from_canonical(tenant, "-", query_type, label)).grace
+            due[label] = due.get(label, True) and is_closed(label, moment, grace)
+        return {label: self.reset(label) for label in sorted(due) if due[label]}
 
     def rescope(self, old: LedgerKey, new: LedgerKey, reason: str = "") -> SpendReceipt:
-        """Carry ``old``'s committed spend onto ``new`` (snapshot -> trajectory re-scoring).
+        """Re-classify ``old``'s releases as query type ``new`` (snapshot -> trajectory).
 
-        The subject's cumulative spend is unchanged at the moment of re-classification;
-        only later releases cost more. Tenant and window must stay the same (moving spend
-        into another window would let a reset refund it).
+        Only the query type changes: tenant, subject and window stay, so a rescope can
+        never move spend onto another person or out of its window. The spend already
+        charged to ``old`` is added to ``new`` (the subject's cumulative loss is unchanged
+        at the moment of re-classification; only later releases cost more), and ``old``
+        is sealed: its row stays, naming ``new``'s query type, and it is never charged
+        again, so it can never restart from zero.
         """
         if not isinstance(old, LedgerKey) or not isinstance(new, LedgerKey):
             raise ValueError("rescope takes two LedgerKey objects")
-        if old == new:
-            raise ValueError("rescope needs two different keys")
-        if (old.tenant, old.window) != (new.tenant, new.window):
-            raise ValueError("rescope keeps tenant and window; only subject/query type may change")
-        now = _stamp(_now())
+        if (old.tenant, old.subject, old.window) != (new.tenant, new.subject, new.window):
+            raise ValueError(
+                "rescope re-classifies one subject's window: tenant, subject and window stay, "
+                "only the query type changes"
+            )
+        if old.query_type == new.query_type:
+            raise ValueError("rescope needs a different query type")
+        if not isinstance(reason, str):
+            raise ValueError("reason must be a string")
+        moment = _now()
+        now = _stamp(moment)
+        keys = sorted([old, new])
         with self._pipelined() as pipe:
-            locked, _ = self._lock_accounts(pipe, sorted([old, new]), now)
+            locked, policies = self._lock_chargeable(pipe, keys, moment)
             if locked[old].open_reservations:
                 raise LedgerError(f"{old} has open reservations; commit or reap them first")
             carried = locked[old].spend
             merged = locked[new].spend.plus(carried)
             connection = pipe.core()
             self._store_spend(connection, locked[new].id, merged, locked[old].releases, now)
-            connection.execute(delete(Account).where(Account.id == locked[old].id))
+            connection.execute(
+                update(Account)
+                .where(Account.id == locked[old].id)
+                .values(rescoped_to=new.query_type, updated_at=now)
+            )
             pipe.append_history(
                 chain=self._chain(new),
                 at=now,
@@ -1251,7 +1314,7 @@ class PrivacyBudgetLedger:
                 key=new,
                 payload={"from": old.as_dict(), "carried": carried.as_payload(), "reason": reason},
             )
-            return self._receipts_of([new], [merged], self._policy_store.read(connection))[0]
+            return self._receipts_of([new], [merged], policies)[0]
 
     def correct(
         self,
@@ -1263,7 +1326,9 @@ class PrivacyBudgetLedger:
         """Charge a release the ledger missed, as a new audited entry (never an edit).
 
         Corrections only add spend: an under-count is fixed by charging, and nothing
-        is ever refunded. The cap is not checked: the release already happened.
+        is ever refunded. The cap is not checked: the release already happened. A sealed
+        window or re-scoped key is refused like a release (its accounts are gone or moved);
+        record such a correction on the key its spend lives on.
         """
         keys = self._one_key(key)
         mechanism = self._mechanism(mechanism)
@@ -1271,9 +1336,11 @@ class PrivacyBudgetLedger:
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError("a correction needs a reason")
         cost = self._cost(mechanism, count)
-        now = _stamp(_now())
+        moment = _now()
+        now = _stamp(moment)
         with self._pipelined() as pipe:
-            held = self._lock_accounts(pipe, keys, now)[0][keys[0]]
+            locked, policies = self._lock_chargeable(pipe, keys, moment)
+            held = locked[keys[0]]
             after = held.spend.plus(cost)
             connection = pipe.core()
             self._store_spend(connection, held.id, after, count, now)
@@ -1290,7 +1357,7 @@ class PrivacyBudgetLedger:
                     "reason": reason,
                 },
             )
-            return self._receipts_of(keys, [after], self._policy_store.read(connection))[0]
+            return self._receipts_of(keys, [after], policies)[0]
 
     # ------------------------------------------------------------------ audit
 

@@ -15,10 +15,7 @@ Statements are written for psycopg2 (``%(name)s`` parameters); SQLite gets them 
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import threading
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -36,14 +33,6 @@ _PYFORMAT = re.compile(r"%\((\w+)\)s")
 
 class UniqueViolation(LedgerError):
     """A write hit a unique constraint (e.g. a twin reserved the same attempt first)."""
-
-
-class Undecided(LedgerError):
-    """A server function left the decision to the client, having written nothing."""
-
-
-# The SQLSTATE of Undecided (raised by dp_reserve, migration 0003).
-UNDECIDED_SQLSTATE = "DPB01"
 
 
 class Pipeline:
@@ -177,8 +166,6 @@ def translated_errors(engine: Engine) -> Iterator[None]:
     except psycopg2.errors.UniqueViolation as error:
         raise UniqueViolation(str(error)) from error
     except psycopg2.DatabaseError as error:
-        if error.pgcode == UNDECIDED_SQLSTATE:
-            raise Undecided(str(error).strip()) from error
         if isinstance(error, psycopg2.errors.DataCorrupted):
             raise LedgerCorrupt(str(error).strip()) from error
         if isinstance(error, psycopg2.errors.UndefinedFunction):
@@ -191,106 +178,3 @@ def translated_errors(engine: Engine) -> Iterator[None]:
         raise
     except (psycopg2.InterfaceError, exc.OperationalError, exc.InterfaceError) as error:
         raise database.unavailable(engine, error) from error
-
-
-class ServerCalls:
-    """Calls of the one-statement server functions on a connection the ledger keeps.
-
-    ``dp_reserve`` and ``dp_commit`` are each a transaction of their own, so they need
-    no transaction set-up, only a connection. Checking one out of the pool and back in
-    around every call cost a quarter of a release's client time, so the ledger keeps
-    one checked out for them (PostgreSQL only), in autocommit mode:
-
-    * a call from a second thread while one is under way takes a pooled connection, as
-      every other write does (calls never queue behind each other);
-    * a connection idle for longer than :data:`database.IDLE_PING_SECONDS` goes back to
-      the pool, whose check-out pings it, before the next call;
-    * a connection that failed is invalidated and replaced on the next call; the call
-      itself fails with :class:`LedgerUnavailable` (a server function either commits
-      or writes nothing, and a retried attempt finds what it reserved);
-    * after a fork, the child leaves the parent's connection alone and takes its own;
-    * the ledger gives the connection back before any other use of the pool
-      (:meth:`give_back`), so a process holds one connection, as before.
-
-    (Preparing the two calls once per session was tried: it saved the server nothing
-    measurable.)
-    """
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._lock = threading.Lock()
-        self._held: Any = None  # the pool's proxy of the kept connection
-        self._cursor: Any = None
-        self._pid = 0
-        self._idle_since = 0.0
-
-    def run(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
-        """Run one statement that is a transaction of its own (a server function call)."""
-        if not self._lock.acquire(blocking=False):
-            with write(self._engine) as pipe:
-                return pipe.query_alone(sql, params)
-        try:
-            with translated_errors(self._engine):
-                cursor = self._kept_cursor()
-                try:
-                    cursor.execute(sql, params)
-                    rows = cursor.fetchall() if cursor.description else []
-                except Exception as error:
-                    if _connection_lost(error):
-                        self._drop(invalidate=True)
-                    raise
-            self._idle_since = time.monotonic()
-            return rows
-        finally:
-            self._lock.release()
-
-    def give_back(self) -> None:
-        """Return the kept connection to the pool unless a call is using it.
-
-        Called before the ledger takes a pooled connection for anything else, so that a
-        ledger mixing server calls with other reads and writes holds one connection, not
-        two (each Airflow task opens a ledger; connections are a server's scarce resource).
-        """
-        if self._held is None or not self._lock.acquire(blocking=False):
-            return
-        try:
-            self._drop(invalidate=False)
-        finally:
-            self._lock.release()
-
-    def close(self) -> None:
-        """Give the kept connection back to the pool."""
-        with self._lock:
-            self._drop(invalidate=False)
-
-    def _kept_cursor(self) -> Any:
-        if self._held is not None and (
-            self._pid != os.getpid()
-            or time.monotonic() - self._idle_since >= database.IDLE_PING_SECONDS
-        ):
-            self._drop(invalidate=False)
-        if self._held is None:
-            held = self._engine.raw_connection()
-            held.dbapi_connection.autocommit = True
-            self._held, self._pid = held, os.getpid()
-            self._cursor = held.dbapi_connection.cursor()
-        return self._cursor
-
-    def _drop(self, *, invalidate: bool) -> None:
-        held, self._held, self._cursor = self._held, None, None
-        if held is None or self._pid != os.getpid():
-            return  # a parent's connection is the parent's to close
-        if invalidate:
-            with contextlib.suppress(Exception):
-                held.invalidate()
-            return
-        with contextlib.suppress(Exception):  # a dead connection cannot be reset
-            held.dbapi_connection.autocommit = False
-        with contextlib.suppress(Exception):
-            held.close()  # back to the pool, which discards it if it is dead
-
-
-def _connection_lost(error: BaseException) -> bool:
-    import psycopg2
-
-    return isinstance(error, (psycopg2.OperationalError, psycopg2.InterfaceError))

@@ -17,6 +17,11 @@ from dp_budget_provider.ledger.windows import WindowCalendar
 
 ANY = "*"
 DEFAULT_MIN_WINDOW = timedelta(days=1)
+# How long after a window ends late, retried and backfilled runs may still be charged to
+# it, before maintenance may seal it. Scheduled runs start after their data interval
+# ends, so a window must stay chargeable for a while after its end.
+DEFAULT_GRACE = timedelta(days=3)
+MAX_GRACE = timedelta(days=3660)
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class Policy:
     calendar: WindowCalendar = field(default_factory=WindowCalendar)
     min_window: timedelta = DEFAULT_MIN_WINDOW
     compliance_clause: str = ""
+    grace: timedelta = DEFAULT_GRACE
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cap_epsilon", check.positive("cap_epsilon", self.cap_epsilon))
@@ -73,6 +79,16 @@ class Policy:
             )
         if not isinstance(self.compliance_clause, str):
             raise ValueError("compliance_clause must be a string")
+        if (
+            not isinstance(self.grace, timedelta)
+            or self.grace < timedelta(0)
+            or self.grace.microseconds
+            or self.grace > MAX_GRACE
+        ):
+            raise ValueError(
+                f"grace must be whole seconds between 0 and {MAX_GRACE.days} days, "
+                f"got {self.grace!r}"
+            )
 
     @property
     def scope(self) -> tuple[str, str]:
@@ -90,6 +106,7 @@ class Policy:
             "calendar_length_seconds": self.calendar.length_seconds,
             "min_window_seconds": int(self.min_window.total_seconds()),
             "compliance_clause": self.compliance_clause,
+            "grace_seconds": int(self.grace.total_seconds()),
         }
 
     def warns_at(self, epsilon: float) -> bool:

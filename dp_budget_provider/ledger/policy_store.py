@@ -48,7 +48,7 @@ class PolicyStore:
             values = tuple(row)
             policy = self._built.get(values)
             if policy is None:
-                tenant, query_type, cap, warn, calendar, length, min_window, clause = values
+                tenant, query_type, cap, warn, calendar, length, min_window, clause, grace = values
                 policy = Policy(
                     cap_epsilon=cap,
                     warn_fraction=warn,
@@ -57,6 +57,7 @@ class PolicyStore:
                     calendar=WindowCalendar(calendar, length),
                     min_window=timedelta(seconds=min_window),
                     compliance_clause=clause,
+                    grace=timedelta(seconds=grace),
                 )
                 self._built[values] = policy
             policies[(values[0], values[1])] = policy

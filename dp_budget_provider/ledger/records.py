@@ -30,7 +30,9 @@ class Reservation:
     """A prospective spend holding budget on its keys until commit, release or reap.
 
     ``prospective_epsilon`` is the largest eps any of its keys would reach (counting
-    every other open reservation) when it was made.
+    every other open reservation) when it was made. ``token`` is the secret that makes
+    its holder (the attempt that reserved) the only one who may commit or release it;
+    reservations read back from the database carry none.
     """
 
     id: str
@@ -41,6 +43,7 @@ class Reservation:
     state: str
     prospective_epsilon: float
     created_at: str
+    token: str = field(default="", repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class AccountStatus:
     releases: int
     method: str
     updated_at: str
+    rescoped_to: str | None = None  # sealed: its spend moved to this query type
 
     @classmethod
     def of(cls, row: Any, bound: EpsilonBound, policy: Policy) -> AccountStatus:
@@ -74,6 +78,7 @@ class AccountStatus:
             releases=row.releases,
             method=bound.method,
             updated_at=row.updated_at,
+            rescoped_to=row.rescoped_to,
         )
 
 

@@ -40,6 +40,7 @@ from dp_budget_provider.ledger.spend import Spend
 
 REPORT_FORMAT = 1
 STATE_OK, STATE_WARNING, STATE_EXHAUSTED = "ok", "WARNING", "EXHAUSTED"
+STATE_RESCOPED = "RESCOPED"
 SCHEDULE_ACTIONS = ("reserve", "commit", "release", "reap", "correction", "rescope", "reset")
 _CHUNK = 1000
 
@@ -145,7 +146,10 @@ _MECHANISM_MEANING = {
 
 
 def account_state(status: AccountStatus) -> str:
-    """``ok``, ``WARNING`` (past the warn fraction) or ``EXHAUSTED`` (at the cap)."""
+    """``ok``, ``WARNING`` (past the warn fraction), ``EXHAUSTED`` (at the cap) or
+    ``RESCOPED`` (sealed: its spend moved to another query type)."""
+    if status.rescoped_to is not None:
+        return STATE_RESCOPED
     if status.exhausted:
         return STATE_EXHAUSTED
     return STATE_WARNING if status.warned else STATE_OK
@@ -165,6 +169,7 @@ def account_record(status: AccountStatus, delta: float) -> dict[str, Any]:
         "open_reservations": status.open_reservations,
         "method": status.method,
         "updated_at": status.updated_at,
+        "rescoped_to": status.rescoped_to,
     }
 
 

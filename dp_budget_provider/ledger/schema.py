@@ -19,10 +19,13 @@ Design notes:
 
 from __future__ import annotations
 
-from sqlalchemy import Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 KEY_LENGTH = 256
+# 64-bit on PostgreSQL (counters that grow with every release must never run out);
+# SQLite's INTEGER is 64-bit already, and only it makes a row id primary key.
+BIG = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class Base(DeclarativeBase):
@@ -59,6 +62,7 @@ class PolicyRow(Base):
     min_window_seconds: Mapped[int] = mapped_column(Integer)
     compliance_clause: Mapped[str] = mapped_column(Text, default="")
     updated_at: Mapped[str] = mapped_column(String(40))
+    grace_seconds: Mapped[int] = mapped_column(BIG)
 
 
 class Account(Base):
@@ -70,7 +74,7 @@ class Account(Base):
         Index("ix_dp_accounts_window", "window"),
     )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = mapped_column(BIG, primary_key=True, autoincrement=True)
     tenant: Mapped[str] = mapped_column(String(KEY_LENGTH))
     subject: Mapped[str] = mapped_column(String(KEY_LENGTH))
     query_type: Mapped[str] = mapped_column(String(KEY_LENGTH))
@@ -78,13 +82,16 @@ class Account(Base):
     rho: Mapped[float] = mapped_column(Float(53), default=0.0)
     residual: Mapped[str | None] = mapped_column(Text, nullable=True)
     gaussian_mu2: Mapped[float | None] = mapped_column(Float(53), nullable=True)
-    releases: Mapped[int] = mapped_column(Integer, default=0)
+    releases: Mapped[int] = mapped_column(BIG, default=0)
     open_reservations: Mapped[int] = mapped_column(Integer, default=0)
     pending_rho: Mapped[float] = mapped_column(Float(53), default=0.0, server_default="0")
     pending_residual: Mapped[str | None] = mapped_column(Text, nullable=True)
     pending_mu2: Mapped[float] = mapped_column(Float(53), default=0.0, server_default="0")
     pending_others: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     updated_at: Mapped[str] = mapped_column(String(40))
+    # Set when the key was re-scoped: its spend moved to this query type, and the key
+    # is sealed (it can never be charged again, so it never restarts from zero).
+    rescoped_to: Mapped[str | None] = mapped_column(String(KEY_LENGTH), nullable=True)
 
 
 class Reservation(Base):
@@ -95,9 +102,12 @@ class Reservation(Base):
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     attempt_id: Mapped[str] = mapped_column(String(1024), unique=True)
+    # sha256 of the secret handed to the reserving attempt (NULL before revision 0005:
+    # such reservations are committed or reaped, never released).
+    token_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     state: Mapped[str] = mapped_column(String(16))
     mechanism: Mapped[str] = mapped_column(Text)
-    count: Mapped[int] = mapped_column(Integer)
+    count: Mapped[int] = mapped_column(BIG)
     cost_rho: Mapped[float] = mapped_column(Float(53))
     cost_residual: Mapped[str | None] = mapped_column(Text, nullable=True)
     cost_gaussian_mu2: Mapped[float | None] = mapped_column(Float(53), nullable=True)
@@ -144,7 +154,7 @@ class HistoryEntry(Base):
     __tablename__ = "dp_history"
     __table_args__ = (Index("ix_dp_history_key", "tenant", "subject", "query_type", "window"),)
 
-    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    seq: Mapped[int] = mapped_column(BIG, primary_key=True, autoincrement=False)
     chain: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     at: Mapped[str] = mapped_column(String(40))
     action: Mapped[str] = mapped_column(String(16))
@@ -168,5 +178,23 @@ class ChainHead(Base):
     __tablename__ = "dp_chain_head"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    seq: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(BIG)
     hash: Mapped[str] = mapped_column(String(64))
+
+
+class Window(Base):
+    """One budget window of one (tenant, query_type) scope that has been charged.
+
+    Every account's scope and window has a row here, written by the reservation that
+    first charged it and share-locked by every later one; a reset seals it (under an
+    exclusive lock, so no reservation is half-way through) before dropping its accounts.
+    A sealed window is never charged again: closing it can never refund.
+    """
+
+    __tablename__ = "dp_windows"
+
+    tenant: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+    query_type: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+    window: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+    created_at: Mapped[str] = mapped_column(String(40))
+    sealed_at: Mapped[str | None] = mapped_column(String(40), nullable=True)

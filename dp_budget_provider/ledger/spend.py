@@ -158,7 +158,8 @@ class Pending:
     reservation closes, the exact Gaussian bound is available again (a Spend's None could
     never come back). Closing subtracts, clamped at zero; callers reset to ``Pending()``
     when the account's last open reservation closes, so rounding never outlives a burst.
-    The server-side ``dp_commit`` (migration 0002) does the same arithmetic.
+    ``statements.close_accounts`` does the same arithmetic set-based, for a release's
+    residual-free cost on many accounts at once.
     """
 
     rho: float = 0.0

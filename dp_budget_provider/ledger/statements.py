@@ -32,22 +32,30 @@ def key_tuple(key: LedgerKey) -> tuple[str, str, str, str]:
 class LockedAccount:
     """An account row held under lock for the rest of the transaction."""
 
-    __slots__ = ("id", "spend", "pending", "open_reservations", "releases")
+    __slots__ = ("id", "spend", "pending", "open_reservations", "releases", "rescoped_to")
 
     def __init__(
-        self, account_id: int, spend: Spend, pending: Pending, open_reservations: int, releases: int
+        self,
+        account_id: int,
+        spend: Spend,
+        pending: Pending,
+        open_reservations: int,
+        releases: int,
+        rescoped_to: str | None,
     ) -> None:
         self.id = account_id
         self.spend = spend  # committed
         self.pending = pending  # summed cost of the open reservations
         self.open_reservations = open_reservations
         self.releases = releases
+        self.rescoped_to = rescoped_to  # sealed: its spend moved to this query type
 
 
 # Column order of every account row the write paths read (raw rows are read by position).
 ACCOUNT_ROW = (
     'id, tenant, subject, query_type, "window", rho, residual, gaussian_mu2, '
-    "open_reservations, releases, pending_rho, pending_residual, pending_mu2, pending_others"
+    "open_reservations, releases, pending_rho, pending_residual, pending_mu2, pending_others, "
+    "rescoped_to"
 )
 ACCOUNT_COLUMNS = tuple(getattr(Account, name.strip(' "')) for name in ACCOUNT_ROW.split(","))
 
@@ -84,31 +92,45 @@ UPDATE dp_accounts SET pending_residual = %(residual)s WHERE id = ANY(%(ids)s)
 """
 
 INSERT_RESERVATION = """
-INSERT INTO dp_reservations (id, attempt_id, state, mechanism, count, cost_rho, cost_residual,
-    cost_gaussian_mu2, key_count, keys_digest, prospective_epsilon, actor, created_at)
-VALUES (%(id)s, %(attempt_id)s, %(state)s, %(mechanism)s, %(count)s, %(cost_rho)s,
+INSERT INTO dp_reservations (id, attempt_id, token_hash, state, mechanism, count, cost_rho,
+    cost_residual, cost_gaussian_mu2, key_count, keys_digest, prospective_epsilon, actor,
+    created_at)
+VALUES (%(id)s, %(attempt_id)s, %(token_hash)s, %(state)s, %(mechanism)s, %(count)s, %(cost_rho)s,
     %(cost_residual)s, %(cost_gaussian_mu2)s, %(key_count)s, %(keys_digest)s,
     %(prospective_epsilon)s, %(actor)s, %(created_at)s)
 """
 
-POLICY_ROWS = (
-    "SELECT tenant, query_type, cap_epsilon, warn_fraction, calendar, calendar_length_seconds, "
-    "min_window_seconds, compliance_clause FROM dp_policies"
+# PostgreSQL: create the window rows a release charges (sorted, so two releases never
+# wait on each other's new rows in opposite orders), then share-lock all of them: a
+# reset seals a window under an exclusive lock, so it waits for every reservation
+# under way and every later one sees the seal. A separate statement, so that its
+# snapshot sees rows a concurrent release created meanwhile.
+PG_LOCK_WINDOWS = """
+INSERT INTO dp_windows AS w (tenant, query_type, "window", created_at)
+SELECT t, q, x, %(now)s
+FROM unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(query_types)s, E'\n'),
+            string_to_array(%(windows)s, E'\n')) AS u(t, q, x)
+ON CONFLICT DO NOTHING;
+SELECT w.tenant, w.query_type, w."window", w.sealed_at FROM dp_windows w
+JOIN unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(query_types)s, E'\n'),
+            string_to_array(%(windows)s, E'\n')) AS u(t, q, x)
+  ON w.tenant = u.t AND w.query_type = u.q AND w."window" = u.x
+FOR SHARE OF w
+"""
+
+SQLITE_NEW_WINDOW = (
+    'INSERT OR IGNORE INTO dp_windows (tenant, query_type, "window", created_at) '
+    "VALUES (%(tenant)s, %(query_type)s, %(window)s, %(now)s)"
+)
+SQLITE_WINDOW = (
+    'SELECT tenant, query_type, "window", sealed_at FROM dp_windows '
+    'WHERE tenant = %(tenant)s AND query_type = %(query_type)s AND "window" = %(window)s'
 )
 
-SERVER_RESERVE = """
-SELECT * FROM dp_reserve(%(chain)s, %(tenant)s, %(subject)s, %(query_type)s, %(window)s,
-    %(policy_version)s, %(rho_limit)s, %(mu2_limit)s, %(cost_rho)s, %(cost_mu2)s,
-    %(reservation_id)s, %(attempt_id)s, %(mechanism)s, %(count)s, %(keys_digest)s,
-    %(actor)s, %(at)s, %(payload_head)s, %(prefix_head)s, %(prefix_tail)s)
-"""
-
-SERVER_COMMIT = """
-SELECT * FROM dp_commit(%(chain)s, %(reservation_id)s, %(state)s, %(action)s, %(at)s, %(actor)s,
-    %(attempt_id)s, %(count)s, %(keys_digest)s, %(cost_rho)s, %(cost_mu2)s, %(tenant)s,
-    %(subject)s, %(query_type)s, %(window)s, %(payload)s, %(link_prefix)s)
-"""
-
+POLICY_ROWS = (
+    "SELECT tenant, query_type, cap_epsilon, warn_fraction, calendar, calendar_length_seconds, "
+    "min_window_seconds, compliance_clause, grace_seconds FROM dp_policies"
+)
 
 def key_parts(keys: Sequence[LedgerKey]) -> dict[str, str]:
     """The keys as four newline-separated texts, split on the server (``_PG_SPLIT``).
@@ -150,7 +172,7 @@ def accounts_by_key(
         key = by_parts.get((row[1], row[2], row[3], row[4])) or LedgerKey.from_canonical(
             row[1], row[2], row[3], row[4]
         )
-        locked[key] = LockedAccount(row[0], pair[0], pair[1], row[8], row[9])
+        locked[key] = LockedAccount(row[0], pair[0], pair[1], row[8], row[9], row[14])
     return locked
 
 
@@ -202,9 +224,9 @@ def reservation_for_update() -> Any:
 def close_accounts(*, gaussian: bool, charge: bool) -> Any:
     """Close one reservation of a residual-free cost on accounts ``:ids`` (set-based).
 
-    The same arithmetic as the server-side ``dp_commit``: the cost leaves the pending
-    spend, clamped at zero, and everything pending resets to zero with the last open
-    reservation; with ``charge``, ``:count`` releases of it join the committed spend.
+    :meth:`Pending.remove` in SQL: the cost leaves the pending spend, clamped at zero,
+    and everything pending resets to zero with the last open reservation; with
+    ``charge``, ``:count`` releases of it join the committed spend.
     """
     last = Account.open_reservations <= 1
     rho = bindparam("cost_rho", type_=Float(53))

@@ -2,8 +2,11 @@
 
 A window label describes its own bounds ("2026-w28", "2026-07", "2026-07-14",
 "2026-07-14t00:00:00z+259200s"), so the ledger can prove a window is closed before
-it drops its accounts, whatever policy produced the label. A label that is not a
-calendar label can never be proven closed, so it is never reset.
+it drops its accounts, whatever policy produced the label. Windows belong to the
+ledger: a release is charged to the windows its data interval overlaps under its
+scope's calendar (:meth:`WindowCalendar.windows_overlapping`), and a label that is not
+the calendar's own form for its period (:meth:`WindowCalendar.is_canonical`) is refused,
+so one period of data can never be charged under two names.
 """
 
 from __future__ import annotations
@@ -17,6 +20,15 @@ CalendarKind = Literal["iso_week", "month", "day", "fixed"]
 CALENDAR_KINDS: tuple[CalendarKind, ...] = ("iso_week", "month", "day", "fixed")
 UTC = timezone.utc
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# The end of a window that would end after the last moment datetime can hold.
+NEVER = datetime.max.replace(tzinfo=UTC)
+# A data interval may span at most this many windows (a year of days, with room).
+MAX_WINDOWS_PER_INTERVAL = 1000
+_FORMS = {
+    "iso_week": "an ISO week such as 2026-w49",
+    "month": "a month such as 2026-12",
+    "day": "a day such as 2026-12-01",
+}
 
 _ISO_WEEK = re.compile(r"^(\d{4})-w(\d{2})$")
 _MONTH = re.compile(r"^(\d{4})-(\d{2})$")
@@ -83,33 +95,96 @@ class WindowCalendar:
         """When the window after the one containing ``moment`` opens."""
         return window_bounds(self.window_of(moment))[1]
 
+    def windows_overlapping(self, start: datetime, end: datetime) -> list[str]:
+        """Every window the half-open data interval [start, end) overlaps, in time order.
+
+        A release reads the data of its interval, so it is charged to each of these
+        windows: a weekly interval from Sunday to Sunday reads a day of one ISO week and
+        six of the next. An empty interval (start == end) is the moment ``start``.
+        """
+        start, end = _utc(start), _utc(end)
+        if end < start:
+            raise ValueError(f"data interval ends ({end}) before it starts ({start})")
+        labels = [self.window_of(start)]
+        while True:
+            following = window_bounds(labels[-1])[1]
+            if following >= end or following == NEVER:
+                return labels
+            if len(labels) >= MAX_WINDOWS_PER_INTERVAL:
+                raise ValueError(
+                    f"data interval {start} to {end} spans more than "
+                    f"{MAX_WINDOWS_PER_INTERVAL} {self.kind} windows"
+                )
+            labels.append(self.window_of(following))
+
+    def is_canonical(self, label: str) -> bool:
+        """True when ``label`` is exactly this calendar's name for a period it produces."""
+        try:
+            start, _ = window_bounds(label)
+        except ValueError:
+            return False
+        return self.window_of(start) == label
+
+    @property
+    def expected_form(self) -> str:
+        """How this calendar writes a window, for error messages."""
+        if self.kind == "fixed":
+            return (
+                f"a {self.length_seconds}-second window starting at a multiple of "
+                f"{self.length_seconds} s since 1970-01-01, such as "
+                f"{self.window_of(datetime(2026, 12, 1, tzinfo=UTC))}"
+            )
+        return _FORMS[self.kind]
+
     def to_spec(self) -> dict[str, object]:
         """JSON form stored with the policy."""
         return {"kind": self.kind, "length_seconds": self.length_seconds}
 
 
 def window_bounds(label: str) -> tuple[datetime, datetime]:
-    """[start, end) of a calendar window label; ValueError for labels that are not calendar ones."""
+    """[start, end) of a calendar window label; ValueError for labels that are not calendar ones.
+
+    A window that would end past the year 9999 ends at :data:`NEVER`: it is never closed,
+    and nothing that reads it overflows.
+    """
+    if not isinstance(label, str):
+        raise ValueError(f"window must be a string, got {label!r}")
+    try:
+        start, end = _bounds(label)
+    except (ValueError, OverflowError) as error:
+        raise ValueError(f"window {label!r} is not a calendar window label") from error
+    return start, end
+
+
+def _bounds(label: str) -> tuple[datetime, datetime]:
     if match := _ISO_WEEK.match(label):
         start = datetime.fromisocalendar(int(match[1]), int(match[2]), 1).replace(tzinfo=UTC)
-        return start, start + timedelta(days=7)
+        return start, _later(start, timedelta(days=7))
     if match := _MONTH.match(label):
         start = _month_start(int(match[1]), int(match[2]))
-        return start, _next_month(start)
+        return start, NEVER if start.year == 9999 and start.month == 12 else _next_month(start)
     if match := _DAY.match(label):
         start = datetime(int(match[1]), int(match[2]), int(match[3]), tzinfo=UTC)
-        return start, start + timedelta(days=1)
+        return start, _later(start, timedelta(days=1))
     if match := _FIXED.match(label):
         year, month, day, hour, minute, second, length = (int(part) for part in match.groups())
         start = datetime(year, month, day, hour, minute, second, tzinfo=UTC)
-        return start, start + timedelta(seconds=length)
-    raise ValueError(f"window {label!r} is not a calendar window label")
+        return start, _later(start, timedelta(seconds=length))
+    raise ValueError(label)
 
 
-def is_closed(label: str, now: datetime) -> bool:
-    """True only when ``label`` is a calendar window that ended at or before ``now``."""
+def _later(start: datetime, length: timedelta) -> datetime:
+    try:
+        return start + length
+    except OverflowError:
+        return NEVER
+
+
+def is_closed(label: str, now: datetime, grace: timedelta = timedelta(0)) -> bool:
+    """True only when ``label`` is a calendar window that ended ``grace`` or more before ``now``."""
     try:
         _, end = window_bounds(label)
     except ValueError:
         return False
-    return end <= _utc(now)
+    now = _utc(now)
+    return end != NEVER and now - grace >= end

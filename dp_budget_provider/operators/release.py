@@ -29,7 +29,9 @@ from dp_budget_provider.ledger import (
     BudgetExhausted,
     LedgerKey,
     PrivacyBudgetLedger,
+    ReservationStateError,
     SpendReceipt,
+    WindowSealed,
     key_for,
 )
 from dp_budget_provider.plugins.links import DPBudgetAccountLink
@@ -43,18 +45,31 @@ class DPBudgetExhaustedError(AirflowFailException):
 
 
 def attempt_id(context: Mapping[str, Any]) -> str:
-    """(dag_id, task_id, run_id, map_index, try_number): the idempotency key of a commit."""
+    """(dag_id, task_id, run_id, map_index, try_number, ti.id): one task-instance try.
+
+    The task instance's UUID (new for every try, and for a deleted and re-created run
+    with the same run id) makes the id unique to this try: the ledger lets an attempt
+    reserve once, ever, so a re-created run can never reuse an earlier run's attempt.
+    """
     ti = context["ti"]
-    return f"{ti.dag_id}/{ti.task_id}/{context['run_id']}/{ti.map_index}/{ti.try_number}"
+    unique = getattr(ti, "id", None)
+    if not unique:
+        raise AirflowFailException(
+            "the task instance has no id (uuid): without it a re-created run could reuse an "
+            "earlier attempt, so no release is made"
+        )
+    return (
+        f"{ti.dag_id}/{ti.task_id}/{context['run_id']}/{ti.map_index}/{ti.try_number}/{unique}"
+    )
 
 
-def window_moment(context: Mapping[str, Any]) -> datetime:
-    """The moment whose budget window a run spends: its data interval start, else logical date."""
-    for name in ("data_interval_start", "logical_date"):
-        moment = context.get(name)
-        if moment is not None:
-            return moment
-    return datetime.now(timezone.utc)
+def data_interval(context: Mapping[str, Any]) -> tuple[datetime, datetime]:
+    """The data a run reads: its data interval, else its logical date, else now (a moment)."""
+    start, end = context.get("data_interval_start"), context.get("data_interval_end")
+    if start is not None and end is not None:
+        return start, end
+    moment = context.get("logical_date") or datetime.now(timezone.utc)
+    return moment, moment
 
 
 class DPReleaseOperator(BaseOperator):
@@ -69,7 +84,9 @@ class DPReleaseOperator(BaseOperator):
     :param l1_sensitivity: L1 sensitivity of the answer (Laplace).
     :param subject: the privacy unit charged; or ``subjects`` for one release over many.
     :param tenant: ledger tenant. :param query_type: release family.
-    :param window: budget window; default: the run's data interval under the policy calendar.
+    :param window: one budget window, a canonical label of the scope's calendar (e.g. the
+        window a :class:`BudgetSensor` found room in); default: every window the run's
+        data interval overlaps under the policy calendar, each charged.
     :param count: how many invocations of the mechanism this release is.
     :param noise: ``"float"`` or ``"discrete"`` (exact integer noise for counts).
     :param on_exhausted: ``"fail"`` (raise :class:`DPBudgetExhaustedError`) or ``"skip"``.
@@ -195,14 +212,19 @@ class DPReleaseOperator(BaseOperator):
     # ------------------------------------------------------------------ keys
 
     def _keys(self, ledger: PrivacyBudgetLedger, context: Mapping[str, Any]) -> list[LedgerKey]:
-        window = self.window
-        if not window:
-            calendar = ledger.policy_for_scope(self.tenant, self.query_type).calendar
-            window = calendar.window_of(window_moment(context))
+        """Every (subject, window) the release charges: the data it reads, per subject."""
+        if self.window:
+            windows = [self.window]
+        else:
+            windows = ledger.windows_for(self.tenant, self.query_type, *data_interval(context))
         subjects = [self.subject] if self.subject is not None else self.subjects
         if isinstance(subjects, str):
             raise ValueError("subjects must be a collection of subject ids, not one string")
-        keys = [key_for(s, self.query_type, window, tenant=self.tenant) for s in subjects or []]
+        keys = [
+            key_for(s, self.query_type, window, tenant=self.tenant)
+            for window in windows
+            for s in subjects or []
+        ]
         if not keys:
             raise ValueError("subjects is empty: a release must charge at least one subject")
         return keys
@@ -223,6 +245,10 @@ class DPReleaseOperator(BaseOperator):
             reservation = ledger.reserve(
                 keys, plan.charged, self.count, attempt=attempt_id(context)
             )
+        except (ValueError, WindowSealed, ReservationStateError) as refusal:
+            # A window that may not be charged, or an attempt that already reserved:
+            # nothing was written and the callable never runs. Retrying cannot help.
+            raise AirflowFailException(f"no release: {refusal}") from refusal
         except BudgetExhausted as refusal:
             Stats.incr("dp_budget.refusals", tags={"query_type": keys[0].query_type})
             # The refusal is this task's receipt: its account link opens the key that

@@ -19,8 +19,8 @@ from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
 
 CAP = BudgetCap(epsilon=1e6, delta=1e-5)
 NOISE = GaussianMechanism(50.0)
-PARENT_KEY = key_for("parent", "count", "2026-11")
-CHILD_KEY = key_for("child", "count", "2026-11")
+PARENT_KEY = key_for("parent", "count", "2026-w45")
+CHILD_KEY = key_for("child", "count", "2026-w45")
 FORK = multiprocessing.get_context("fork")
 
 MakeLedger = Callable[..., PrivacyBudgetLedger]

@@ -19,7 +19,7 @@ from tests.ledger.test_concurrency import pg_session
 from tests.ledger.test_pending_and_server_paths import execute, migrate, scalar
 
 CAP = BudgetCap(epsilon=1e6, delta=1e-5)
-WINDOW = "2026-11"
+WINDOW = "2026-w45"
 GAUSS = GaussianMechanism(50.0)
 
 

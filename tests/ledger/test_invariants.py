@@ -12,7 +12,13 @@ from dp_budget_provider.accounting import (
     basic_composition,
     zcdp_to_dp,
 )
-from dp_budget_provider.ledger import BudgetCap, BudgetExhausted, PrivacyBudgetLedger, key_for
+from dp_budget_provider.ledger import (
+    BudgetCap,
+    BudgetExhausted,
+    PrivacyBudgetLedger,
+    WindowSealed,
+    key_for,
+)
 
 DELTA = 1e-5
 RELEASE = GaussianMechanism(4.0)
@@ -106,21 +112,24 @@ def test_g_rescope_carries_spend_and_reset_frees_only_its_window(ledger_url):
     # Checklist 5: unchanged at the instant of re-classification...
     assert receipt.epsilon == pytest.approx(spent, abs=1e-12)
     assert ledger.epsilon_of(traj) == pytest.approx(spent, abs=1e-12)
-    assert ledger.epsilon_of(snap) == 0.0
+    # The old key keeps its record and is sealed: it can never restart from zero.
+    with pytest.raises(WindowSealed, match="re-scoped to query type 'trajectory'"):
+        ledger.spend(snap, RELEASE)
     # ...and later releases at trajectory sensitivity (L2 = 2) cost more than snapshot ones.
     trajectory_release = GaussianMechanism.from_sigma(sigma=4.0, l2_sensitivity=2.0)
     assert ledger.prospective_epsilon(traj, trajectory_release) > ledger.prospective_epsilon(
         traj, RELEASE
     )
-    # Re-scoring never lowers spend: rescoping back and forth keeps it.
-    ledger.rescope(traj, snap)
-    assert ledger.epsilon_of(snap) == pytest.approx(spent, abs=1e-12)
-    ledger.rescope(snap, traj)
-    # Checklist 6: reset frees exactly that window.
-    from datetime import datetime, timezone
-
-    assert ledger.reset("2026-W28", now=datetime(2026, 8, 1, tzinfo=timezone.utc)) == 1
+    # A sealed key cannot be re-scoped again, nor re-scoped onto.
+    with pytest.raises(WindowSealed):
+        ledger.rescope(traj, snap)
+    with pytest.raises(WindowSealed):
+        ledger.rescope(snap, key_for("subject:c71b", "count", "2026-W28"))
+    # Checklist 6: reset frees exactly that window (past its grace period), and seals it.
+    assert ledger.reset("2026-W28") == 2
     assert ledger.epsilon_of(traj) == 0.0
     assert ledger.epsilon_of(other_window) > 0
+    with pytest.raises(WindowSealed, match="sealed"):
+        ledger.spend(traj, RELEASE)
     assert ledger.verify().ok
     ledger.close()

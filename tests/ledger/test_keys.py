@@ -17,7 +17,7 @@ def test_equivalent_spellings_collapse_onto_one_key(variant):
 
 def test_inner_whitespace_is_collapsed_and_casefold_applies():
     assert key_for("Straße  Nord", "q", "w").subject == "strasse nord"
-    assert key_for("a\t\n b", "q", "w").subject == "a b"
+    assert key_for("a\u00a0\u3000 b", "q", "w").subject == "a b"  # spaces fold to one
 
 
 @pytest.mark.parametrize(
@@ -26,8 +26,24 @@ def test_inner_whitespace_is_collapsed_and_casefold_applies():
         ("", "empty"),
         ("   ", "empty"),
         ("a\x00b", "control"),
-        ("a\u200db", "format"),
+        ("a\u200db", "U+200D"),
         ("a\x1bb", "control"),
+        # Control characters are refused, not turned into spaces.
+        ("a\x1fb", "U+001F"),
+        ("a\nb", "U+000A"),
+        ("a\tb", "U+0009"),
+        ("a\u2028b", "U+2028"),
+        # Default-ignorable and blank code points would fork one account invisibly.
+        ("alice\u034f", "U+034F"),
+        ("alice\ufe0f", "U+FE0F"),
+        ("\u3164alice", "U+3164"),
+        ("alice\u2800", "U+2800"),
+        ("al\u00adice", "U+00AD"),
+        ("alice\U000e0041", "U+E0041"),
+        ("alice\ue000", "U+E000"),  # private use
+        # Mixed-script look-alikes: Cyrillic "а", Greek "ο" inside Latin words.
+        ("\u0430lice", "CYRILLIC and LATIN"),
+        ("b\u03bfb", "GREEK and LATIN"),
         ("x" * 257, "256"),
         (None, "string"),
         (42, "string"),
@@ -45,6 +61,22 @@ def test_every_part_is_validated(part):
     args = {"tenant": "t", "subject": "s", "query_type": "q", "window": "w", part: ""}
     with pytest.raises(ValueError, match=part):
         LedgerKey(**args)
+
+
+@pytest.mark.parametrize("subject", ["Müller", "東京タワー", "Ελλάδα", "москва", "user-0042"])
+def test_single_script_and_ascii_subjects_are_accepted(subject):
+    assert key_for(subject, "q", "w").subject == subject.casefold()
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_no_accepted_part_holds_an_invisible_or_control_character(text):
+    try:
+        part = key_for(text, "q", "w").subject
+    except ValueError:
+        return
+    for char in part:
+        assert char == " " or char.isprintable(), repr(part)
+    assert part == part.strip() and "  " not in part
 
 
 @given(st.text(min_size=1, max_size=40))

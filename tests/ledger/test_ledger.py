@@ -32,6 +32,7 @@ from dp_budget_provider.ledger import (
     WindowCalendar,
     key_for,
 )
+from dp_budget_provider.ledger import ledger as ledger_module
 
 UTC = timezone.utc
 DELTA = 1e-5
@@ -109,7 +110,7 @@ def test_reservations_count_in_the_prospective_check(ledger):
     release = GaussianMechanism(1.8)  # eps 2.24 alone: two (3.32) do not fit under 3.0
     first = ledger.reserve([KEY], release, attempt="a1")
     assert first.prospective_epsilon == pytest.approx(
-        ledger.prospective_epsilon(key_for("x", "q", "w"), release)
+        ledger.prospective_epsilon(key_for("x", "q", "2026-w28"), release)
     )
     assert ledger.epsilon_of(KEY) == 0.0  # not committed yet
     assert ledger.would_exceed(KEY, release)
@@ -122,20 +123,47 @@ def test_reservations_count_in_the_prospective_check(ledger):
     assert ledger.verify().ok
 
 
-def test_commit_is_idempotent_per_attempt(ledger):
+def test_commit_is_idempotent_and_an_attempt_reserves_once(ledger_url, ledger):
     reservation = ledger.reserve([KEY], GaussianMechanism(4.0), attempt="dag/task/run/-1/1")
     once = ledger.commit(reservation)
-    twice = ledger.commit(reservation.id)
+    twice = ledger.commit(reservation)
     assert once == twice
-    assert (
-        ledger.reserve([KEY], GaussianMechanism(4.0), attempt="dag/task/run/-1/1").id
-        == reservation.id
-    )
     assert len([e for e in ledger.history() if e["action"] == "commit"]) == 1
-    with pytest.raises(ReservationStateError, match="different release"):
-        ledger.reserve([KEY], GaussianMechanism(3.0), attempt="dag/task/run/-1/1")
+    # A committed attempt never authorises another release, same or different.
+    before = snapshot(ledger_url)
+    for mechanism in (GaussianMechanism(4.0), GaussianMechanism(3.0)):
+        with pytest.raises(ReservationStateError, match="already reserved.*committed"):
+            ledger.reserve([KEY], mechanism, attempt="dag/task/run/-1/1")
+    assert snapshot(ledger_url) == before
     with pytest.raises(ReservationStateError, match="cannot be released"):
         ledger.release(reservation)
+
+
+def test_an_open_attempt_cannot_reserve_again(ledger):
+    held = ledger.reserve([KEY], GaussianMechanism(8.0), attempt="d/t/r/-1/1/uuid")
+    with pytest.raises(ReservationStateError, match="already reserved.*open"):
+        ledger.reserve([KEY], GaussianMechanism(8.0), attempt="d/t/r/-1/1/uuid")
+    assert len(ledger.open_reservations()) == 1
+    ledger.commit(held)
+
+
+def test_only_the_reserving_attempt_may_commit_or_release(ledger):
+    """Ids are visible in the UI, XCom and history: an id (or a Reservation read back
+    from the ledger) voids nothing. Only the token reserve() handed out does."""
+    held = ledger.reserve([KEY], GaussianMechanism(4.0), attempt="victim")
+    for call in (ledger.commit, ledger.release):
+        with pytest.raises(ValueError, match="takes the Reservation"):
+            call(held.id)
+    seen = ledger.open_reservations()[0]  # what anyone reading the ledger gets
+    assert seen.id == held.id and seen.token == ""
+    forged = dataclasses.replace(held, token="guessed")
+    for call in (ledger.commit, ledger.release, ledger.commit):
+        for impostor in (seen, forged):
+            with pytest.raises(ReservationStateError, match="only the attempt that reserved"):
+                call(impostor)
+    assert ledger.open_reservations()[0].id == held.id  # still open and counted
+    assert ledger.commit(held)[0].epsilon > 0
+    assert ledger.verify().ok
 
 
 def test_a_retry_is_a_new_attempt_and_is_charged_again(ledger):
@@ -156,7 +184,7 @@ def test_released_reservations_cannot_be_committed(ledger):
         ledger.commit(reservation)
     assert ledger.epsilon_of(KEY) == 0.0
     with pytest.raises(ReservationStateError, match="no reservation"):
-        ledger.commit("00000000-0000-0000-0000-000000000000")
+        ledger.commit(dataclasses.replace(reservation, id="00000000-0000-0000-0000-000000000000"))
 
 
 def test_multi_key_reservation_is_all_or_nothing(ledger_url, ledger):
@@ -224,7 +252,6 @@ def test_a_missing_server_function_fails_closed_and_names_the_fix(postgres_url):
     """A PostgreSQL ledger whose schema lost dp_append refuses writes: nothing written."""
     ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=postgres_url)
     ledger.spend(KEY, GaussianMechanism(4.0))
-    execute(postgres_url, "DROP FUNCTION dp_commit")
     execute(postgres_url, "DROP FUNCTION dp_append")
     before = snapshot(postgres_url)
     with pytest.raises(LedgerSchemaError, match="dp_append.*db upgrade"):
@@ -283,25 +310,29 @@ def test_bad_input_raises_and_writes_nothing(ledger_url, ledger, call, error):
 # -------------------------------------------------------------- windows, corrections, policies
 
 
-def test_reset_refuses_open_custom_and_busy_windows(ledger):
-    now = datetime(2026, 7, 10, tzinfo=UTC)  # inside 2026-w28
+def test_reset_refuses_open_custom_and_busy_windows(ledger, monkeypatch):
     ledger.spend(KEY, GaussianMechanism(4.0))
-    with pytest.raises(LedgerError, match="open"):
-        ledger.reset("2026-w28", now=now)
-    custom = key_for("alice", "heatmap", "campaign-q3")
-    ledger.spend(custom, GaussianMechanism(4.0))
+    monkeypatch.setattr(ledger_module, "_now", lambda: datetime(2026, 7, 10, tzinfo=UTC))
+    with pytest.raises(LedgerError, match="open or within its grace"):
+        ledger.reset("2026-w28")
+    # Ended (Monday 2026-07-13) but within the default 3-day grace period.
+    monkeypatch.setattr(ledger_module, "_now", lambda: datetime(2026, 7, 15, tzinfo=UTC))
+    with pytest.raises(LedgerError, match="grace period"):
+        ledger.reset("2026-w28")
+    assert ledger.reset_closed() == {}
     with pytest.raises(LedgerError, match="calendar"):
-        ledger.reset("campaign-q3", now=datetime(2100, 1, 1, tzinfo=UTC))
+        ledger.reset("campaign-q3")
+    monkeypatch.setattr(ledger_module, "_now", lambda: datetime(2026, 8, 1, tzinfo=UTC))
     ledger.reserve([KEY], GaussianMechanism(4.0))
-    after = datetime(2026, 8, 1, tzinfo=UTC)
     with pytest.raises(LedgerError, match="reap first"):
-        ledger.reset("2026-W28", now=after)
+        ledger.reset("2026-W28")
     assert ledger.epsilon_of(KEY) > 0
     ledger.reap(timedelta(0))
-    assert ledger.reset_closed(now=after) == {"2026-w28": 1}
+    assert ledger.reset_closed() == {"2026-w28": 1}
     assert ledger.epsilon_of(KEY) == 0.0
-    assert ledger.epsilon_of(custom) > 0
     assert [e["action"] for e in ledger.history()][-1] == "reset"
+    assert ledger.reset_closed() == {}  # sealed: nothing left to reset
+    assert ledger.reset("2026-w28") == 0
     assert ledger.verify().ok
 
 
@@ -326,7 +357,7 @@ def test_policies_override_per_tenant_and_query_type(ledger):
         )
     )
     ledger.set_policy(Policy(2.0, tenant="acme"))
-    strict = key_for("bob", "trajectory", "2026-07", tenant="acme")
+    strict = key_for("bob", "trajectory", "2026-07", tenant="acme")  # a month: its calendar
     loose = key_for("bob", "heatmap", "2026-w28", tenant="ACME ")
     assert ledger.policy_for(strict).cap_epsilon == 1.0
     assert ledger.policy_for(strict).compliance_clause.startswith("GDPR")
@@ -380,7 +411,7 @@ def test_release_costs_are_kept_per_mechanism_value_hashable_or_not() -> None:
     """Costs are kept per (mechanism, count); equal mechanisms share one, an unhashable
     one is known by its spec, and every charge equals the accountant's."""
     ledger = PrivacyBudgetLedger(cap=BudgetCap(epsilon=100.0, delta=1e-5))
-    key = key_for("cost-cache", "count", "2026-11")
+    key = key_for("cost-cache", "count", "2026-w45")
     releases = [
         (GaussianMechanism(3), 1),
         (GaussianMechanism(3.0), 1),  # equal to the first: validated to the same float

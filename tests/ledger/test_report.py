@@ -71,7 +71,7 @@ def test_report_states_everything_seed_000_asks_for(ledger):
     assert document["verification"] == {
         "ok": True,
         "entries": len(ledger.history()),
-        "accounts": 3,
+        "accounts": 4,  # bob's heatmap key stays, sealed, after its rescope
         "problems": [],
     }
     assert document["ledger"]["history_head"] == ledger.history()[-1]["hash"]
@@ -82,9 +82,11 @@ def test_accounts_carry_the_ledgers_epsilon_delta_and_clause(ledger):
     accounts = {(a["tenant"], a["subject"], a["query_type"]): a for a in document["accounts"]}
     assert set(accounts) == {
         ("default", "alice", "heatmap"),
+        ("default", "bob", "heatmap"),  # re-scoped: kept, sealed
         ("default", "bob", "trajectory"),
         ("acme", "dave", "count"),
     }
+    assert accounts[("default", "bob", "heatmap")]["rescoped_to"] == "trajectory"
     for status in ledger.accounts():
         record = accounts[(status.key.tenant, status.key.subject, status.key.query_type)]
         assert record["epsilon"] == ledger.receipt(status.key).epsilon
@@ -267,8 +269,8 @@ def test_markdown_is_the_same_report_for_people(ledger):
 
 
 def test_count_accounts_and_account_row(ledger):
-    assert report.count_accounts(ledger) == 3
-    assert report.count_accounts(ledger, window="2020-W01", tenant="Default") == 2
+    assert report.count_accounts(ledger) == 4
+    assert report.count_accounts(ledger, window="2020-W01", tenant="Default") == 3
     row = report.account_row(ledger, ALICE)
     assert row["releases"] == 5 and row["open_reservations"] == 0
     assert report.account_row(ledger, CAROL) is None  # reset

@@ -17,10 +17,10 @@ from tests.ledger.test_history_chains import rows
 from tests.ledger.test_pending_and_server_paths import execute, migrate
 
 CAP = BudgetCap(epsilon=100.0, delta=1e-5)
-WINDOW = "2026-11"
+WINDOW = "2026-w45"
 ORPHAN = (
     "INSERT INTO dp_reservation_keys (reservation_id, position, tenant, subject, query_type, "
-    "\"window\") VALUES ('no-such-reservation', 0, 'default', 'mallory', 'count', '2026-11')"
+    "\"window\") VALUES ('no-such-reservation', 0, 'default', 'mallory', 'count', '2026-w45')"
 )
 
 
