@@ -13,7 +13,6 @@ pending spend as Gaussian-only exactly while ``pending_others`` is 0.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from dp_budget_provider.ledger import (
     Policy,
     PrivacyBudgetLedger,
     Reservation,
+    ReservationStateError,
     database,
     history,
     key_for,
@@ -53,7 +53,7 @@ from tests.ledger import concurrency_workers as workers
 from tests.ledger.test_concurrency import run_workers
 
 DELTA = 1e-5
-WINDOW = "2026-11"
+WINDOW = "2026-w45"
 UTC = timezone.utc
 REL = 1e-15
 ORDERS = np.asarray(DEFAULT_ORDERS, dtype=np.float64)
@@ -223,8 +223,6 @@ def close(ledger: PrivacyBudgetLedger, reservation: Reservation, how: str) -> No
     """Close one open reservation the way ``how`` says (the others stay open)."""
     if how == "commit":
         ledger.commit(reservation)
-    elif how == "commit_by_id":
-        ledger.commit(reservation.id)
     elif how == "release":
         ledger.release(reservation, reason="test: data never touched")
     else:
@@ -257,7 +255,7 @@ PAIRS = {
     "mixed-zcdp-closes-first": (ZCDP, GAUSS_B),
     "mixed-subsampled-closes-first": (SUBSAMPLED, GAUSS_B),
 }
-CLOSERS = ["commit", "commit_by_id", "release", "reap"]
+CLOSERS = ["commit", "release", "reap"]
 
 
 @pytest.mark.parametrize("how", CLOSERS)
@@ -322,25 +320,25 @@ def test_pending_columns_follow_the_open_reservations(ledger_url, make_ledger, p
 def test_retried_calls_neither_add_nor_remove_pending_twice(
     ledger_url, make_ledger, mechanism, second
 ):
-    """A second reserve with the same attempt adds no pending spend; committing an already
-    committed reservation again (as an object or by id) and releasing a released one
-    again take nothing more off the pending spend the other reservation holds.
+    """A second reserve with the same attempt is refused and adds no pending spend;
+    committing an already committed reservation again and releasing a released one again
+    take nothing more off the pending spend the other reservation holds.
     """
     ledger = make_ledger(BudgetCap(50.0, DELTA), url=ledger_url)
     key = key_for("alice", "heatmap", WINDOW)
     cost = cost_of(mechanism)
 
     first = ledger.reserve(key, mechanism, attempt="task-1")
-    assert ledger.reserve(key, mechanism, attempt="task-1").id == first.id
+    with pytest.raises(ReservationStateError, match="already reserved"):
+        ledger.reserve(key, mechanism, attempt="task-1")
     row = account(ledger_url, key)
     assert row["open_reservations"] == 1
     assert_pending(row, pending_of(cost))
 
     other = ledger.reserve(key, second, attempt="task-2")
     ledger.commit(first)
-    for _ in range(2):
+    for _ in range(3):
         ledger.commit(first)
-        ledger.commit(first.id)
     row = account(ledger_url, key)
     assert (row["open_reservations"], row["releases"]) == (1, 1)
     assert_pending(row, pending_of(cost_of(second)))
@@ -467,10 +465,10 @@ def scripted_releases(ledger: PrivacyBudgetLedger) -> tuple[list[float], dict[st
     # Laplace (residual curve) while r2 is still open.
     r4 = ledger.reserve([alice, crowd[0]], LAPLACE)
     record(ledger.commit(r4))
-    # A Gaussian reservation committed by id string, then committed twice more.
-    record(ledger.commit(r2.id))
+    # The other Gaussian reservation, then both committed again (charging nothing).
+    record(ledger.commit(r2))
     record(ledger.commit(r1))
-    record(ledger.commit(r2.id))
+    record(ledger.commit(r2))
     # Released, reaped (zCDP: no mu^2, no residual), corrected, re-scoped.
     r5 = ledger.reserve([bob, crowd[1]], GAUSS)
     ledger.release(r5, reason="test: data never touched")
@@ -552,10 +550,10 @@ def ledger_record(url: str) -> tuple[list[tuple], list[tuple]]:
 def test_postgres_and_sqlite_store_identical_accounts(
     postgres_url, sqlite_url, make_ledger, monkeypatch
 ):
-    """The same script on PostgreSQL (server dp_commit for Gaussian commits by object) and
-    SQLite (Python general path throughout) leaves account tables equal value for value,
-    floats and residual texts exactly, identical receipt epsilons, the same history
-    payloads and reservation rows, and a clean verify on both.
+    """The same script on PostgreSQL and SQLite leaves account tables equal value for
+    value, floats and residual texts exactly, identical receipt epsilons, the same history
+    payloads and reservation rows, and a clean verify on both; every charge on both goes
+    through the one commit path (``_charge``).
     """
     results = {}
     records = {}
@@ -570,10 +568,8 @@ def test_postgres_and_sqlite_store_identical_accounts(
 
     pg_eps, pg_ids, pg_charged, pg_rows = results["postgresql"]
     lite_eps, lite_ids, lite_charged, lite_rows = results["sqlite"]
-    # The script took the paths it is meant to compare.
-    assert pg_charged.isdisjoint({pg_ids["r1"], pg_ids["r3"], pg_ids["r7"]})
-    assert {pg_ids["r2"], pg_ids["r4"], pg_ids["r6"]} <= pg_charged
-    assert {lite_ids[name] for name in ("r1", "r2", "r3", "r4", "r6", "r7")} <= lite_charged
+    for ids, charged in ((pg_ids, pg_charged), (lite_ids, lite_charged)):
+        assert {ids[name] for name in ("r1", "r2", "r3", "r4", "r6", "r7")} <= charged
 
     assert pg_eps == lite_eps
     assert set(pg_rows) == set(lite_rows)
@@ -591,55 +587,6 @@ def test_postgres_and_sqlite_store_identical_accounts(
     left = pg_rows[("default", "subject-04", "heatmap", WINDOW)]
     assert left["open_reservations"] == 1
     assert_pending(left, pending_of(cost_of(GaussianMechanism(4.5))))
-
-
-def test_server_commit_and_commit_by_id_store_identical_rows(
-    postgres_url, make_ledger, monkeypatch
-):
-    """On PostgreSQL, committing by Reservation (dp_commit) and by id string (general path)
-    on two keys with identical histories leaves identical rows and receipts after every
-    step: overlapping Gaussian costs, a zCDP cost (NULL mu^2: counted in pending_others,
-    which dp_commit decrements), a Gaussian commit while a Laplace reservation is open,
-    and a huge cost next to tiny ones (the clamp at zero). The count of open
-    non-Gaussian reservations is exact after every step on both keys.
-    """
-    ledger = make_ledger(BudgetCap(1e4, DELTA), url=postgres_url)
-    charged = spy_on_general_path(ledger, monkeypatch)
-    by_object = key_for("x", "heatmap", WINDOW)
-    by_id = key_for("y", "heatmap", WINDOW)
-
-    def same_rows() -> None:
-        rows = accounts(postgres_url)
-        assert rows[_parts(by_object)] == rows[_parts(by_id)]
-
-    tiny = GaussianMechanism(1e8)  # rho 5e-17: below half an ulp of the huge one's rho
-    rounds = [
-        [(GAUSS, 1), (GAUSS, 1)],
-        [(GaussianMechanism(4.5), 2), (GAUSS, 3)],
-        [(ZCDPMechanism(0.01), 1), (GAUSS, 1)],
-        [(GAUSS, 1), (LAPLACE, 1), (GAUSS_B, 1)],
-        [(GaussianMechanism(0.1), 1), (tiny, 1), (tiny, 1)],
-    ]
-    for releases in rounds:
-        held_x = [ledger.reserve(by_object, m, count) for m, count in releases]
-        held_y = [ledger.reserve(by_id, m, count) for m, count in releases]
-        same_rows()
-        for step, (x, y) in enumerate(zip(held_x, held_y, strict=True)):
-            receipt_x = ledger.commit(x)[0]
-            receipt_y = ledger.commit(y.id)[0]
-            assert receipt_x.epsilon == receipt_y.epsilon
-            assert y.id in charged
-            if not isinstance(x.mechanism, LaplaceMechanism):
-                assert x.id not in charged, "a residual-free commit did not use dp_commit"
-            same_rows()
-            still_open = releases[step + 1 :]
-            row = account(postgres_url, by_object)
-            assert row["open_reservations"] == len(still_open)
-            assert row["pending_others"] == sum(
-                not isinstance(m, GaussianMechanism) for m, _ in still_open
-            )
-        assert_nothing_pending(account(postgres_url, by_object))
-    assert ledger.verify().ok
 
 
 # ---------------------------------------------------------------- 4. tampering with pending
@@ -902,9 +849,11 @@ def seed_revision_0001(url: str) -> dict[str, tuple[list[LedgerKey], Cost]]:
 def test_migration_0002_backfills_pending_and_round_trips(ledger_url, make_ledger):
     """Upgrading a 0001 ledger with open reservations sums their costs (not those of closed
     ones) into each account's pending columns (mu^2 of the Gaussian ones, a count of the
-    others), starts policy_version at 0 and (PostgreSQL) installs dp_append / dp_commit;
-    downgrading to 0001 removes all of it and upgrading again backfills the same values;
-    the upgraded ledger then counts and clears them.
+    others), starts policy_version at 0 and (PostgreSQL) leaves dp_append (revision 0005
+    removed the server-side commit); downgrading to 0001 removes all of it and upgrading
+    again backfills the same values; the upgraded ledger then counts them and clears them
+    as the reservations close. Reservations made before revision 0005 carry no token:
+    nobody can release them, so they are charged (reaped), never refunded.
     """
     postgresql = ledger_url.startswith("postgresql")
     migrate(ledger_url, "upgrade", "0001")
@@ -924,11 +873,7 @@ def test_migration_0002_backfills_pending_and_round_trips(ledger_url, make_ledge
         assert rows[_parts(bob)]["pending_residual"] is None
         assert scalar(ledger_url, "SELECT policy_version FROM dp_ledger_config") == 0
         if postgresql:
-            assert server_functions(ledger_url) == {
-                "dp_append",
-                "dp_commit",
-                "dp_bump_policy_version",
-            }
+            assert server_functions(ledger_url) == {"dp_append", "dp_bump_policy_version"}
 
     migrate(ledger_url, "upgrade", "head")
     check_backfill()
@@ -948,14 +893,19 @@ def test_migration_0002_backfills_pending_and_round_trips(ledger_url, make_ledge
     assert ledger.prospective_epsilon(alice, GAUSS) == pytest.approx(
         epsilon_of_releases((GAUSS, 2), (LAPLACE, 1), (GAUSS, 1)), rel=1e-12
     )
-    # The backfilled Laplace count goes once released: alice is checked with the exact
-    # Gaussian bound of the open Gaussian reservation again.
-    ledger.release("r-laplace-open", reason="test: data never touched")
-    assert_pending(account(ledger_url, alice), pending_of(gauss))
+    # Neither an id nor a Reservation read back (no token) releases a pre-0005 reservation.
+    (legacy,) = [r for r in ledger.open_reservations() if r.id == "r-laplace-open"]
+    with pytest.raises(ReservationStateError, match="only the attempt that reserved"):
+        ledger.release(legacy, reason="test: data never touched")
+    # Reaped, the open ones are charged and leave the pending columns exactly empty.
+    assert sorted(ledger.reap(timedelta(0))) == ["r-gauss-open", "r-laplace-open"]
+    # Held spend became committed spend: the prospective check is unchanged.
     assert ledger.prospective_epsilon(alice, GAUSS) == pytest.approx(
-        epsilon_of_releases((GAUSS, 3)), rel=1e-12
+        epsilon_of_releases((GAUSS, 2), (LAPLACE, 1), (GAUSS, 1)), rel=1e-12
     )
-    ledger.commit("r-gauss-open")
+    assert ledger.epsilon_of(alice) == pytest.approx(
+        epsilon_of_releases((GAUSS, 2), (LAPLACE, 1)), rel=1e-12
+    )
     assert_nothing_pending(account(ledger_url, alice))
     assert_nothing_pending(account(ledger_url, bob))
     if postgresql:
@@ -994,24 +944,3 @@ def test_processes_on_overlapping_key_sets_stay_under_the_cap_and_clear_pending(
     assert ledger.open_reservations() == []
     report = ledger.verify()
     assert report.ok, report.problems
-
-
-def test_a_reservation_described_with_other_keys_commits_what_was_reserved(ledger_url, make_ledger):
-    """The ledger remembers the keys digest of the reservations it made, for their commit,
-    only for the very keys tuple it returned: a Reservation rebuilt with the same id but
-    other keys is re-digested, so the server refuses the description and the general
-    path charges exactly the stored keys.
-    """
-    ledger = make_ledger(cap=BudgetCap(epsilon=10.0, delta=DELTA), url=ledger_url)
-    alice, bob = key_for("alice", "heatmap", WINDOW), key_for("bob", "heatmap", WINDOW)
-    reservation = ledger.reserve([alice, bob], GAUSS)
-    forged = dataclasses.replace(reservation, keys=(alice,))
-    receipts = ledger.commit(forged)
-    assert [receipt.key for receipt in receipts] == [alice, bob]
-    charged = pending_of(cost_of(GAUSS))[0]
-    for key in (alice, bob):
-        row = account(ledger_url, key)
-        assert row["rho"] == charged and row["releases"] == 1
-        assert_nothing_pending(row)
-    assert ledger.commit(reservation) == receipts  # already committed: charges nothing more
-    assert ledger.verify().ok
