@@ -60,7 +60,7 @@ from dp_budget_provider.ledger.errors import (
     ReservationStateError,
     WindowSealed,
 )
-from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
+from dp_budget_provider.ledger.keys import LedgerKey, canonical_part, plain_text
 from dp_budget_provider.ledger.opening import NewLedger, open_ledger
 from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
 from dp_budget_provider.ledger.policy_store import (
@@ -166,7 +166,7 @@ class PrivacyBudgetLedger:
         self._cost_cache: dict[tuple[Any, int], Spend] = {}
         self._orders = validate_orders(orders)
         self._conversion: Conversion = check_conversion(conversion)
-        self.actor = actor or _default_actor()
+        self.actor = _default_actor() if actor is None else plain_text("actor", actor)
         self._engine = database.make_engine(url)
         self._policy_store = PolicyStore(self.reading)
         new = NewLedger(
