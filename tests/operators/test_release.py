@@ -110,7 +110,8 @@ def test_success_commits_exactly_once_and_returns_the_noisy_release(ledger, tmp_
     actions = [e["action"] for e in ledger.history(KEY)]
     assert actions == ["reserve", "commit"]
     attempt = ledger.history(KEY)[-1]["payload"]["attempt_id"]
-    assert attempt.endswith("/release/" + dag_run.run_id + "/-1/1")
+    (ti,) = [t for t in dag_run.get_task_instances() if t.task_id == "release"]
+    assert attempt == f"{dag_run.dag_id}/release/{dag_run.run_id}/-1/1/{ti.id}"
 
 
 def test_refusal_runs_nothing_writes_nothing_and_fails(ledger, tmp_path):
@@ -150,7 +151,9 @@ def test_a_task_retried_twice_is_charged_three_times(ledger, tmp_path):
     dag_run, _, _ = run_release(tmp_path, body="raise RuntimeError('flaky')", retries=2)
     assert task_states(dag_run)["release"] == "failed"
     commits = [e for e in ledger.history(KEY) if e["action"] == "commit"]
-    assert [c["payload"]["attempt_id"].rsplit("/", 1)[1] for c in commits] == ["1", "2", "3"]
+    attempts = [c["payload"]["attempt_id"].rsplit("/", 2) for c in commits]
+    assert [try_number for _, try_number, _ in attempts] == ["1", "2", "3"]
+    assert len({uuid for _, _, uuid in attempts}) == 3  # each try is a task instance of its own
     assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(*[GaussianMechanism(4.0)] * 3))
 
 

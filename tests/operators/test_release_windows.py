@@ -1,0 +1,134 @@
+"""The windows a scheduled release charges and the attempts it uses, under real dag.test() runs.
+
+The ledger owns windows: a run is charged for every window its data interval overlaps,
+a sealed (reset) window is never charged again, and every task-instance try is an
+attempt of its own, so a deleted and re-created run is charged again.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant
+from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
+from dp_budget_provider.ledger import ledger as ledger_module
+from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
+
+UTC = timezone.utc
+DELTA = 1e-5
+
+WEEKLY_DAG = """
+from datetime import datetime, timezone
+import pathlib
+from airflow.timetables.interval import CronDataIntervalTimetable
+from airflow.sdk import DAG
+from dp_budget_provider.operators.release import DPReleaseOperator
+
+RAN = pathlib.Path({ran!r})
+
+def answer():
+    with RAN.open("a") as ran:
+        ran.write("ran\\n")
+    return 42.0
+
+with DAG(
+    "DAG_ID",
+    schedule=CronDataIntervalTimetable("0 0 * * 0", timezone="UTC"),  # Sunday to Sunday
+    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+    catchup=False,
+) as dag:
+    DPReleaseOperator(
+        task_id="release",
+        python_callable=answer,
+        mechanism={{"kind": "gaussian", "noise_multiplier": 4.0}},
+        l2_sensitivity=1.0,
+        subjects=["alice", "bob"],
+        query_type="heatmap",
+    )
+"""
+
+# The run of logical date Sunday 2026-11-15 reads [Sunday 11-08, Sunday 11-15): Sunday
+# 11-08 belongs to ISO week 45, Monday 11-09 to Saturday 11-14 to week 46.
+SUNDAY = datetime(2026, 11, 15, tzinfo=UTC)
+
+
+@pytest.fixture
+def ledger(airflow_db, ledger_url, monkeypatch):
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url)
+    ledger_connection(monkeypatch, ledger_url)
+    yield ledger
+    ledger.close()
+
+
+@pytest.fixture
+def weekly(tmp_path):
+    ran = tmp_path / "ran.txt"
+    return load_dag(WEEKLY_DAG.format(ran=str(ran))), ran
+
+
+def runs_of(ran_file) -> int:
+    return len(ran_file.read_text().splitlines()) if ran_file.exists() else 0
+
+
+def one_release() -> float:
+    accountant = RDPAccountant()
+    accountant.compose(GaussianMechanism(4.0))
+    return accountant.get_epsilon(DELTA)[0]
+
+
+def test_a_weekly_run_spanning_two_iso_weeks_charges_both(ledger, weekly):
+    dag, ran = weekly
+    dag_run = dag.test(logical_date=SUNDAY)
+    assert task_states(dag_run)["release"] == "success"
+    assert runs_of(ran) == 1
+    for subject in ("alice", "bob"):
+        for window in ("2026-w45", "2026-w46"):
+            key = key_for(subject, "heatmap", window)
+            assert ledger.epsilon_of(key) == pytest.approx(one_release(), rel=1e-12), key
+    assert ledger.epsilon_of(key_for("alice", "heatmap", "2026-w47")) == 0.0
+    (reserve,) = [e for e in ledger.history() if e["action"] == "reserve"]
+    assert reserve["payload"]["key_count"] == 4  # 2 subjects x 2 windows, one reservation
+    assert ledger.verify().ok
+
+
+def test_a_re_created_run_is_a_new_attempt_and_is_charged_again(ledger, weekly):
+    """dag.test() with the same run_after deletes the earlier run and creates it again
+    with the same run id and try number 1: only the task instance's UUID tells the two
+    tries apart, and it must, or the second run would release for free."""
+    dag, ran = weekly
+    after = datetime(2026, 11, 16, 1, tzinfo=UTC)
+    first = dag.test(logical_date=SUNDAY, run_after=after)
+    second = dag.test(logical_date=SUNDAY, run_after=after)
+    assert first.run_id == second.run_id
+    assert runs_of(ran) == 2
+    attempts = [e["payload"]["attempt_id"] for e in ledger.history() if e["action"] == "commit"]
+    assert len(attempts) == len(set(attempts)) == 2
+    assert all(attempt.split("/")[3:5] == ["-1", "1"] for attempt in attempts)
+    twice = RDPAccountant()
+    twice.compose(GaussianMechanism(4.0), 2)
+    key = key_for("alice", "heatmap", "2026-w46")
+    assert ledger.epsilon_of(key) == pytest.approx(twice.get_epsilon(DELTA)[0], rel=1e-12)
+
+
+def test_reset_then_backfill_of_the_sealed_week_is_refused(ledger, weekly, monkeypatch):
+    dag, ran = weekly
+    assert task_states(dag.test(logical_date=SUNDAY))["release"] == "success"
+    # The maintenance run after the grace period: weeks 45 and 46 are sealed and dropped.
+    assert ledger.reset_closed() == {"2026-w45": 2, "2026-w46": 2}
+    before = ledger.history()
+    backfill = dag.test(logical_date=SUNDAY - timedelta(days=7))  # w44 and the sealed w45
+    assert task_states(backfill)["release"] == "failed"
+    assert runs_of(ran) == 1  # the callable never ran: no data was touched
+    assert ledger.history() == before  # nothing reserved in w46 either: all or nothing
+    assert ledger.verify().ok
+    # A caller-chosen clock cannot close an open window: reset reads the ledger's clock.
+    (now_window,) = ledger.windows_for("default", "heatmap", datetime.now(UTC))
+    current = key_for("alice", "heatmap", now_window)
+    ledger.spend(current, GaussianMechanism(8.0))
+    assert ledger.reset_closed() == {}
+    assert ledger.epsilon_of(current) > 0
+    monkeypatch.setattr(ledger_module, "_now", lambda: datetime(2100, 1, 1, tzinfo=UTC))
+    assert current.window in ledger.reset_closed()  # only a test moves the ledger's clock
+
