@@ -17,11 +17,6 @@ before it, because this machine's speed drifts from minute to minute.
   vs one ``UPDATE ... FROM unnest(ids)`` of the same rows in a copy of the accounts.
 * embedded SQLite: releases/s of ``spend`` from one process vs the same transaction
   shape (BEGIN IMMEDIATE; SELECT; UPDATE; INSERT; COMMIT) in raw sqlite3.
-* server share (information): where a release's CPU goes (the 8 Python processes vs
-  the server, each beside pgbench -N's per transaction), and the throughput ratios when
-  pgbench itself sends the ledger's two server calls, recorded from a real release: the
-  most any client could reach with the server work a release now takes. (Bare Python
-  loops of the same transaction shapes, without the ledger: ``bench/ledger_ceiling.py``.)
 
 ``--only NAME`` (repeatable) runs only the named benchmarks. The CPU figures read the
 machine's busy time (``/proc/stat``), so run nothing else meanwhile.
@@ -408,154 +403,6 @@ def bench_sqlite(duration: float) -> list[tuple]:
     ]
 
 
-# ---------------------------------------------------------------------------- server share
-
-RECORDED_SUBJECT = "recorded-subject"
-
-
-def recorded_calls(url: str, subject: str) -> list[tuple[str, dict]]:
-    """The server calls (SQL, parameters) of a second reserve + commit on one key, as the
-    ledger sends them (the first creates the account)."""
-    ledger = PrivacyBudgetLedger(url=url)
-    sent: list[tuple[str, dict]] = []
-    send = ledger._server.run  # bench only: record what the ledger sends
-
-    def recording(sql: str, params: dict) -> list:
-        rows = send(sql, params)
-        sent.append((sql, dict(params)))
-        return rows
-
-    ledger._server.run = recording
-    key = key_for(subject, "count", WINDOW)
-    for _ in range(2):
-        ledger.commit(ledger.reserve(key, MECHANISM))
-    ledger.close()
-    if len(sent) != 4:
-        raise RuntimeError(f"expected 4 server calls, the ledger made {len(sent)}")
-    return sent[2:]
-
-
-def pgbench_script(database: str, url: str, distinct: bool) -> str:
-    """A pgbench script of the ledger's own reserve and commit calls, each transaction on
-    a new reservation; on 16 keys per client (``distinct``) or all on one key."""
-    subject = RECORDED_SUBJECT if distinct else HOT_SUBJECT
-    calls = recorded_calls(url, subject)
-    ids = {calls[0][1]["reservation_id"]: "r:client_id-:serial"}
-    ids[calls[0][1]["attempt_id"]] = "a:client_id-:serial"
-    if distinct:
-        ids[subject] = "s:client_id-:k"
-    lines = ["\\set serial random(1, 9000000000000000000)"]
-    if distinct:  # each key on a chain of its own, as the ledger's hash of it would be
-        last, per = KEYS_PER_PROCESS - 1, KEYS_PER_PROCESS
-        lines += [f"\\set k random(0, {last})", f"\\set chain (:client_id * {per} + :k) % 64 + 1"]
-    with connect(database) as connection, connection.cursor() as cursor:
-        for sql, params in calls:
-            for name, value in params.items():
-                if isinstance(value, str):
-                    for literal, variable in ids.items():
-                        value = value.replace(literal, variable)
-                    params[name] = value
-            if distinct:
-                params["chain"] = 987_654_321
-            text = cursor.mogrify(sql, params).decode()
-            lines.append(" ".join(text.replace("987654321", ":chain").split()) + ";")
-    connection.close()
-    return "\n".join(lines) + "\n"
-
-
-def bench_server_share(duration: float, rounds: int) -> list[tuple]:
-    """Where a release's time goes, and the most any client could reach.
-
-    The ledger's two server calls, sent by pgbench (a C client using ~50 us per
-    transaction) instead of 8 Python processes, give the ceiling of the throughput
-    ratios: what the server work of a release allows on this machine. The CPU rows split
-    a release's cost between the client processes and the server, beside pgbench -N's.
-    """
-    clients = pgbench_clients(duration)
-    runs: dict[str, list[Measured]] = {
-        name: [] for name in ("n", "ours", "calls", "hot", "hot calls")
-    }
-    with (
-        scratch_database("dpb_bench_share") as (ledger_db, url),
-        scratch_database("dpb_bench_share_n") as (pgbench_db, _),
-        tempfile.TemporaryDirectory() as tmp,
-    ):
-        PrivacyBudgetLedger(cap=CAP, url=url).close()
-        pgbench(pgbench_db, "-i", "-q", "-s", "1")
-        create_hot_row(pgbench_db)
-        scripts = {}
-        for name, text in (
-            ("calls", pgbench_script(ledger_db, url, distinct=True)),
-            ("hot calls", pgbench_script(ledger_db, url, distinct=False)),
-            ("hot", HOT_SCRIPT),
-        ):
-            scripts[name] = Path(tmp) / f"{name.replace(' ', '_')}.sql"
-            scripts[name].write_text(text)
-        key_sets = distinct_key_sets()
-        for _ in range(rounds):
-            runs["n"].append(pgbench_run(pgbench_db, *clients, "-N"))
-            runs["ours"].append(ledger_run(url, key_sets, "reserve-commit", duration))
-            runs["calls"].append(pgbench_run(ledger_db, *clients, "-f", str(scripts["calls"])))
-            runs["hot"].append(pgbench_run(pgbench_db, *clients, "-f", str(scripts["hot"])))
-            runs["hot calls"].append(
-                pgbench_run(ledger_db, *clients, "-f", str(scripts["hot calls"]))
-            )
-    median = {
-        name: Measured(*(statistics.median(field) for field in zip(*measured, strict=True)))
-        for name, measured in runs.items()
-    }
-    n, ours, calls = median["n"], median["ours"], median["calls"]
-    hot, hot_calls = median["hot"], median["hot calls"]
-    info = f"(info, median of {rounds})"
-    return [
-        (
-            "distinct keys, server CPU per release (reserve+commit, Python clients)",
-            ours.server_us,
-            "us",
-            n.server_us,
-            "per pgbench -N tx",
-            ours.server_us / n.server_us,
-            info,
-        ),
-        (
-            "distinct keys, client CPU per release (in the 8 Python processes)",
-            ours.client_us,
-            "us",
-            n.client_us,
-            "per pgbench -N tx (pgbench)",
-            ours.client_us / n.client_us,
-            info,
-        ),
-        (
-            "distinct keys, the ledger's two server calls sent by pgbench (no Python)",
-            calls.rate,
-            "releases/s",
-            n.rate,
-            "pgbench -N tps",
-            calls.rate / n.rate,
-            info,
-        ),
-        (
-            "distinct keys, server CPU per release so sent",
-            calls.server_us,
-            "us",
-            n.server_us,
-            "per pgbench -N tx",
-            calls.server_us / n.server_us,
-            info,
-        ),
-        (
-            "hot key, the ledger's two server calls sent by pgbench (no Python)",
-            hot_calls.rate,
-            "releases/s",
-            hot.rate,
-            "pgbench FOR UPDATE tps",
-            hot_calls.rate / hot.rate,
-            info,
-        ),
-    ]
-
-
 def print_table(rows: list[tuple]) -> None:
     print()
     print("| benchmark | ours | unit | baseline | baseline is | ratio | goal |")
@@ -573,7 +420,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         action="append",
-        choices=["hot", "distinct", "subjects", "sqlite", "server-share"],
+        choices=["hot", "distinct", "subjects", "sqlite"],
         help="run only this benchmark (repeatable; default: all)",
     )
     arguments = parser.parse_args()
@@ -583,7 +430,6 @@ def main() -> None:
         "distinct": ("distinct keys", lambda: bench_distinct_keys(duration, rounds)),
         "subjects": ("many subjects", bench_many_subjects),
         "sqlite": ("embedded SQLite", lambda: bench_sqlite(duration)),
-        "server-share": ("server share", lambda: bench_server_share(duration, rounds)),
     }
     rows: list[tuple] = []
     for title, run in (benchmarks[name] for name in arguments.only or benchmarks):
