@@ -18,6 +18,7 @@ from dp_budget_provider.ledger import (
     LedgerKey,
     LedgerUnavailable,
     PrivacyBudgetLedger,
+    Reservation,
     key_for,
 )
 
@@ -59,7 +60,7 @@ def multi_key(
     Reports every reservation made (id, keys, how it was resolved) and every refusal.
     """
     rng = random.Random(seed)
-    keys = [key_for(subject, "count", "2026-11") for subject in subjects]
+    keys = [key_for(subject, "count", "2026-w45") for subject in subjects]
     report: dict[str, Any] = {"reserved": {}, "refused": [], "error": None}
     held: list[Any] = []
 
@@ -124,9 +125,12 @@ def operation(url: str, op: str, argument: Any, z: float, go: Any, results: Any)
     With an event ``go`` the call waits for it after reporting readiness.
 
     ``op`` is ``reserve`` (argument: keys), ``spend`` (argument: a key, or a key and an
-    attempt id) or ``commit`` (argument: a reservation id). After a
-    :class:`LedgerUnavailable` the worker checks that the same ledger object still
-    answers once the database is back.
+    attempt id), ``reserve-commit`` (argument: keys and an attempt id: reserve, then
+    commit the reservation it got, both here) or ``commit`` (argument: the
+    :class:`Reservation` that ``reserve`` returned in another process, token included,
+    pickled to this one: the commit itself runs here, on this worker's own ledger and
+    connections). After a :class:`LedgerUnavailable` the worker checks that the same
+    ledger object still answers once the database is back.
     """
     report: dict[str, Any] = {
         "outcome": None,
@@ -148,7 +152,13 @@ def operation(url: str, op: str, argument: Any, z: float, go: Any, results: Any)
             elif op == "spend":
                 key, attempt = argument if isinstance(argument, tuple) else (argument, None)
                 report["epsilon"] = ledger.spend(key, mechanism, attempt=attempt).epsilon
+            elif op == "reserve-commit":
+                keys, attempt = argument
+                reservation = ledger.reserve(keys, mechanism, attempt=attempt)
+                report["epsilon"] = ledger.commit(reservation)[0].epsilon
             elif op == "commit":
+                if not isinstance(argument, Reservation) or not argument.token:
+                    raise ValueError(f"commit needs a Reservation with its token, got {argument!r}")
                 report["epsilon"] = ledger.commit(argument)[0].epsilon
             else:
                 raise ValueError(f"unknown operation {op!r}")

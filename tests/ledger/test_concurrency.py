@@ -38,6 +38,7 @@ from dp_budget_provider.ledger import (
     BudgetExhausted,
     LedgerUnavailable,
     PrivacyBudgetLedger,
+    ReservationStateError,
     key_for,
 )
 from tests.ledger import concurrency_workers as workers
@@ -45,7 +46,7 @@ from tests.scratch_postgres import scratch_database
 
 CAP = BudgetCap(epsilon=3.0, delta=1e-5)
 PROCESSES = 8
-WINDOW = "2026-11"
+WINDOW = "2026-w45"
 SPAWN = multiprocessing.get_context("spawn")
 LEDGER_APP = "dp-budget-ledger"
 
@@ -152,8 +153,8 @@ def assert_replay_within_cap(entries: list[dict], keys_of: dict[str, list[str]],
 
     History entries are appended in commit order and accounts are locked until commit,
     so the replayed state at a reserve entry is exactly what the reservation saw: its
-    recorded prospective epsilon must be the reference epsilon of that state (or, for a
-    reservation the server decided, its recorded spend must be that state's).
+    recorded prospective epsilon must be the reference epsilon of that state (every
+    reservation is decided in Python; no server-side reserve exists to record it otherwise).
     """
     fit = max_fit(z)
     committed: Counter[str] = Counter()
@@ -169,12 +170,6 @@ def assert_replay_within_cap(entries: list[dict], keys_of: dict[str, list[str]],
             worst = max(committed[s] + holding[s] for s in subjects)
             assert worst <= fit, f"entry {entry['seq']}: {worst} releases held, only {fit} fit"
             payload = entry["payload"]
-            if "prospective" in payload:  # decided by the server: the spend it saw
-                seen = payload["prospective"]["gaussian_mu2"]
-                assert seen == pytest.approx(worst / z**2, rel=1e-9), (
-                    f"entry {entry['seq']}: the reservation did not see every other one"
-                )
-                continue
             assert payload["prospective_epsilon"] == pytest.approx(
                 reference_epsilon(z, worst), rel=1e-9
             ), f"entry {entry['seq']}: the reservation did not see every other one"
@@ -253,6 +248,25 @@ def wait_until_no_ledger_backend(session: Any, database: str, timeout: float = 3
                 return
             time.sleep(0.01)
     pytest.fail(f"ledger backends of {database} still alive after {timeout} s")
+
+
+def queued_on(session: Any, pid: int) -> list[str]:
+    """The tables whose rows backend ``pid`` queues for: PostgreSQL takes a tuple lock on
+    a row it waits to lock (granted while it is first in line, else waiting for it)."""
+    with session.cursor() as cursor:
+        cursor.execute(
+            "SELECT relation::regclass::text FROM pg_locks WHERE pid = %s AND locktype = 'tuple'",
+            (pid,),
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def waiting_statement(session: Any, pid: int) -> str:
+    """The start of the statement (or pipelined batch) backend ``pid`` is running (the
+    server keeps only its first ``track_activity_query_size`` bytes)."""
+    with session.cursor() as cursor:
+        cursor.execute("SELECT query FROM pg_stat_activity WHERE pid = %s", (pid,))
+        return cursor.fetchone()[0]
 
 
 def pg_snapshot(url: str) -> dict[str, list[tuple]]:
@@ -505,7 +519,12 @@ def _wait_for_sqlite_writer(path: str, timeout: float = 30) -> None:
 
 
 def test_worker_killed_while_its_commit_waits_leaves_the_reservation_open(ledger_url):
-    """The commit transaction is blocked (chain head / write lock held elsewhere) when killed."""
+    """The commit transaction is blocked (chain head / write lock held elsewhere) when killed.
+
+    The worker holds the reservation with its token (the commit really runs there). On
+    PostgreSQL the commit has locked the reservation and its accounts and written them,
+    and waits in its last step, the server-side append, for the chain head.
+    """
     ledger = PrivacyBudgetLedger(cap=CAP, url=ledger_url)
     keys = [key_for(f"carol-{i}", "count", WINDOW) for i in range(3)]
     reservation = ledger.reserve(keys, GaussianMechanism(4.0))
@@ -519,18 +538,20 @@ def test_worker_killed_while_its_commit_waits_leaves_the_reservation_open(ledger
             with locker.cursor() as cursor:
                 cursor.execute("SELECT seq FROM dp_chain_head FOR UPDATE")  # every chain
             process, results = start_worker(
-                workers.operation, (ledger_url, "commit", reservation.id, 4.0, None)
+                workers.operation, (ledger_url, "commit", reservation, 4.0, None)
             )
             expect_ready(results, process)
             with pg_session(ledger_url) as session:
-                wait_for_backend(session, database, "wait_event_type = 'Lock'")
+                pid = wait_for_backend(session, database, "wait_event_type = 'Lock'")
+                assert queued_on(session, pid) == ["dp_chain_head"]
+                assert waiting_statement(session, pid).startswith("SELECT dp_append(")
                 kill(process)
                 locker.rollback()
                 wait_until_no_ledger_backend(session, database)
     else:
         go = SPAWN.Event()
         process, results = start_worker(
-            workers.operation, (ledger_url, "commit", reservation.id, 4.0, go)
+            workers.operation, (ledger_url, "commit", reservation, 4.0, go)
         )
         expect_ready(results, process)  # opening the ledger takes the write lock too
         locker = sqlite3.connect(database, isolation_level=None)
@@ -561,22 +582,31 @@ def test_worker_killed_while_its_commit_waits_leaves_the_reservation_open(ledger
 def test_the_same_attempt_from_several_processes_is_charged_once(ledger_url, op):
     """Duplicate workers of one task attempt (e.g. a zombie and its replacement) at once.
 
-    The workers are released together from behind a lock, so each has looked the
-    attempt up (and found nothing) before any of them could write it.
+    An attempt reserves once, ever: exactly one duplicate gets the reservation and charges
+    it (``spend``; or ``commit``: ``reserve``, then ``commit`` of the reservation it got,
+    in its own process), every other one is refused with ReservationStateError naming
+    that reservation, and the account is charged once. The workers are released together
+    from behind a lock, so all of them are under way (on PostgreSQL: inside their reserve
+    transactions, queued on the account) before any of them could write the attempt:
+    nothing but the attempt's uniqueness in the ledger keeps a second one out.
     """
     postgres = make_url(ledger_url).get_backend_name() == "postgresql"
     ledger = PrivacyBudgetLedger(cap=CAP, url=ledger_url)
     key = key_for("erin", "count", WINDOW)
     ledger.spend(key, GaussianMechanism(4.0))
-    attempt = f"dag/task/run/-1/1/{uuid.uuid4()}"
-    argument = (key, attempt) if op == "spend" else ledger.reserve(key, GaussianMechanism(4.0)).id
     ledger.close()
+    attempt = f"dag/task/run/-1/1/{uuid.uuid4()}"
+    worker_op, argument = {
+        "spend": ("spend", (key, attempt)),
+        "commit": ("reserve-commit", ([key], attempt)),
+    }[op]
     duplicates = 4
     database = make_url(ledger_url).database
+    before = table_counts(ledger_url)
     go = SPAWN.Event()
 
     started = [
-        start_worker(workers.operation, (ledger_url, op, argument, 4.0, go))
+        start_worker(workers.operation, (ledger_url, worker_op, argument, 4.0, go))
         for _ in range(duplicates)
     ]
     for process, results in started:
@@ -598,15 +628,33 @@ def test_the_same_attempt_from_several_processes_is_charged_once(ledger_url, op)
     reports = [results.get(timeout=60) for _, results in started]
     _stop([process for process, _ in started])
 
-    failures = [
-        f"{r['outcome']}: {r['message'][:200]}" for r in reports if r["outcome"] != "completed"
-    ]
-    assert failures == []
-    assert [r["epsilon"] for r in reports] == pytest.approx(
-        [reference_epsilon(4.0, 2)] * duplicates, rel=1e-9
-    )
+    assert [r["error"] for r in reports] == [None] * duplicates, reports
+    outcomes = Counter(r["outcome"] for r in reports)
+    assert outcomes == {"completed": 1, ReservationStateError.__name__: duplicates - 1}, reports
+    (winner,) = [r for r in reports if r["outcome"] == "completed"]
+    assert winner["epsilon"] == pytest.approx(reference_epsilon(4.0, 2), rel=1e-9)
+    assert all(r["epsilon"] is None for r in reports if r is not winner)
+
     ledger = PrivacyBudgetLedger(url=ledger_url)
-    assert [e["action"] for e in ledger.history(key)].count("commit") == 2
+    entries = ledger.history(key)
+    assert [e["action"] for e in entries] == ["reserve", "commit"] * 2
+    of_attempt = [e for e in entries if e["payload"].get("attempt_id") == attempt]
+    assert [e["action"] for e in of_attempt] == ["reserve", "commit"]
+    reservation_id = of_attempt[0]["reservation_id"]
+    assert of_attempt[1]["reservation_id"] == reservation_id
+    for refused in (r for r in reports if r is not winner):
+        refusal = f"attempt {attempt!r} has already reserved ({reservation_id}, "
+        assert refusal in refused["message"], refused
+    # The refused duplicates wrote nothing: one reservation, one key row, two entries more.
+    assert table_counts(ledger_url) == {
+        "dp_accounts": before["dp_accounts"],
+        "dp_reservations": before["dp_reservations"] + 1,
+        "dp_reservation_keys": before["dp_reservation_keys"] + 1,
+        "dp_history": before["dp_history"] + 2,
+    }
+    (account,) = raw_accounts(ledger_url)
+    assert (account.releases, account.open_reservations) == (2, 0)
+    assert ledger.open_reservations() == []
     assert ledger.epsilon_of(key) == pytest.approx(reference_epsilon(4.0, 2), rel=1e-9)
     report = ledger.verify()
     assert report.ok, report.problems
@@ -677,7 +725,7 @@ def test_backend_terminated_while_waiting_for_the_chain_head(postgres_url, op):
     argument = {
         "reserve": keys,
         "spend": keys[0],
-        "commit": ledger.reserve(keys[:10], GaussianMechanism(4.0)).id,
+        "commit": ledger.reserve(keys[:10], GaussianMechanism(4.0)),
     }[op]
     ledger.close()
     database = make_url(postgres_url).database
@@ -691,13 +739,12 @@ def test_backend_terminated_while_waiting_for_the_chain_head(postgres_url, op):
         with pg_session(postgres_url) as session, session.cursor() as cursor:
             pid = wait_for_backend(session, database, "wait_event_type = 'Lock'")
             # It is the chain head it waits for (the tuple lock it queues on), i.e. at the
-            # very end of its transaction, inside the server-side append.
-            cursor.execute(
-                "SELECT relation::regclass::text FROM pg_locks "
-                "WHERE pid = %s AND locktype = 'tuple'",
-                (pid,),
-            )
-            assert [row[0] for row in cursor.fetchall()] == ["dp_chain_head"]
+            # very end of its transaction, inside the server-side append. A reserve sends
+            # the append in its final batch; a commit locked its reservation and accounts
+            # in statements of its own before, and waits in the append's.
+            assert queued_on(session, pid) == ["dp_chain_head"]
+            if op == "commit":
+                assert waiting_statement(session, pid).startswith("SELECT dp_append(")
             cursor.execute("SELECT pg_terminate_backend(%s)", (pid,))
             report = results.get(timeout=60)
         locker.rollback()
@@ -752,6 +799,14 @@ def icu_postgres_url() -> Iterator[str]:
 def test_reserve_and_commit_lock_in_the_same_order_under_a_linguistic_collation(
     icu_postgres_url,
 ):
+    """A reserve and a commit of the same two keys, both queued behind the first key.
+
+    The reserve locks its accounts in key order ("s1" first); the commit (in its own
+    process, holding the reservation's token) locks its reservation row, then the same
+    accounts in a statement of its own. Had it locked them in the database's collation
+    order it would hold "s_1" while waiting for "s1", and the reserve, once given "s1",
+    would wait for "s_1": a deadlock.
+    """
     url, database = icu_postgres_url, make_url(icu_postgres_url).database
     ledger = PrivacyBudgetLedger(cap=CAP, url=url)
     underscore, plain = key_for("s_1", "count", WINDOW), key_for("s1", "count", WINDOW)
@@ -766,13 +821,27 @@ def test_reserve_and_commit_lock_in_the_same_order_under_a_linguistic_collation(
             workers.operation, (url, "reserve", [underscore, plain], 4.0, None)
         )
         expect_ready(reserve_results, reserving)
-        wait_for_backend(session, database, "wait_event_type = 'Lock'")
+        reserve_pid = wait_for_backend(session, database, "wait_event_type = 'Lock'")
+        assert queued_on(session, reserve_pid) == ["dp_accounts"]
         committing, commit_results = start_worker(
-            workers.operation, (url, "commit", held.id, 4.0, None)
+            workers.operation, (url, "commit", held, 4.0, None)
         )
         expect_ready(commit_results, committing)
         wait_for_lock_waiters(session, database, 2)
-        locker.rollback()  # the reserve gets "s1" and wants "s_1", held by the commit
+        commit_pid = wait_for_backend(
+            session, database, f"wait_event_type = 'Lock' AND pid <> {reserve_pid}"
+        )
+        # The commit got past its reservation row and queues for an account: "s1", as
+        # the reserve does, so neither of them holds "s_1".
+        assert queued_on(session, commit_pid) == ["dp_accounts"]
+        with session.cursor() as cursor:
+            try:
+                cursor.execute("SELECT id FROM dp_accounts WHERE subject = 's_1' FOR UPDATE NOWAIT")
+            except psycopg2.errors.LockNotAvailable:
+                pytest.fail('the commit locked "s_1" before "s1": not the reserve\'s order')
+        # The reserve gets "s1" next and then wants "s_1", which a commit locking in
+        # collation order would hold while waiting for "s1".
+        locker.rollback()
         reports = [reserve_results.get(timeout=60), commit_results.get(timeout=60)]
     _stop([reserving, committing])
 
