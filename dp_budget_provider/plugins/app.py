@@ -237,8 +237,11 @@ def _history_record(entry: dict[str, Any], epsilon_alone: EpsilonAlone) -> dict[
 
 
 def _task_link(request: Request, attempt_id: str | None) -> str | None:
-    """The Airflow UI page of a task attempt ``dag_id/task_id/run_id/map_index/try``."""
+    """The Airflow UI page of a task attempt ``dag_id/task_id/run_id/map_index/try/ti_id``
+    (attempts made before the task instance's id joined them end at ``try``)."""
     parts = (attempt_id or "").split("/")
+    if len(parts) >= 6 and parts[-2].isdigit() and parts[-3].lstrip("-").isdigit():
+        parts = parts[:-1]  # the task instance's id
     if len(parts) < 5 or not all(parts):
         return None
     dag_id, task_id, run_id, map_index = parts[0], parts[1], "/".join(parts[2:-2]), parts[-2]
