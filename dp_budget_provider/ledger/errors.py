@@ -43,3 +43,8 @@ class ReservationStateError(LedgerError):
 class WindowSealed(LedgerError):
     """A release or correction named a window (or a re-scoped key) that can never be charged
     again: its accounts were dropped, so charging it would start from zero."""
+
+
+class LedgerQuarantined(LedgerError):
+    """A verify found the ledger inconsistent: nothing is released until an operator clears
+    the quarantine (an audited act naming the reason)."""

@@ -1,35 +1,43 @@
-"""The append-only, hash-chained audit history.
+"""The append-only audit history: a chain of keyed links.
 
-Each entry's hash is sha256 over the previous hash *on its chain* and the entry's
+Each entry's link is a MAC over the previous link *on its chain* and the entry's
 canonical JSON, so an edited, deleted, inserted or reordered entry breaks every later
-link of its chain. The history is split into :data:`CHAINS` chains by key
-(:func:`chain_of`): writers on different keys lock different chain heads, instead of
-all queueing on one row. A chain's head row is locked as the last step of each write
-transaction, so each chain is appended in commit order. ``seq`` numbers the whole
-history (the order replays and pages use); it is hashed with the entry, rises along
+link of its chain. With a chain key (an HMAC-SHA256 key kept outside the ledger
+database: an Airflow connection, a secrets backend or an environment variable), nobody
+who can only write the database can make a link that verifies: rewriting history needs
+the key. A ledger without a key links with plain sha256, which finds accidents and
+edits that are not recomputed, not an insider who recomputes the chain; checkpoints
+(:mod:`checkpoints`) kept outside the database bound what such an insider can rewrite.
+
+The history is split into :data:`CHAINS` chains by key (:func:`chain_of`): writers on
+different keys lock different chain heads, instead of all queueing on one row. A chain's
+head row is locked as the last step of each write transaction, so each chain is
+appended in commit order. ``seq`` numbers the whole history (the order replays and
+pages use); it is taken while the head is held, is linked with the entry, rises along
 every chain and follows the commit order of each account.
 
 The canonical JSON ends with the sequence number (``"seq"`` sorts last), so everything
-before it, the *link prefix*, is known before the chain head is locked. On PostgreSQL
-the server function ``dp_append`` locks the head, appends the number and hashes, so the
-lock every writer needs is held inside the server only; SQLite (one writer at a time
-anyway) links in Python. Both compute :func:`entry_hash`.
+before it, the *link prefix*, is made before the chain head is locked. The link is
+always made here, in the client, on every database: the key never travels to the
+database server.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import re
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, func, insert, select, text, update
+from sqlalchemy import Connection, Engine, select, text
 
 from dp_budget_provider.ledger import database
-from dp_budget_provider.ledger.errors import LedgerCorrupt
+from dp_budget_provider.ledger.errors import LedgerConfigMismatch, LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.schema import ChainHead, HistoryEntry
 
@@ -78,14 +86,81 @@ def link_prefix(at: str, action: str, actor: str, body: dict) -> str:
     return content[:-1] + ',"seq":'
 
 
-def link_hash(prev_hash: str, prefix: str, seq: int) -> str:
-    """sha256 over the previous hash and the entry's canonical JSON (prefix + seq)."""
-    return hashlib.sha256(f"{prev_hash}\n{prefix}{seq}}}".encode()).hexdigest()
+MIN_KEY_BYTES = 16
+_KEY_ID_LABEL = b"dp-budget-provider chain key id v1"
 
 
-def entry_hash(prev_hash: str, seq: int, at: str, action: str, actor: str, body: dict) -> str:
-    """The link hash of one entry."""
-    return link_hash(prev_hash, link_prefix(at, action, actor, body), seq)
+class ChainKey:
+    """How links are made: HMAC-SHA256 under a secret key, or plain sha256 without one.
+
+    The key never leaves the process: the database stores only :attr:`key_id`, an HMAC
+    of a fixed label, which names the key without revealing it (and lets a ledger refuse
+    to open with the wrong one).
+    """
+
+    def __init__(self, secret: str | bytes | None = None) -> None:
+        if secret is None:
+            self._secret: bytes | None = None
+            return
+        if isinstance(secret, str):
+            raw = secret.encode()
+        elif isinstance(secret, bytes):
+            raw = secret
+        else:
+            raise ValueError(f"a chain key is a string or bytes, got {type(secret).__name__}")
+        if len(raw) < MIN_KEY_BYTES:
+            raise ValueError(
+                f"a chain key needs at least {MIN_KEY_BYTES} bytes (use 32 random ones, e.g. "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
+        self._secret = raw
+
+    def __repr__(self) -> str:
+        return f"ChainKey(key_id={self.key_id!r})" if self._secret else "ChainKey(None)"
+
+    @property
+    def keyed(self) -> bool:
+        """True when links are HMACs under a secret."""
+        return self._secret is not None
+
+    @property
+    def key_id(self) -> str | None:
+        """A public name of the key (None without one)."""
+        if self._secret is None:
+            return None
+        return hmac.new(self._secret, _KEY_ID_LABEL, hashlib.sha256).hexdigest()
+
+    def digest(self, text: str, *, keyed: bool = True) -> str:
+        """The MAC of ``text`` (sha256 when unkeyed, or ``keyed=False`` for old links)."""
+        data = text.encode()
+        if keyed and self._secret is not None:
+            return hmac.new(self._secret, data, hashlib.sha256).hexdigest()
+        return hashlib.sha256(data).hexdigest()
+
+
+UNKEYED = ChainKey(None)
+
+
+def link_hash(
+    prev_hash: str, prefix: str, seq: int, key: ChainKey = UNKEYED, *, keyed: bool = True
+) -> str:
+    """The link over the previous link and the entry's canonical JSON (prefix + seq)."""
+    return key.digest(f"{prev_hash}\n{prefix}{seq}}}", keyed=keyed)
+
+
+def entry_hash(
+    prev_hash: str,
+    seq: int,
+    at: str,
+    action: str,
+    actor: str,
+    body: dict,
+    key: ChainKey = UNKEYED,
+    *,
+    keyed: bool = True,
+) -> str:
+    """The link of one entry."""
+    return link_hash(prev_hash, link_prefix(at, action, actor, body), seq, key, keyed=keyed)
 
 
 def entry_body(row: Any) -> dict[str, Any]:
@@ -147,57 +222,76 @@ def _entry_row(
     return row
 
 
-# The server-side append (PostgreSQL, migration 0003); parameters from entry_columns.
-SERVER_APPEND = (
-    "SELECT dp_append(%(chain)s, %(at)s, %(action)s, %(actor)s, %(reservation_id)s, %(tenant)s, "
-    "%(subject)s, %(query_type)s, %(window)s, %(payload)s, %(link_prefix)s)"
+# Lock a chain's head and number the entry while holding it: the number is taken
+# after the lock (a CTE, not a locking SELECT's own target list, which PostgreSQL
+# evaluates before it waits), so numbers rise along every chain.
+PG_LOCK_HEAD = (
+    "WITH head AS (SELECT hash, key_id FROM dp_chain_head WHERE id = %(chain)s FOR UPDATE) "
+    "SELECT hash, nextval('dp_history_seq'), key_id FROM head"
 )
-
-
-# The client-side append's statements (SQLite, one writer at a time), built once.
-_HEAD_HASH = select(ChainHead.hash).where(ChainHead.id == bindparam("chain"))
-_LAST_SEQ = select(func.coalesce(func.max(HistoryEntry.seq), 0))
-_INSERT_ENTRY = insert(HistoryEntry)
-_MOVE_HEAD = (
-    update(ChainHead)
-    .where(ChainHead.id == bindparam("chain"))
-    .values(seq=bindparam("new_seq"), hash=bindparam("new_hash"))
+# SQLite holds its one write lock already; numbers follow the last entry.
+SQLITE_LOCK_HEAD = (
+    "SELECT hash, (SELECT coalesce(max(seq), 0) + 1 FROM dp_history), key_id "
+    "FROM dp_chain_head WHERE id = %(chain)s"
 )
+INSERT_ENTRY = (
+    "INSERT INTO dp_history (seq, chain, at, action, actor, reservation_id, tenant, subject, "
+    'query_type, "window", payload, prev_hash, hash) VALUES (%(seq)s, %(chain)s, %(at)s, '
+    "%(action)s, %(actor)s, %(reservation_id)s, %(tenant)s, %(subject)s, %(query_type)s, "
+    "%(window)s, %(payload)s, %(prev_hash)s, %(hash)s)"
+)
+MOVE_HEAD = "UPDATE dp_chain_head SET seq = %(seq)s, hash = %(hash)s WHERE id = %(chain)s"
 
 
-def append(
-    connection: Connection,
-    *,
-    chain: int,
-    at: str,
-    action: str,
-    actor: str,
-    payload: dict[str, Any],
-    reservation_id: str | None = None,
-    key: LedgerKey | None = None,
-) -> int:
-    """Append one entry on ``chain`` (call last in the transaction); returns its seq."""
-    row = entry_columns(
-        chain=chain,
-        at=at,
-        action=action,
-        actor=actor,
-        payload=payload,
-        reservation_id=reservation_id,
-        key=key,
-    )
-    if connection.dialect.name == "postgresql":
-        return int(connection.exec_driver_sql(SERVER_APPEND, row).scalar_one())
-    prev = connection.execute(_HEAD_HASH, {"chain": chain}).scalar_one_or_none()
-    if prev is None:
-        raise LedgerCorrupt(f"dp_chain_head has no row for chain {chain}")
-    seq = connection.execute(_LAST_SEQ).scalar_one() + 1
-    row["seq"] = seq
-    row["prev_hash"] = prev
-    row["hash"] = link_hash(prev, row.pop("link_prefix"), seq)
-    connection.execute(_INSERT_ENTRY, row)
-    connection.execute(_MOVE_HEAD, {"chain": chain, "new_seq": seq, "new_hash": row["hash"]})
-    return seq
+def lock_head_sql(postgresql: bool) -> str:
+    """The statement that locks a chain head and returns (its link, the next seq, its key id)."""
+    return PG_LOCK_HEAD if postgresql else SQLITE_LOCK_HEAD
+
+
+def linked(row: dict[str, Any], head: Any, key: ChainKey) -> dict[str, Any]:
+    """Complete an entry's columns (:func:`entry_columns`) from its locked chain head."""
+    if head is None:
+        raise LedgerCorrupt(f"dp_chain_head has no row for chain {row['chain']}")
+    prev, seq, key_id = head
+    if key_id != key.key_id:
+        raise LedgerConfigMismatch(
+            f"chain {row['chain']} is linked with chain key {_short(key_id)}, but this "
+            f"process holds {_short(key.key_id)}: reopen the ledger with its chain key"
+        )
+    values = {k: v for k, v in row.items() if k != "link_prefix"}
+    values.update(seq=int(seq), prev_hash=prev)
+    values["hash"] = link_hash(prev, row["link_prefix"], int(seq), key)
+    return values
+
+
+def _short(key_id: str | None) -> str:
+    return "none (unkeyed)" if key_id is None else f"id {key_id[:12]}"
+
+
+def append(connection: Connection, chain_key: ChainKey, /, **entry: Any) -> int:
+    """Append one entry (call last in the transaction; see :func:`entry_columns`); its seq."""
+    postgresql = connection.dialect.name == "postgresql"
+    row = entry_columns(**entry)
+    head = execute(connection, lock_head_sql(postgresql), {"chain": row["chain"]}).one_or_none()
+    values = linked(row, head, chain_key)
+    execute(connection, INSERT_ENTRY, values)
+    execute(connection, MOVE_HEAD, values)
+    return int(values["seq"])
+
+
+def execute(connection: Connection, sql: str, params: dict[str, Any]) -> Any:
+    """Run a ``%(name)s`` statement on either database."""
+    if connection.dialect.name != "postgresql":
+        sql = named(sql)
+    return connection.exec_driver_sql(sql, params)
+
+
+def named(sql: str) -> str:
+    """``%(name)s`` parameters as SQLite's ``:name``."""
+    return _PYFORMAT.sub(r":\1", sql)
+
+
+_PYFORMAT = re.compile(r"%\((\w+)\)s")
 
 
 def entry_record(row: Any) -> dict[str, Any]:
@@ -238,15 +332,26 @@ class ChainProblem:
 
 
 def chain_problems(
-    connection: Connection, chains: int, batch: int = 5000
+    connection: Connection,
+    chains: int,
+    key: ChainKey = UNKEYED,
+    keyed_from: int | None = None,
+    marks: Mapping[int, tuple[int, str]] | None = None,
+    batch: int = 5000,
 ) -> Iterator[ChainProblem]:
     """Walk the whole history in ``seq`` order, every chain at once; report broken links.
 
-    Each entry must link to the previous entry of its own chain and hash to what it
-    holds; each of the ``chains`` heads (the number is fixed in the ledger's config) must
-    name its chain's last entry, so an entry removed from the end of a chain is found too.
+    Each entry must link to the previous entry of its own chain and carry the link its
+    content makes: an HMAC under ``key`` from entry ``keyed_from`` on (the ledger's
+    history is keyed from there), plain sha256 before. Each of the ``chains`` heads (the
+    number is fixed in the ledger's config) must name its chain's last entry, so an entry
+    removed from the end of a chain is found too. ``marks`` (seq -> (chain, link): a
+    checkpoint kept outside the database, the heads a key adoption sealed) name entries
+    that must still be there, unchanged: so rewriting or truncating history up to a mark
+    is found even when the links before it are unkeyed. Rows are streamed.
     """
     last: dict[int, tuple[int, str]] = {}  # chain -> (seq, hash) of its last entry so far
+    expected = dict(marks or {})
     result = connection.execution_options(yield_per=batch).execute(
         select(HistoryEntry).order_by(HistoryEntry.seq)
     )
@@ -260,12 +365,30 @@ def chain_problems(
                 f"previous-hash link does not match the preceding entry of chain {row.chain} "
                 "(entries missing, moved or inserted)",
             )
+        keyed = keyed_from is not None and row.seq >= keyed_from
         recomputed = entry_hash(
-            row.prev_hash, row.seq, row.at, row.action, row.actor, entry_body(row)
+            row.prev_hash,
+            row.seq,
+            row.at,
+            row.action,
+            row.actor,
+            entry_body(row),
+            key,
+            keyed=keyed,
         )
-        if recomputed != row.hash:
-            yield ChainProblem(row.seq, "content does not match its hash (entry edited)")
+        if not hmac.compare_digest(recomputed, row.hash):
+            what = "its keyed link" if keyed else "its hash"
+            yield ChainProblem(row.seq, f"content does not match {what} (entry edited or forged)")
+        mark = expected.pop(row.seq, None)
+        if mark is not None and mark != (row.chain, row.hash):
+            yield ChainProblem(
+                row.seq, f"entry differs from a checkpoint's mark on chain {mark[0]} (rewritten)"
+            )
         last[row.chain] = (row.seq, row.hash)
+    for seq, (chain, _) in sorted(expected.items()):
+        yield ChainProblem(
+            seq, f"a checkpoint's entry {seq} of chain {chain} is gone (history truncated)"
+        )
     heads = {row.id: row for row in connection.execute(select(ChainHead))}
     for chain in range(1, chains + 1):
         head = heads.pop(chain, None)
@@ -280,6 +403,15 @@ def chain_problems(
         yield ChainProblem(
             extra.seq, f"a head for chain {extra.id}, which the ledger does not have"
         )
+
+
+def marks(heads: Iterable[Iterable[Any]]) -> dict[int, tuple[int, str]]:
+    """seq -> (chain, link) of the non-empty heads in (chain, seq, link) rows."""
+    found = {}
+    for chain, seq, link in heads:
+        if int(seq) > 0:
+            found[int(seq)] = (int(chain), str(link))
+    return found
 
 
 def settled_seq(engine: Engine) -> int | None:

@@ -53,10 +53,13 @@ from dp_budget_provider.ledger import (
     pipeline,
     statements,
 )
+from dp_budget_provider.ledger.checkpoints import Checkpoint
 from dp_budget_provider.ledger.errors import (
     BudgetExhausted,
+    LedgerConfigMismatch,
     LedgerCorrupt,
     LedgerError,
+    LedgerQuarantined,
     ReservationStateError,
     WindowSealed,
 )
@@ -82,7 +85,9 @@ from dp_budget_provider.ledger.records import (
 )
 from dp_budget_provider.ledger.schema import (
     Account,
+    ChainHead,
     HistoryEntry,
+    LedgerConfig,
     ReservationKey,
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
@@ -91,8 +96,14 @@ from dp_budget_provider.ledger.spend import Pending, Spend
 from dp_budget_provider.ledger.windows import WindowCalendar, is_closed, window_bounds
 
 _CHUNK = 1000
+_QUARANTINE_LISTED = 20
 _BOUND_CACHE_SIZE = 100_000
 _KEY_COLUMNS = statements.KEY_COLUMNS
+_CLEAR = (
+    ": verify found the ledger's tables or history inconsistent. Nothing can be released "
+    "until an operator has investigated and cleared it (`dp-budget quarantine clear "
+    "--reason ...`, audited); `dp-budget quarantine show` says why"
+)
 
 
 def _now() -> datetime:
@@ -146,6 +157,10 @@ class PrivacyBudgetLedger:
     existing one must be opened with the same (``cap`` may be omitted to take what is
     stored), otherwise :class:`LedgerConfigMismatch`. ``if_new`` (and ``calendar``) only
     apply when the database is new: open what exists, else create with these.
+
+    ``chain_key`` (at least 16 bytes, kept outside the ledger database) makes every
+    history link an HMAC under it: a ledger created with a key can only be opened with
+    it, and nobody who can only write the database can forge its history.
     """
 
     def __init__(
@@ -158,6 +173,7 @@ class PrivacyBudgetLedger:
         actor: str | None = None,
         if_new: BudgetCap | None = None,
         calendar: WindowCalendar | None = None,
+        chain_key: str | bytes | None = None,
     ) -> None:
         for name, value in (("cap", cap), ("if_new", if_new)):
             if value is not None and not isinstance(value, BudgetCap):
@@ -167,10 +183,16 @@ class PrivacyBudgetLedger:
         self._orders = validate_orders(orders)
         self._conversion: Conversion = check_conversion(conversion)
         self.actor = _default_actor() if actor is None else plain_text("actor", actor)
+        self._key = history.ChainKey(chain_key)
         self._engine = database.make_engine(url)
         self._policy_store = PolicyStore(self.reading)
         new = NewLedger(
-            self._orders, self._conversion, calendar or WindowCalendar(), self.actor, _stamp(_now())
+            self._orders,
+            self._conversion,
+            calendar or WindowCalendar(),
+            self.actor,
+            _stamp(_now()),
+            self._key,
         )
         try:
             settings = open_ledger(self.reading, self._write, self._policy_store, new, cap, if_new)
@@ -254,7 +276,7 @@ class PrivacyBudgetLedger:
                         "open a second set of windows over the same time. Keep its calendar "
                         "(or use a new query type)"
                     )
-            write_policy(connection, policy, _stamp(_now()), self.actor)
+            write_policy(connection, self._key, policy, _stamp(_now()), self.actor)
 
     def policies(self) -> list[Policy]:
         """Every stored policy, default first."""
@@ -383,6 +405,7 @@ class PrivacyBudgetLedger:
         Every account's scope and window has a row in ``dp_windows``; a reset seals it
         under an exclusive lock before dropping the accounts, so a window is either
         chargeable for this whole transaction or refused here (:class:`WindowSealed`).
+        The same statement reads the quarantine: a quarantined ledger charges nothing.
         """
         scopes = sorted({(key.tenant, key.query_type, key.window) for key in keys})
         if pipe.postgresql:
@@ -400,7 +423,9 @@ class PrivacyBudgetLedger:
                 rows += pipe.query(statements.SQLITE_WINDOW, scope)
         if len(rows) != len(scopes):
             raise LedgerCorrupt(f"{len(scopes)} windows charged but {len(rows)} window rows found")
-        for tenant, query_type, window, sealed_at in rows:
+        if rows[0][4] is not None:
+            raise LedgerQuarantined(f"the ledger is quarantined since {rows[0][4]}{_CLEAR}")
+        for tenant, query_type, window, sealed_at, _ in rows:
             if sealed_at is not None:
                 raise WindowSealed(
                     f"window {window!r} of tenant {tenant!r}, query type {query_type!r} was "
@@ -628,6 +653,7 @@ class PrivacyBudgetLedger:
             self._add_pending_residual(pipe, keys, locked, cost.residual)
         reservation_id = str(uuid.uuid4())
         token = secrets.token_urlsafe(32)
+        token_hash = token_digest(token)
         digest = history.keys_digest(keys)
         spec = mechanism.to_spec()
         pipe.send(
@@ -635,7 +661,7 @@ class PrivacyBudgetLedger:
             {
                 "id": reservation_id,
                 "attempt_id": attempt_id,
-                "token_hash": token_digest(token),
+                "token_hash": token_hash,
                 "state": OPEN,
                 "mechanism": history.canonical_json(spec),
                 "count": count,
@@ -651,6 +677,7 @@ class PrivacyBudgetLedger:
         )
         self._insert_reservation_keys(pipe, reservation_id, keys)
         pipe.append_history(
+            self._key,
             chain=self._chain(keys[0]),
             at=now,
             action="reserve",
@@ -658,8 +685,14 @@ class PrivacyBudgetLedger:
             reservation_id=reservation_id,
             key=keys[0] if len(keys) == 1 else None,
             payload={
-                **self._reserve_payload(attempt_id, spec, count, cost, len(keys), digest),
+                "attempt_id": attempt_id,
+                "mechanism": spec,
+                "count": count,
+                "cost": cost.as_payload(),
+                "key_count": len(keys),
+                "keys_digest": digest,
                 "prospective_epsilon": worst,
+                "token_hash": token_hash,
             },
         )
         return Reservation(
@@ -673,25 +706,6 @@ class PrivacyBudgetLedger:
             created_at=now,
             token=token,
         )
-
-    @staticmethod
-    def _reserve_payload(
-        attempt_id: str,
-        spec: dict[str, Any],
-        count: int,
-        cost: Spend,
-        key_count: int,
-        keys_digest: str,
-    ) -> dict[str, Any]:
-        """The reserve entry's payload but for its prospective part (both paths write it)."""
-        return {
-            "attempt_id": attempt_id,
-            "mechanism": spec,
-            "count": count,
-            "cost": cost.as_payload(),
-            "key_count": key_count,
-            "keys_digest": keys_digest,
-        }
 
     def _prospective_epsilon(self, rho: float, mu2: float | None) -> float:
         """The epsilon of a prospective spend the server recorded (validated as stored)."""
@@ -775,6 +789,7 @@ class PrivacyBudgetLedger:
         )
         history.append(
             connection,
+            self._key,
             chain=self._chain(keys[0]),
             at=now,
             action=action,
@@ -796,7 +811,7 @@ class PrivacyBudgetLedger:
         keys_digest: str,
         extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """The history payload of a commit or reap (both paths write the same)."""
+        """The history payload of a commit or reap."""
         return {
             "attempt_id": attempt_id,
             "cost": cost.as_payload(),
@@ -931,6 +946,15 @@ class PrivacyBudgetLedger:
         """
         with self._write() as connection:
             row = self._owned_row(connection, reservation, "commit")
+            quarantined = connection.execute(
+                select(LedgerConfig.quarantined_at).where(LedgerConfig.id == 1)
+            ).scalar_one()
+            if quarantined is not None:
+                raise LedgerQuarantined(
+                    f"the ledger is quarantined since {quarantined}, so reservation {row.id} "
+                    f"is not committed and its release must not be published{_CLEAR}; the "
+                    "reservation stays open and is charged when it is reaped"
+                )
             if row.state in (COMMITTED, REAPED):
                 return self._receipts(connection, self._reservation_keys(connection, row.id))
             if row.state != OPEN:
@@ -966,6 +990,7 @@ class PrivacyBudgetLedger:
             )
             history.append(
                 connection,
+                self._key,
                 chain=self._chain(keys[0]),
                 at=now,
                 action="release",
@@ -1239,6 +1264,7 @@ class PrivacyBudgetLedger:
                 connection.execute(delete(Account).where(Account.id.in_(chunk)))
             history.append(
                 connection,
+                self._key,
                 chain=history.KEYLESS_CHAIN,
                 at=now,
                 action="reset",
@@ -1307,6 +1333,7 @@ class PrivacyBudgetLedger:
                 .values(rescoped_to=new.query_type, updated_at=now)
             )
             pipe.append_history(
+                self._key,
                 chain=self._chain(new),
                 at=now,
                 action="rescope",
@@ -1345,6 +1372,7 @@ class PrivacyBudgetLedger:
             connection = pipe.core()
             self._store_spend(connection, held.id, after, count, now)
             pipe.append_history(
+                self._key,
                 chain=self._chain(keys[0]),
                 at=now,
                 action="correction",
@@ -1361,13 +1389,188 @@ class PrivacyBudgetLedger:
 
     # ------------------------------------------------------------------ audit
 
-    def verify(self) -> VerifyReport:
-        """Check the hash chain, every reservation's key set, and replay history onto the accounts.
+    def verify(
+        self, checkpoint: Checkpoint | None = None, *, quarantine: bool = True
+    ) -> VerifyReport:
+        """Prove the ledger's facts from its history (:mod:`audit`); quarantine on failure.
 
-        Detects edited, deleted, inserted or reordered history entries, a reservation
-        whose keys were changed, and account rows whose spend differs from what the
-        history says was charged. All reads come from one snapshot, so writers running
-        meanwhile cannot make a healthy ledger look corrupt.
+        Checks every link (HMACs under the chain key when the ledger has one), every entry
+        ``checkpoint`` recorded (so checkpointed history cannot have been erased,
+        truncated or rewritten), and every stored row against the history's replay,
+        including that no granted release ever took a key past its cap. All reads come
+        from one snapshot, so writers running meanwhile cannot make a healthy ledger look
+        corrupt. With ``quarantine`` (the default), a failed verify quarantines the
+        ledger: nothing is released until :meth:`clear_quarantine`.
         """
+        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+            raise ValueError(f"checkpoint must be a Checkpoint, got {checkpoint!r}")
+        settings = audit.AuditSettings(
+            self._orders, self._delta, self._conversion, self._key, checkpoint
+        )
         with database.transaction(self._pool(), write=False, snapshot=True) as connection:
-            return audit.verify(connection, self._orders.size)
+            report = audit.verify(connection, settings)
+        if report.problems and quarantine:
+            try:
+                self.quarantine(
+                    f"verify found {len(report.problems)} problem(s), the first: "
+                    f"{report.problems[0][:1000]}",
+                    problems=[p[:1000] for p in report.problems[:_QUARANTINE_LISTED]],
+                )
+            except LedgerError as error:
+                report.problems.append(f"the ledger could not be quarantined: {error}")
+        return report
+
+    def checkpoint(self, report: VerifyReport) -> Checkpoint:
+        """A checkpoint of what ``report`` verified: keep it outside the ledger database.
+
+        Only a verify that passed is checkpointed: its heads are the ones it proved.
+        """
+        if not isinstance(report, VerifyReport) or not report.ok:
+            raise ValueError("only a verify report that passed can be checkpointed")
+        return Checkpoint.of(report.ledger, _stamp(_now()), report.entries, report.heads, self._key)
+
+    @property
+    def chain_key(self) -> history.ChainKey:
+        """The key the history is linked with (unkeyed without one): checkpoints use it."""
+        return self._key
+
+    def quarantine_status(self) -> tuple[str, str] | None:
+        """(since, reason) while the ledger is quarantined, else None."""
+        with self.reading() as connection:
+            row = connection.execute(
+                select(LedgerConfig.quarantined_at, LedgerConfig.quarantine_reason)
+            ).one()
+        return None if row.quarantined_at is None else (row.quarantined_at, row.quarantine_reason)
+
+    def quarantine(self, reason: str, problems: Sequence[str] = ()) -> bool:
+        """Stop every release until an operator clears it (audited); False if already in force.
+
+        The quarantine is recorded in the history too. When the history cannot take an
+        entry (its chain head was tampered with), the quarantine is set all the same: a
+        broken chain must never keep releases running.
+        """
+        reason = _reason(reason)
+        try:
+            return self._set_quarantine(reason, problems, audited=True)
+        except (LedgerCorrupt, LedgerConfigMismatch) as error:
+            return self._set_quarantine(
+                _reason(
+                    f"{reason[:1500]} (not in the history, which refused the entry: "
+                    f"{str(error)[:300]})"
+                ),
+                problems,
+                audited=False,
+            )
+
+    def _set_quarantine(self, reason: str, problems: Sequence[str], *, audited: bool) -> bool:
+        now = _stamp(_now())
+        with self._write() as connection:
+            held = connection.execute(
+                select(LedgerConfig.quarantined_at).where(LedgerConfig.id == 1).with_for_update()
+            ).scalar_one_or_none()
+            if held is not None:
+                return False
+            connection.execute(
+                update(LedgerConfig).values(quarantined_at=now, quarantine_reason=reason)
+            )
+            if audited:
+                history.append(
+                    connection,
+                    self._key,
+                    chain=history.KEYLESS_CHAIN,
+                    at=now,
+                    action="quarantine",
+                    actor=self.actor,
+                    payload={"reason": reason, "problems": [str(p) for p in problems]},
+                )
+        return True
+
+    def clear_quarantine(self, reason: str) -> None:
+        """Let releases run again after an investigation; ``reason`` says what was found.
+
+        The clearing is a history entry naming its actor and reason. A ledger whose
+        tables still disagree with its history is quarantined again by the next verify.
+        """
+        reason = _reason(reason)
+        now = _stamp(_now())
+        with self._write() as connection:
+            row = connection.execute(
+                select(LedgerConfig.quarantined_at, LedgerConfig.quarantine_reason)
+                .where(LedgerConfig.id == 1)
+                .with_for_update()
+            ).one()
+            if row.quarantined_at is None:
+                raise LedgerError("the ledger is not quarantined")
+            connection.execute(
+                update(LedgerConfig)
+                .where(LedgerConfig.id == 1)
+                .values(quarantined_at=None, quarantine_reason=None)
+            )
+            history.append(
+                connection,
+                self._key,
+                chain=history.KEYLESS_CHAIN,
+                at=now,
+                action="unquarantine",
+                actor=self.actor,
+                payload={
+                    "reason": reason,
+                    "quarantined_at": row.quarantined_at,
+                    "quarantine_reason": row.quarantine_reason,
+                },
+            )
+
+    def adopt_chain_key(self, chain_key: str | bytes) -> None:
+        """Key an unkeyed ledger's history from now on (``dp-budget db adopt-key``).
+
+        The history must verify first. The adoption entry is linked with the new key and
+        records every chain head, so the unkeyed history before it can no longer be
+        rewritten unnoticed either. Every head is locked meanwhile and carries the key's
+        id from then on, so a writer still holding no key is refused instead of linking
+        an unkeyed entry; open the ledger with the key everywhere afterwards.
+        """
+        key = history.ChainKey(chain_key)
+        if not key.keyed:
+            raise ValueError("adopt_chain_key needs a chain key")
+        if self._key.keyed:
+            raise LedgerError("this ledger's history is keyed already")
+        report = self.verify()
+        if not report.ok:
+            raise LedgerCorrupt(
+                f"refusing to key a history that does not verify ({len(report.problems)} "
+                f"problem(s), the first: {report.problems[0]})"
+            )
+        now = _stamp(_now())
+        with self._write() as connection:
+            heads = connection.execute(
+                select(ChainHead.id, ChainHead.seq, ChainHead.hash)
+                .order_by(ChainHead.id)
+                .with_for_update()
+            ).all()
+            if tuple(tuple(head) for head in heads) != report.heads:
+                raise LedgerError("the history grew while it was verified; adopt the key again")
+            connection.execute(update(ChainHead).values(key_id=key.key_id))
+            seq = history.append(
+                connection,
+                key,
+                chain=history.KEYLESS_CHAIN,
+                at=now,
+                action="adopt-key",
+                actor=self.actor,
+                payload={"chain_key_id": key.key_id, "heads": [list(h) for h in report.heads]},
+            )
+            connection.execute(
+                update(LedgerConfig)
+                .where(LedgerConfig.id == 1)
+                .values(chain_key_id=key.key_id, keyed_from=seq)
+            )
+        self._key = key
+
+
+def _reason(reason: object) -> str:
+    """An operator's reason: a non-empty, visible text of at most 2000 characters."""
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > 2000:
+        raise ValueError("a reason must be a non-empty string of at most 2000 characters")
+    if any(ord(c) < 32 and c not in "\n\t" for c in reason):
+        raise ValueError("a reason must not hold control characters")
+    return reason.strip()

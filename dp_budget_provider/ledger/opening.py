@@ -14,11 +14,11 @@ import json
 from typing import NamedTuple
 
 import numpy as np
-from sqlalchemy import Connection, insert, select, text
+from sqlalchemy import Connection, insert, select, text, update
 
 from dp_budget_provider.accounting import Conversion
 from dp_budget_provider.ledger import database, history
-from dp_budget_provider.ledger.errors import LedgerConfigMismatch
+from dp_budget_provider.ledger.errors import LedgerConfigMismatch, LedgerCorrupt
 from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
 from dp_budget_provider.ledger.policy_store import PolicyStore, write_policy
 from dp_budget_provider.ledger.schema import ChainHead, LedgerConfig
@@ -43,6 +43,7 @@ class NewLedger(NamedTuple):
     calendar: WindowCalendar
     actor: str
     now: str
+    key: history.ChainKey
 
 
 def open_ledger(
@@ -85,17 +86,19 @@ def _initialise(connection: Connection, new: NewLedger, cap: BudgetCap | None) -
             conversion=new.conversion,
             created_at=new.now,
             chains=history.CHAINS,
+            chain_key_id=new.key.key_id,
         )
     )
     connection.execute(
         insert(ChainHead),
         [
-            {"id": chain, "seq": 0, "hash": history.GENESIS}
+            {"id": chain, "seq": 0, "hash": history.GENESIS, "key_id": new.key.key_id}
             for chain in range(1, history.CHAINS + 1)
         ],
     )
-    history.append(
+    seq = history.append(
         connection,
+        new.key,
         chain=history.KEYLESS_CHAIN,
         at=new.now,
         action="create",
@@ -104,10 +107,15 @@ def _initialise(connection: Connection, new: NewLedger, cap: BudgetCap | None) -
             "delta": cap.delta,
             "orders": new.orders.tolist(),
             "conversion": new.conversion,
+            "chains": history.CHAINS,
+            "chain_key_id": new.key.key_id,
         },
     )
+    if new.key.keyed:
+        connection.execute(update(LedgerConfig).where(LedgerConfig.id == 1).values(keyed_from=seq))
     write_policy(
         connection,
+        new.key,
         Policy(cap.epsilon, cap.warn_fraction, calendar=new.calendar),
         new.now,
         new.actor,
@@ -115,11 +123,34 @@ def _initialise(connection: Connection, new: NewLedger, cap: BudgetCap | None) -
     return Settings(cap.delta, history.CHAINS)
 
 
+def _check_key(stored: str | None, key: history.ChainKey) -> None:
+    """Refuse to open a keyed history without its key, or with another one (fail closed)."""
+    if stored == key.key_id:
+        return
+    if stored is None:
+        raise LedgerConfigMismatch(
+            "this ledger's history is not keyed, but a chain key was given: key it once with "
+            "`dp-budget db adopt-key` (if it was keyed before, its history has been rewritten)"
+        )
+    if key.key_id is None:
+        raise LedgerConfigMismatch(
+            f"this ledger's history is keyed (key id {stored[:12]}): open it with its chain key "
+            "(DP_BUDGET_CHAIN_KEY for the CLI, the connection extra chain_key in Airflow)"
+        )
+    raise LedgerConfigMismatch(
+        f"this ledger's history is keyed with key id {stored[:12]}, not with the chain key "
+        f"given (id {key.key_id[:12]})"
+    )
+
+
 def _check(
     connection: Connection, policies: PolicyStore, new: NewLedger, cap: BudgetCap | None
 ) -> Settings:
     """Refuse another grid, conversion, delta or default cap; return what is stored."""
-    config = connection.execute(select(LedgerConfig).where(LedgerConfig.id == 1)).one()
+    config = connection.execute(select(LedgerConfig).where(LedgerConfig.id == 1)).one_or_none()
+    if config is None:
+        raise LedgerCorrupt("dp_ledger_config has no row with id 1: the configuration was edited")
+    _check_key(config.chain_key_id, new.key)
     if connection.dialect.name == "postgresql":
         # Policies read after their version: what dp_reserve checks them against.
         policies.remember(connection, config.policy_version)

@@ -15,7 +15,6 @@ Statements are written for psycopg2 (``%(name)s`` parameters); SQLite gets them 
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -27,8 +26,6 @@ from dp_budget_provider.ledger.errors import (
     LedgerError,
     LedgerSchemaError,
 )
-
-_PYFORMAT = re.compile(r"%\((\w+)\)s")
 
 
 class UniqueViolation(LedgerError):
@@ -53,7 +50,7 @@ class Pipeline:
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Any]:
         """Run ``sql`` now (inside the transaction) and return its rows."""
         if not self.postgresql:
-            result = self.connection.exec_driver_sql(_named(sql), dict(params or {}))
+            result = self.connection.exec_driver_sql(history.named(sql), dict(params or {}))
             return list(result) if result.returns_rows else []
         cursor = self._pg_cursor()
         statement = cursor.mogrify(sql, params)
@@ -89,16 +86,25 @@ class Pipeline:
     def send(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
         """A write whose result nobody needs: queued until the commit on PostgreSQL."""
         if not self.postgresql:
-            self.connection.exec_driver_sql(_named(sql), dict(params or {}))
+            self.connection.exec_driver_sql(history.named(sql), dict(params or {}))
             return
         self._queued.append(self._pg_cursor().mogrify(sql, params))
 
-    def append_history(self, **entry: Any) -> None:
-        """Append a history entry last in the transaction (see :mod:`history`)."""
-        if self.postgresql:
-            self.send(history.SERVER_APPEND, history.entry_columns(**entry))
-        else:
-            history.append(self.connection, **entry)
+    def append_history(self, chain_key: history.ChainKey, /, **entry: Any) -> None:
+        """Append a history entry last in the transaction (see :mod:`history`).
+
+        On PostgreSQL the chain head is locked (one round trip that also numbers the
+        entry), the link is made here with ``key``, and the entry and the head's move go
+        with the commit.
+        """
+        if not self.postgresql:
+            history.append(self.connection, chain_key, **entry)
+            return
+        row = history.entry_columns(**entry)
+        heads = self.query(history.PG_LOCK_HEAD, {"chain": row["chain"]})
+        values = history.linked(row, heads[0] if heads else None, chain_key)
+        self.send(history.INSERT_ENTRY, values)
+        self.send(history.MOVE_HEAD, values)
 
     def _commit(self) -> None:
         if not self.postgresql or not (self._begun or self._queued):
@@ -114,10 +120,6 @@ class Pipeline:
             with contextlib.suppress(Exception):
                 self._pg_cursor().execute("ROLLBACK")
             self._begun = False
-
-
-def _named(sql: str) -> str:
-    return _PYFORMAT.sub(r":\1", sql)
 
 
 @contextlib.contextmanager

@@ -113,7 +113,9 @@ def policy_lookup(policies: Mapping[tuple[str, str], Policy]) -> Callable[[Ledge
     return policy_of
 
 
-def write_policy(connection: Connection, policy: Policy, now: str, actor: str) -> None:
+def write_policy(
+    connection: Connection, key: history.ChainKey, policy: Policy, now: str, actor: str
+) -> None:
     """Create or replace the policy of ``policy.scope``, with its history entry."""
     record = policy.as_record()
     values = {k: v for k, v in record.items() if k not in ("tenant", "query_type")}
@@ -129,6 +131,7 @@ def write_policy(connection: Connection, policy: Policy, now: str, actor: str) -
         )
     history.append(
         connection,
+        key,
         chain=history.KEYLESS_CHAIN,
         at=now,
         action="policy",

@@ -89,6 +89,12 @@ class VerifyReport:
     entries: int
     accounts: int
     problems: list[str] = field(default_factory=list)
+    # (chain, seq, link) of every chain head verified: what a checkpoint records.
+    heads: tuple[tuple[int, int, str], ...] = ()
+    # True when the history's links are HMACs under the verifier's chain key.
+    keyed: bool = False
+    # The ledger's identity in checkpoints (the link of its creation entry).
+    ledger: str = ""
 
     @property
     def ok(self) -> bool:

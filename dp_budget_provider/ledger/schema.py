@@ -9,12 +9,12 @@ Design notes:
   row lock, so the prospective check reads everything it needs from the one locked row.
 * Reservations list their keys in ``dp_reservation_keys`` by value, not by account id:
   accounts are dropped when their window is reset, the audit trail is not.
-* ``dp_history`` is append-only and hash-chained, in ``dp_ledger_config.chains`` chains
-  (migration 0003): an entry is linked on its key's chain, so writers on different keys
-  rarely share a chain head. ``dp_chain_head`` holds each chain's last link, locked last
-  by every writer on that chain, so a chain is serialised and gap-free; ``seq`` orders
-  the whole history. On PostgreSQL the server-side function ``dp_append`` makes the
-  link, so a head's lock is never held across a client round trip.
+* ``dp_history`` is append-only and chained by keyed links (``history``), in
+  ``dp_ledger_config.chains`` chains: an entry is linked on its key's chain, so writers
+  on different keys rarely share a chain head. ``dp_chain_head`` holds each chain's last
+  link, locked last by every writer on that chain, so a chain is serialised and
+  gap-free; ``seq`` orders the whole history. Links are made in the client (the chain
+  key never reaches the database).
 """
 
 from __future__ import annotations
@@ -44,6 +44,13 @@ class LedgerConfig(Base):
     created_at: Mapped[str] = mapped_column(String(40))
     policy_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     chains: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # The public name of the chain key (history.ChainKey.key_id) and the first entry it
+    # links; NULL while the history is unkeyed (revision 0006).
+    chain_key_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    keyed_from: Mapped[int | None] = mapped_column(BIG, nullable=True)
+    # Set by a failed verify: no release until an operator clears it (both audited).
+    quarantined_at: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    quarantine_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class PolicyRow(Base):
@@ -144,7 +151,7 @@ class ReservationKey(Base):
 
 
 class HistoryEntry(Base):
-    """One append-only audit entry; ``hash`` = sha256(prev_hash + canonical JSON of the entry).
+    """One append-only audit entry; ``hash`` = MAC(prev_hash + canonical JSON of the entry).
 
     The key columns are set when the entry concerns exactly one account (the common
     case), so an account's history is an index lookup; multi-key entries are found
@@ -180,6 +187,9 @@ class ChainHead(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     seq: Mapped[int] = mapped_column(BIG)
     hash: Mapped[str] = mapped_column(String(64))
+    # The chain key's public name its next link is made with: read with the head's lock,
+    # so a writer still holding an older key (or none) after a key was adopted is refused.
+    key_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class Window(Base):

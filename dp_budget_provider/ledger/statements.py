@@ -111,7 +111,9 @@ SELECT t, q, x, %(now)s
 FROM unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(query_types)s, E'\n'),
             string_to_array(%(windows)s, E'\n')) AS u(t, q, x)
 ON CONFLICT DO NOTHING;
-SELECT w.tenant, w.query_type, w."window", w.sealed_at FROM dp_windows w
+SELECT w.tenant, w.query_type, w."window", w.sealed_at,
+    (SELECT c.quarantined_at FROM dp_ledger_config c WHERE c.id = 1)
+FROM dp_windows w
 JOIN unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(query_types)s, E'\n'),
             string_to_array(%(windows)s, E'\n')) AS u(t, q, x)
   ON w.tenant = u.t AND w.query_type = u.q AND w."window" = u.x
@@ -123,7 +125,8 @@ SQLITE_NEW_WINDOW = (
     "VALUES (%(tenant)s, %(query_type)s, %(window)s, %(now)s)"
 )
 SQLITE_WINDOW = (
-    'SELECT tenant, query_type, "window", sealed_at FROM dp_windows '
+    'SELECT tenant, query_type, "window", sealed_at, '
+    "(SELECT quarantined_at FROM dp_ledger_config WHERE id = 1) FROM dp_windows "
     'WHERE tenant = %(tenant)s AND query_type = %(query_type)s AND "window" = %(window)s'
 )
 
@@ -131,6 +134,7 @@ POLICY_ROWS = (
     "SELECT tenant, query_type, cap_epsilon, warn_fraction, calendar, calendar_length_seconds, "
     "min_window_seconds, compliance_clause, grace_seconds FROM dp_policies"
 )
+
 
 def key_parts(keys: Sequence[LedgerKey]) -> dict[str, str]:
     """The keys as four newline-separated texts, split on the server (``_PG_SPLIT``).

@@ -58,9 +58,7 @@ def attempt_id(context: Mapping[str, Any]) -> str:
             "the task instance has no id (uuid): without it a re-created run could reuse an "
             "earlier attempt, so no release is made"
         )
-    return (
-        f"{ti.dag_id}/{ti.task_id}/{context['run_id']}/{ti.map_index}/{ti.try_number}/{unique}"
-    )
+    return f"{ti.dag_id}/{ti.task_id}/{context['run_id']}/{ti.map_index}/{ti.try_number}/{unique}"
 
 
 def data_interval(context: Mapping[str, Any]) -> tuple[datetime, datetime]:

@@ -237,9 +237,12 @@ def test_paging_waits_for_an_entry_numbered_before_others_but_still_committing(
         payload={"note": "still committing"},
     )
     with pg_session(postgres_url, autocommit=False) as slow:
-        with slow.cursor() as cursor:
-            cursor.execute(history.SERVER_APPEND, entry)
-            assert cursor.fetchone()[0] == first
+        with slow.cursor() as cursor:  # the append a writer makes, left uncommitted
+            cursor.execute(history.PG_LOCK_HEAD, {"chain": entry["chain"]})
+            values = history.linked(entry, cursor.fetchone(), history.UNKEYED)
+            cursor.execute(history.INSERT_ENTRY, values)
+            cursor.execute(history.MOVE_HEAD, values)
+            assert values["seq"] == first
         ledger.spend(b, GAUSS)  # first + 1, first + 2, committed
         visible = rows(
             postgres_url, f"SELECT seq FROM dp_history WHERE seq >= {first} ORDER BY seq"

@@ -187,10 +187,10 @@ def test_verify_reports_a_seal_or_a_rescope_undone_in_sql(ledger_url, ledger):
     execute(ledger_url, "UPDATE dp_windows SET sealed_at = NULL")
     execute(ledger_url, "UPDATE dp_accounts SET rescoped_to = NULL")
     problems = ledger.verify().problems
-    assert any("2026-w45" in p and "sealed by a reset" in p for p in problems), problems
-    assert any("bob/snapshot" in p and "re-scope mark" in p for p in problems), problems
+    assert any("2026-w45" in p and "sealed_at None differs" in p for p in problems), problems
+    assert any("bob/snapshot" in p and "rescoped_to differs" in p for p in problems), problems
     execute(ledger_url, "DELETE FROM dp_windows")
-    assert any("not sealed" in p for p in ledger.verify().problems)
+    assert any("charged but has no row" in p for p in ledger.verify().problems)
 
 
 # ---------------------------------------------------------------- rescope only re-classifies
@@ -299,18 +299,23 @@ def test_upgrade_seals_windows_an_earlier_version_reset(sqlite_url, make_ledger)
     engine = sa.create_engine(sqlite_url)
     with engine.begin() as connection:  # what 0004's reset did: drop, and one entry
         connection.execute(sa.text("DELETE FROM dp_accounts WHERE \"window\" = '2026-w45'"))
-        history.append(
-            connection,
+        now = ledger_module._stamp(datetime.now(UTC))
+        entry = history.entry_columns(
             chain=history.KEYLESS_CHAIN,
-            at="2026-11-20T00:00:00.000000Z",
+            at=now,
             action="reset",
             actor="old-version",
-            payload={
-                "window": "2026-w45",
-                "accounts": 1,
-                "closed_at": "2026-11-20T00:00:00.000000Z",
-            },
+            payload={"window": "2026-w45", "accounts": 1, "closed_at": now},
         )
+        head = connection.execute(  # 0004's heads had no key id: an unkeyed link
+            sa.text(
+                "SELECT hash, (SELECT max(seq) + 1 FROM dp_history), NULL FROM dp_chain_head "
+                "WHERE id = 1"
+            )
+        ).one()
+        values = history.linked(entry, head, history.UNKEYED)
+        history.execute(connection, history.INSERT_ENTRY, values)
+        history.execute(connection, history.MOVE_HEAD, values)
     engine.dispose()
     migrate(sqlite_url, "upgrade", "head")
     upgraded = make_ledger(url=sqlite_url)

@@ -248,15 +248,15 @@ def test_unknown_schema_version_is_refused(ledger_url, ledger):
         PrivacyBudgetLedger(url=ledger_url)
 
 
-def test_a_missing_server_function_fails_closed_and_names_the_fix(postgres_url):
-    """A PostgreSQL ledger whose schema lost dp_append refuses writes: nothing written."""
+def test_a_dropped_policy_version_trigger_is_found_by_verify(postgres_url):
+    """Without its trigger, a policy edit would not reach processes reusing policies by
+    version (a lowered cap unseen): verify names the missing trigger."""
     ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=postgres_url)
     ledger.spend(KEY, GaussianMechanism(4.0))
-    execute(postgres_url, "DROP FUNCTION dp_append")
-    before = snapshot(postgres_url)
-    with pytest.raises(LedgerSchemaError, match="dp_append.*db upgrade"):
-        ledger.reserve(KEY, GaussianMechanism(4.0))
-    assert snapshot(postgres_url) == before
+    assert ledger.verify().ok
+    execute(postgres_url, "DROP TRIGGER dp_policies_version ON dp_policies")
+    report = ledger.verify(quarantine=False)
+    assert any("dp_policies_version" in problem for problem in report.problems)
     ledger.close()
 
 

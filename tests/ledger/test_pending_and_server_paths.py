@@ -489,7 +489,7 @@ def scripted_releases(ledger: PrivacyBudgetLedger) -> tuple[list[float], dict[st
 
 def ledger_record(url: str) -> tuple[list[tuple], list[tuple]]:
     """History and reservations without what differs between runs (ids, stamps, attempts,
-    the reap reason, which names a creation time).
+    tokens, the reap reason, which names a creation time).
 
     Reservations are numbered in the order the history first names them. A reservation
     decided by the server (``dp_reserve``) records its prospective spend, not its epsilon;
@@ -537,7 +537,7 @@ def ledger_record(url: str) -> tuple[list[tuple], list[tuple]]:
     for action, reservation_id, *key, payload in entries:
         if reservation_id is not None:
             number.setdefault(reservation_id, len(number))
-        varying = {"attempt_id", "reason"} if action == "reap" else {"attempt_id"}
+        varying = {"attempt_id", "token_hash"} | ({"reason"} if action == "reap" else set())
         content = {k: v for k, v in json.loads(payload).items() if k not in varying}
         if "prospective" in content:
             spend = content.pop("prospective")
@@ -863,6 +863,8 @@ def test_migration_0002_backfills_pending_and_round_trips(ledger_url, make_ledge
     _, laplace = open_costs["r-laplace-open"]
 
     def check_backfill() -> None:
+        """The backfilled pending spend; the one server function left (links are made in
+        the client since revision 0006) is the policy version's trigger."""
         rows = accounts(ledger_url)
         # alice: the Gaussian's mu^2 summed and the Laplace counted; bob: the Gaussian only
         # (its committed and released reservations are not pending).
@@ -873,7 +875,7 @@ def test_migration_0002_backfills_pending_and_round_trips(ledger_url, make_ledge
         assert rows[_parts(bob)]["pending_residual"] is None
         assert scalar(ledger_url, "SELECT policy_version FROM dp_ledger_config") == 0
         if postgresql:
-            assert server_functions(ledger_url) == {"dp_append", "dp_bump_policy_version"}
+            assert server_functions(ledger_url) == {"dp_bump_policy_version"}
 
     migrate(ledger_url, "upgrade", "head")
     check_backfill()

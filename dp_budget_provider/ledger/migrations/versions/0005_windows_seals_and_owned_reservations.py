@@ -40,9 +40,7 @@ _0003 = importlib.import_module(
     "dp_budget_provider.ledger.migrations.versions.0003_sharded_history_chains"
 )
 
-_APPEND_SIGNATURE = (
-    "dp_append(integer, text, text, text, text, text, text, text, text, text, text)"
-)
+_APPEND_SIGNATURE = "dp_append(integer, text, text, text, text, text, text, text, text, text, text)"
 _COMMIT_SIGNATURE = (
     "dp_commit(integer, text, text, text, text, text, text, integer, text, double precision, "
     "double precision, text, text, text, text, text, text)"
@@ -71,9 +69,7 @@ def _create_windows(connection: sa.Connection) -> None:
         sa.Column("created_at", sa.String(40), nullable=False),
         sa.Column("sealed_at", sa.String(40), nullable=True),
     )
-    now = connection.execute(
-        sa.text("SELECT COALESCE(max(at), '') FROM dp_history")
-    ).scalar_one()
+    now = connection.execute(sa.text("SELECT COALESCE(max(at), '') FROM dp_history")).scalar_one()
     connection.execute(
         sa.text(
             'INSERT INTO dp_windows (tenant, query_type, "window", created_at) '

@@ -1,0 +1,120 @@
+"""Checkpoints: the chain heads of a verified ledger, kept where its database cannot reach.
+
+Whoever can write the ledger database can delete its newest entries and move the chain
+heads back, and (without the chain key) recompute every link. A checkpoint records each
+chain's head at a verify that passed, outside the database: in a file, or in Airflow's
+own metadata database through the maintenance DAG. The next verify requires each
+checkpointed entry to be there, unchanged, so what was checkpointed can no longer be
+erased, truncated or rewritten unnoticed. A checkpoint carries a MAC under the chain
+key, so a forged checkpoint is refused too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dp_budget_provider.ledger import history
+from dp_budget_provider.ledger.errors import LedgerCorrupt
+
+FORMAT = "dp-budget-checkpoint/1"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Every chain head of one ledger at a verify that passed."""
+
+    ledger: str  # the ledger's identity: the link of its creation entry
+    at: str
+    entries: int
+    heads: tuple[tuple[int, int, str], ...]  # (chain, seq, link)
+    key_id: str | None
+
+    @classmethod
+    def of(
+        cls, ledger: str, at: str, entries: int, heads: Any, key: history.ChainKey
+    ) -> Checkpoint:
+        """A checkpoint of ``heads`` (chain, seq, link) made with ``key``."""
+        listed = tuple(sorted((int(c), int(s), str(h)) for c, s, h in heads))
+        return cls(ledger, at, int(entries), listed, key.key_id)
+
+    def _body(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "ledger": self.ledger,
+            "at": self.at,
+            "entries": self.entries,
+            "heads": [list(head) for head in self.heads],
+            "key_id": self.key_id,
+        }
+
+    def to_json(self, key: history.ChainKey) -> str:
+        """One line of JSON, sealed with a MAC under ``key`` (sha256 when unkeyed)."""
+        body = self._body()
+        return history.canonical_json({**body, "mac": key.digest(history.canonical_json(body))})
+
+    @classmethod
+    def from_json(cls, text: str, key: history.ChainKey) -> Checkpoint:
+        """Read a checkpoint, refusing one that ``key`` did not seal (forged or edited)."""
+        try:
+            record = json.loads(text)
+            mac = record.pop("mac")
+            if record.get("format") != FORMAT:
+                raise ValueError(f"format {record.get('format')!r}")
+            checkpoint = cls(
+                ledger=record["ledger"],
+                at=record["at"],
+                entries=int(record["entries"]),
+                heads=tuple((int(c), int(s), str(h)) for c, s, h in record["heads"]),
+                key_id=record["key_id"],
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise LedgerCorrupt(f"checkpoint is unreadable ({error})") from error
+        if checkpoint.key_id != key.key_id:
+            raise LedgerCorrupt(
+                f"checkpoint was sealed with chain key id {checkpoint.key_id!r}, not the "
+                f"ledger's {key.key_id!r}"
+            )
+        expected = key.digest(history.canonical_json(checkpoint._body()))
+        if not isinstance(mac, str) or mac != expected:
+            raise LedgerCorrupt("checkpoint's MAC does not match: it was forged or edited")
+        return checkpoint
+
+    def marks(self) -> dict[int, tuple[int, str]]:
+        """seq -> (chain, link) of each entry the history must still hold."""
+        return history.marks(self.heads)
+
+
+class CheckpointFile:
+    """Checkpoints appended to a file, one JSON line each; the last line is the latest.
+
+    The file is created readable by its owner only and each line is flushed to disk
+    before ``append`` returns. Keep it where the ledger database's users cannot write.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path).expanduser().resolve()
+
+    def append(self, checkpoint: Checkpoint, key: history.ChainKey) -> None:
+        """Record ``checkpoint`` as the latest."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        line = checkpoint.to_json(key) + "\n"
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(descriptor, "a", encoding="utf-8") as handle:
+            handle.write(line)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def last(self, key: history.ChainKey) -> Checkpoint | None:
+        """The latest checkpoint, None if the file does not exist or holds none."""
+        if not self.path.exists():
+            return None
+        last_line = ""
+        with self.path.open(encoding="utf-8") as handle:
+            for line in handle:
+                if line.strip():
+                    last_line = line
+        return Checkpoint.from_json(last_line, key) if last_line else None

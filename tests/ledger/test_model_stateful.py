@@ -1,0 +1,838 @@
+"""The ledger against an independent model: random sequences of the public API (SQLite and PG).
+
+A hypothesis ``RuleBasedStateMachine`` drives reserve, commit, release, reap, spend,
+correct, rescope, reset, reset_closed, windows_for and set_policy, with a clock it moves
+forward (``ledger._now``), over 2 tenants x 3 subjects x 2 query types in ISO weeks. The
+model decides every outcome from the documented rules alone (its own ISO-week arithmetic,
+its own policy lookup, an ``RDPAccountant`` per key fed the same mechanisms) and after
+every step the ledger must agree with it: every live account, every refusal, every new
+history entry. The invariant that matters: no key's reserve-granted lifetime spend ever
+passes the cap in force when it was last granted, although resets drop accounts and
+rescopes move spend (resets never refund: a reset window is sealed for good).
+
+Each example runs on a fresh database: a copy of the one the ``ledger_url`` fixture gave
+(a SQLite file, or a PostgreSQL database cloned from it as a template).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from sqlalchemy.engine import make_url
+
+from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism, RDPAccountant
+from dp_budget_provider.ledger import (
+    ANY,
+    BudgetCap,
+    BudgetExhausted,
+    LedgerError,
+    LedgerKey,
+    Policy,
+    PrivacyBudgetLedger,
+    Reservation,
+    ReservationStateError,
+    WindowCalendar,
+    WindowSealed,
+    key_for,
+)
+from dp_budget_provider.ledger import ledger as ledger_module
+from tests.scratch_postgres import scratch_database
+
+UTC = timezone.utc
+DELTA = 1e-5
+CAP = 3.0
+DEFAULT_GRACE = timedelta(days=3)
+START = datetime(2026, 11, 2, 12, tzinfo=UTC)  # a Monday noon: 2026-w45
+TENANTS = ("acme", "globex")
+SUBJECTS = ("alice", "bob", "carol")
+QUERY_TYPES = ("heatmap", "trajectory")
+# Gaussian(1.5) alone is eps ~2.75 of the 3.0 cap: caps are hit within a few releases.
+# The Laplace release takes the non-Gaussian paths (residual curve, no analytic bound).
+MECHANISMS = (
+    GaussianMechanism(1.5),
+    GaussianMechanism(3.0),
+    GaussianMechanism(6.0),
+    LaplaceMechanism(1.0),
+)
+REL = 1e-9  # float tolerance of epsilon comparisons (the ledger sums in another order)
+VERIFY_EVERY = 10  # steps between two full ledger.verify() runs (and at teardown)
+
+SETTINGS = settings(
+    max_examples=15,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+OPEN, COMMITTED, RELEASED, REAPED = "open", "committed", "released", "reaped"
+OUTCOMES: Counter = Counter()  # what the runs reached, per rule outcome
+
+
+def event(outcome: str) -> None:
+    OUTCOMES[outcome] += 1
+
+
+# ---------------------------------------------------------------- the model's own arithmetic
+
+
+def iso_week_label(moment: datetime) -> str:
+    year, week, _ = moment.astimezone(UTC).isocalendar()
+    return f"{year:04d}-w{week:02d}"
+
+
+def iso_weeks_overlapping(start: datetime, end: datetime) -> list[str]:
+    """ISO weeks overlapping [start, end); the week of ``start`` when the interval is empty."""
+    day = start.astimezone(UTC).date()
+    monday = datetime.combine(day - timedelta(days=day.weekday()), datetime.min.time(), UTC)
+    labels = [iso_week_label(monday)]
+    monday += timedelta(days=7)
+    while monday < end:
+        labels.append(iso_week_label(monday))
+        monday += timedelta(days=7)
+    return labels
+
+
+def iso_week_end(label: str) -> datetime:
+    year, week = label.split("-w")
+    monday = date.fromisocalendar(int(year), int(week), 1)
+    return datetime.combine(monday, datetime.min.time(), UTC) + timedelta(days=7)
+
+
+def close_to(a: float, b: float) -> bool:
+    return abs(a - b) <= REL * max(1.0, abs(a), abs(b))
+
+
+class Clock:
+    """The ledger's clock in these tests (``ledger._now`` is patched to read it)."""
+
+    def __init__(self) -> None:
+        self.moment = START
+
+    def now(self) -> datetime:
+        return self.moment
+
+
+class Composer:
+    """Epsilon of a multiset of (mechanism, count) releases: an RDPAccountant, cached."""
+
+    def __init__(self, orders, delta: float) -> None:
+        self._orders, self._delta = orders, delta
+        self._cache: dict[frozenset, float] = {}
+
+    def epsilon(self, *spends: Counter) -> float:
+        total: Counter = Counter()
+        for spend in spends:
+            total.update(spend)
+        signature = frozenset(total.items())
+        if signature not in self._cache:
+            if not total:
+                self._cache[signature] = 0.0
+            else:
+                accountant = RDPAccountant(self._orders)
+                accountant.compose_many(list(total.items()))
+                self._cache[signature] = accountant.get_epsilon(self._delta)[0]
+        return self._cache[signature]
+
+
+@dataclasses.dataclass
+class ModelAccount:
+    spend: Counter = dataclasses.field(default_factory=Counter)  # live committed releases
+    releases: int = 0
+    rescoped_to: str | None = None
+
+
+@dataclasses.dataclass
+class ModelReservation:
+    handle: Reservation
+    keys: frozenset[LedgerKey]
+    mechanism: object
+    count: int
+    attempt: str
+    created: datetime
+    state: str = OPEN
+
+
+class CopiesOf:
+    """Fresh databases, each a copy of the closed, migrated ledger at ``template_url``: a
+    copied SQLite file, or a PostgreSQL database made with it as its template.
+
+    PostgreSQL's CREATE and DROP DATABASE take about half a second each here (fsync, a
+    checkpoint), so one worker thread makes the next example's database while the current
+    example runs and drops the used ones: the test waits on them only when it outruns them.
+    """
+
+    def __init__(self, template_url: str) -> None:
+        self._url = make_url(template_url)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scratch-db")
+        self._ahead: Future | None = None
+        self._drops: list[Future] = []
+
+    def _clone(self) -> tuple[contextlib.AbstractContextManager, str]:
+        database = scratch_database("dpb_model", f'TEMPLATE "{self._url.database}"')
+        _, url = database.__enter__()
+        return database, url
+
+    @contextlib.contextmanager
+    def fresh(self) -> Iterator[str]:
+        if self._url.get_backend_name() == "sqlite":
+            source = Path(self._url.database)
+            target = source.with_name(f"example-{uuid.uuid4().hex[:12]}.db")
+            shutil.copyfile(source, target)
+            try:
+                yield f"sqlite:///{target}"
+            finally:
+                target.unlink(missing_ok=True)
+            return
+        ready = self._ahead or self._worker.submit(self._clone)
+        self._ahead = self._worker.submit(self._clone)
+        database, url = ready.result()
+        try:
+            yield url
+        finally:
+            self._drops.append(self._worker.submit(database.__exit__, None, None, None))
+
+    def close(self) -> None:
+        """Drop every database made (waiting for it), raising the first failure."""
+        if self._ahead is not None:
+            with contextlib.suppress(Exception):  # a failed clone raised where it was used
+                database, _ = self._ahead.result()
+                self._drops.append(self._worker.submit(database.__exit__, None, None, None))
+        self._worker.shutdown(wait=True)
+        for drop in self._drops:
+            drop.result()
+
+
+# ---------------------------------------------------------------- the state machine
+
+
+def ledger_machine(
+    clock: Clock, fresh_database: Callable[[], contextlib.AbstractContextManager[str]]
+) -> type[RuleBasedStateMachine]:
+    """A state machine class whose every example opens a ledger on a fresh database."""
+
+    class LedgerAgainstModel(RuleBasedStateMachine):
+        reservations = Bundle("reservations")
+
+        def __init__(self) -> None:
+            super().__init__()
+            clock.moment = START
+            self.database = contextlib.ExitStack()
+            url = self.database.enter_context(fresh_database())
+            try:
+                self.ledger = PrivacyBudgetLedger(BudgetCap(CAP, DELTA), url=url)
+            except BaseException:
+                self.database.close()
+                raise
+            self.composer = Composer(self.ledger.orders, self.ledger.delta)
+            self.policies: dict[tuple[str, str], tuple[float, timedelta]] = {
+                (ANY, ANY): (CAP, DEFAULT_GRACE)
+            }
+            self.windows: dict[tuple[str, str, str], bool] = {}  # (tenant, qt, label): sealed
+            self.accounts: dict[LedgerKey, ModelAccount] = {}
+            self.lifetime: dict[LedgerKey, Counter] = {}  # everything ever charged, kept
+            self.granted: dict[LedgerKey, Counter] = {}  # charged through reserve only
+            self.grant_cap: dict[LedgerKey, float] = {}  # the cap when last granted
+            self.exempt: set[LedgerKey] = set()  # charged by a correction or a rescope
+            self.reserved: dict[str, ModelReservation] = {}
+            self.granted_attempts: set[str] = set()
+            self.refused_attempts: list[str] = []
+            self.attempts = 0
+            self.expected: list[tuple[str, str | None]] = []  # history entries due
+            self.seen_reserves: dict[str, str] = {}  # reservation id -> attempt, from history
+            self.seq = max((e["seq"] for e in self.ledger.history()), default=0)
+            self.touched: set[LedgerKey] = set()
+            self.steps = 0
+            self.open_changed = False
+            event("example")
+
+        def teardown(self) -> None:
+            try:
+                if hasattr(self, "ledger"):
+                    report = self.ledger.verify()
+                    assert report.ok, report.problems
+                    reserves = {
+                        e["reservation_id"]
+                        for e in self.ledger.history()
+                        if e["action"] == "reserve"
+                    }
+                    assert reserves == set(self.reserved)
+            finally:
+                if hasattr(self, "ledger"):
+                    self.ledger.close()
+                    self.database.close()
+
+        # ------------------------------------------------------------ model helpers
+
+        def cap_and_grace(self, tenant: str, query_type: str) -> tuple[float, timedelta]:
+            for scope in ((tenant, query_type), (tenant, ANY), (ANY, query_type), (ANY, ANY)):
+                if scope in self.policies:
+                    return self.policies[scope]
+            raise AssertionError("the default policy is always there")
+
+        def open_on(self, key: LedgerKey) -> list[ModelReservation]:
+            return [r for r in self.reserved.values() if r.state == OPEN and key in r.keys]
+
+        def live(self, key: LedgerKey) -> float:
+            account = self.accounts.get(key)
+            return 0.0 if account is None else self.composer.epsilon(account.spend)
+
+        def blocked(self, key: LedgerKey) -> bool:
+            """A key nothing may be charged to: sealed window, or re-scoped away."""
+            if self.windows.get((key.tenant, key.query_type, key.window), False):
+                return True
+            account = self.accounts.get(key)
+            return account is not None and account.rescoped_to is not None
+
+        def touch(self, key: LedgerKey) -> ModelAccount:
+            """What every successful charging write does: window row and account exist."""
+            self.windows.setdefault((key.tenant, key.query_type, key.window), False)
+            self.touched.add(key)
+            return self.accounts.setdefault(key, ModelAccount())
+
+        def charge(self, key: LedgerKey, mechanism: object, count: int, granted: bool) -> None:
+            account = self.touch(key)
+            account.spend[mechanism] += count
+            account.releases += count
+            self.lifetime.setdefault(key, Counter())[mechanism] += count
+            if granted:
+                self.granted.setdefault(key, Counter())[mechanism] += count
+
+        def close(self, reservation: ModelReservation, state: str) -> None:
+            if state in (COMMITTED, REAPED):
+                for key in reservation.keys:
+                    self.charge(key, reservation.mechanism, reservation.count, granted=True)
+            reservation.state = state
+            self.open_changed = True
+            self.touched |= reservation.keys
+            self.expected.append(
+                ({COMMITTED: "commit", REAPED: "reap"}.get(state, "release"), reservation.handle.id)
+            )
+
+        def window_at(self, tenant: str, query_type: str, back_hours: int) -> str:
+            moment = clock.moment - timedelta(hours=back_hours)
+            label = iso_week_label(moment)
+            assert self.ledger.windows_for(tenant, query_type, moment) == [label]
+            return label
+
+        def new_attempt(self) -> str:
+            self.attempts += 1
+            return f"model/dag/task/run/-1/1/{self.attempts}"
+
+        def labels(self) -> list[str]:
+            return sorted(
+                {label for (_, _, label) in self.windows} | {iso_week_label(clock.moment)}
+            )
+
+        # ------------------------------------------------------------ reserve and spend
+
+        def live_spend(self, key: LedgerKey) -> Counter:
+            account = self.accounts.get(key)
+            return Counter() if account is None else account.spend
+
+        def prospective(self, key: LedgerKey, mechanism, count: int) -> float:
+            """eps of committed + every open reservation + this release, by the model."""
+            held = [Counter({r.mechanism: r.count}) for r in self.open_on(key)]
+            return self.composer.epsilon(self.live_spend(key), *held, Counter({mechanism: count}))
+
+        def expected_reserve(self, keys, mechanism, count, attempt) -> set:
+            """The outcomes the rules allow: exception classes, or "granted"."""
+            if any(self.blocked(key) for key in keys):
+                return {WindowSealed}
+            outcomes = set()
+            for key in keys:
+                prospective = self.prospective(key, mechanism, count)
+                cap = self.cap_and_grace(key.tenant, key.query_type)[0]
+                if close_to(prospective, cap):
+                    outcomes.add(BudgetExhausted)  # a tie: either answer is sound
+                elif prospective > cap:
+                    return {BudgetExhausted}
+            outcomes.add(ReservationStateError if attempt in self.granted_attempts else "granted")
+            return outcomes
+
+        def granted_reservation(self, handle: Reservation, keys, mechanism, count, attempt):
+            model = ModelReservation(
+                handle, frozenset(keys), mechanism, count, attempt, clock.moment
+            )
+            self.reserved[handle.id] = model
+            self.granted_attempts.add(attempt)
+            if attempt in self.refused_attempts:
+                self.refused_attempts.remove(attempt)
+            for key in keys:
+                self.touch(key)
+                self.grant_cap[key] = self.cap_and_grace(key.tenant, key.query_type)[0]
+            self.expected.append(("reserve", handle.id))
+            self.open_changed = True
+            return model
+
+        def refused(self, what: str, error: Exception, allowed: set, keys, attempt) -> None:
+            assert type(error) in allowed, (error, allowed)
+            event(f"{what}: {type(error).__name__}")
+            if attempt not in self.granted_attempts and attempt not in self.refused_attempts:
+                self.refused_attempts.append(attempt)
+            self.touched |= set(keys)
+
+        def do_reserve(self, keys: list[LedgerKey], mechanism, count: int, attempt: str):
+            allowed = self.expected_reserve(keys, mechanism, count, attempt)
+            worst = max(self.prospective(key, mechanism, count) for key in keys)
+            try:
+                handle = self.ledger.reserve(keys, mechanism, count, attempt=attempt)
+            except (BudgetExhausted, WindowSealed, ReservationStateError) as error:
+                self.refused("reserve", error, allowed, keys, attempt)
+                return multiple()
+            assert "granted" in allowed, (allowed, keys, attempt)
+            event(f"reserve: granted on {min(len(keys), 3)} key(s)")
+            assert handle.keys == tuple(sorted(keys))
+            assert handle.state == OPEN and handle.attempt_id == attempt
+            assert handle.count == count and handle.mechanism == mechanism
+            assert datetime.fromisoformat(handle.created_at) == clock.moment
+            assert close_to(handle.prospective_epsilon, worst), (handle, worst)
+            return multiple(self.granted_reservation(handle, keys, mechanism, count, attempt))
+
+        def pick_key(self, data, tenant, query_type, subject, back_hours) -> LedgerKey:
+            """A live account, any key charged before (re-scoped, or dropped by a reset), or
+            the key of a recent moment."""
+            source = data.draw(st.sampled_from(["live", "recent", "charged"]), label="source")
+            live = sorted(k for k, a in self.accounts.items() if a.rescoped_to is None)
+            charged = sorted(set(self.accounts) | set(self.lifetime))
+            if source == "live" and live:
+                return data.draw(st.sampled_from(live), label="live key")
+            if source == "charged" and charged:
+                return data.draw(st.sampled_from(charged), label="charged key")
+            window = self.window_at(tenant, query_type, back_hours)
+            return key_for(subject, query_type, window, tenant=tenant)
+
+        @rule(
+            target=reservations,
+            tenant=st.sampled_from(TENANTS),
+            query_type=st.sampled_from(QUERY_TYPES),
+            subjects=st.sets(st.sampled_from(SUBJECTS), min_size=1),
+            back_hours=st.integers(0, 7 * 24),
+            length_hours=st.integers(0, 10 * 24),
+            mechanism=st.sampled_from(MECHANISMS),
+            count=st.integers(1, 2),
+        )
+        def reserve(self, tenant, query_type, subjects, back_hours, length_hours, mechanism, count):
+            """A release over the data interval [start, end), end at or before the clock."""
+            end = clock.moment - timedelta(hours=back_hours)
+            start = end - timedelta(hours=length_hours)
+            windows = self.ledger.windows_for(tenant, query_type, start, end)
+            assert windows == iso_weeks_overlapping(start, end), (start, end, windows)
+            keys = [
+                key_for(subject, query_type, window, tenant=tenant)
+                for subject in sorted(subjects)
+                for window in windows
+            ]
+            return self.do_reserve(keys, mechanism, count, self.new_attempt())
+
+        @rule(
+            target=reservations,
+            data=st.data(),
+            attempt=st.sampled_from(["new", "used", "refused", "future"]),
+            tenant=st.sampled_from(TENANTS),
+            query_type=st.sampled_from(QUERY_TYPES),
+            subject=st.sampled_from(SUBJECTS),
+            back_hours=st.integers(0, 7 * 24),
+            mechanism=st.sampled_from(MECHANISMS),
+        )
+        def reserve_one(self, data, attempt, tenant, query_type, subject, back_hours, mechanism):
+            """One key; a new attempt id, one that reserved before (a deleted and re-created
+            run with the same id), one whose reservation was refused (it wrote nothing, so
+            the id is still unused), or a window that has not begun."""
+            if attempt == "future":
+                label = iso_week_label(clock.moment + timedelta(days=7 + back_hours % 21))
+                key = key_for(subject, query_type, label, tenant=tenant)
+                with pytest.raises(ValueError, match="has not begun"):
+                    self.ledger.reserve([key], mechanism, attempt=self.new_attempt())
+                event("reserve: not begun")
+                return multiple()
+            key = self.pick_key(data, tenant, query_type, subject, back_hours)
+            if attempt == "used" and self.granted_attempts:
+                attempt_id = data.draw(st.sampled_from(sorted(self.granted_attempts)))
+            elif attempt == "refused" and self.refused_attempts:
+                attempt_id = data.draw(st.sampled_from(self.refused_attempts))
+            else:
+                attempt_id = self.new_attempt()
+            return self.do_reserve([key], mechanism, 1, attempt_id)
+
+        @rule(
+            data=st.data(),
+            tenant=st.sampled_from(TENANTS),
+            query_type=st.sampled_from(QUERY_TYPES),
+            subject=st.sampled_from(SUBJECTS),
+            back_hours=st.integers(0, 7 * 24),
+            mechanism=st.sampled_from(MECHANISMS),
+        )
+        def spend(self, data, tenant, query_type, subject, back_hours, mechanism):
+            """Reserve and commit in one call."""
+            key = self.pick_key(data, tenant, query_type, subject, back_hours)
+            attempt = self.new_attempt()
+            allowed = self.expected_reserve([key], mechanism, 1, attempt)
+            try:
+                receipt = self.ledger.spend(key, mechanism, attempt=attempt)
+            except (BudgetExhausted, WindowSealed) as error:
+                self.refused("spend", error, allowed, [key], attempt)
+                return
+            assert "granted" in allowed, allowed
+            event("spend: granted")
+            reserved = [
+                e["reservation_id"]
+                for e in self.ledger.history(after_seq=self.seq)
+                if e["action"] == "reserve" and e["payload"]["attempt_id"] == attempt
+            ]
+            assert len(reserved) == 1, reserved
+            handle = Reservation(reserved[0], attempt, (key,), mechanism, 1, OPEN, 0.0, "")
+            model = self.granted_reservation(handle, [key], mechanism, 1, attempt)
+            self.close(model, COMMITTED)
+            assert receipt.key == key and close_to(receipt.epsilon, self.live(key))
+
+        # ------------------------------------------------------------ closing reservations
+
+        def do_commit(self, reservation: ModelReservation) -> None:
+            event(f"commit: {reservation.state}")
+            if reservation.state == RELEASED:
+                with pytest.raises(ReservationStateError, match="cannot be committed"):
+                    self.ledger.commit(reservation.handle)
+                return
+            receipts = self.ledger.commit(reservation.handle)
+            if reservation.state == OPEN:
+                self.close(reservation, COMMITTED)
+            assert [r.key for r in receipts] == sorted(reservation.keys)
+            for receipt in receipts:  # a second commit reads back, whatever happened since
+                assert close_to(receipt.epsilon, self.live(receipt.key)), receipt
+
+        def do_release(self, reservation: ModelReservation) -> None:
+            event(f"release: {reservation.state}")
+            if reservation.state in (COMMITTED, REAPED):
+                with pytest.raises(ReservationStateError, match="cannot be released"):
+                    self.ledger.release(reservation.handle, reason="never ran")
+                return
+            self.ledger.release(reservation.handle, reason="never ran")
+            if reservation.state == OPEN:
+                self.close(reservation, RELEASED)
+
+        @rule(reservation=reservations)
+        def commit(self, reservation: ModelReservation):
+            self.do_commit(reservation)
+
+        @rule(reservation=reservations)
+        def release(self, reservation: ModelReservation):
+            self.do_release(reservation)
+
+        @precondition(lambda self: any(r.state == OPEN for r in self.reserved.values()))
+        @rule(data=st.data(), charge=st.booleans())
+        def finish_an_open_reservation(self, data, charge: bool):
+            reservation = data.draw(
+                st.sampled_from([r for r in self.reserved.values() if r.state == OPEN])
+            )
+            (self.do_commit if charge else self.do_release)(reservation)
+
+        @rule(reservation=reservations, read_back=st.booleans())
+        def close_without_the_token(self, reservation: ModelReservation, read_back: bool):
+            """Ids are public; only the reserving attempt's token commits or releases."""
+            handle = dataclasses.replace(reservation.handle, token="not-the-token")
+            if read_back:
+                listed = {r.id: r for r in self.ledger.open_reservations()}
+                if reservation.handle.id not in listed:
+                    assert reservation.state != OPEN
+                    return
+                handle = listed[reservation.handle.id]
+            for close in (self.ledger.commit, self.ledger.release):
+                with pytest.raises(ReservationStateError, match="only the attempt"):
+                    close(handle)
+
+        @rule(older_than_hours=st.sampled_from([0, 1, 24, 72, 168]), pass_now=st.booleans())
+        def reap(self, older_than_hours: int, pass_now: bool):
+            older_than = timedelta(hours=older_than_hours)
+            due = [
+                r
+                for r in self.reserved.values()
+                if r.state == OPEN and r.created <= clock.moment - older_than
+            ]
+            reaped = self.ledger.reap(older_than, now=clock.moment if pass_now else None)
+            event(f"reap: {'some' if due else 'none'}")
+            assert sorted(reaped) == sorted(r.handle.id for r in due)
+            for reservation in sorted(due, key=lambda r: r.created):
+                self.close(reservation, REAPED)
+
+        # ------------------------------------------------------------ corrections, rescopes
+
+        @rule(
+            data=st.data(),
+            tenant=st.sampled_from(TENANTS),
+            query_type=st.sampled_from(QUERY_TYPES),
+            subject=st.sampled_from(SUBJECTS),
+            back_hours=st.integers(0, 7 * 24),
+            mechanism=st.sampled_from(MECHANISMS),
+            count=st.integers(1, 2),
+        )
+        def correct(self, data, tenant, query_type, subject, back_hours, mechanism, count):
+            """A missed release is charged, cap or no cap; never to a sealed key."""
+            key = self.pick_key(data, tenant, query_type, subject, back_hours)
+            self.touched.add(key)
+            if self.blocked(key):
+                event("correct: sealed")
+                with pytest.raises(WindowSealed):
+                    self.ledger.correct(key, mechanism, count, reason="missed release")
+                return
+            receipt = self.ledger.correct(key, mechanism, count, reason="missed release")
+            event("correct: charged")
+            self.charge(key, mechanism, count, granted=False)
+            self.exempt.add(key)
+            self.expected.append(("correction", None))
+            assert close_to(receipt.epsilon, self.live(key)), receipt
+
+        @rule(
+            data=st.data(),
+            tenant=st.sampled_from(TENANTS),
+            query_type=st.sampled_from(QUERY_TYPES),
+            subject=st.sampled_from(SUBJECTS),
+            back_hours=st.integers(0, 7 * 24),
+        )
+        def rescope(self, data, tenant, query_type, subject, back_hours):
+            old = self.pick_key(data, tenant, query_type, subject, back_hours)
+            new_type = next(qt for qt in QUERY_TYPES if qt != old.query_type)
+            new = key_for(old.subject, new_type, old.window, tenant=old.tenant)
+            self.touched |= {old, new}
+            if self.blocked(old) or self.blocked(new):
+                event("rescope: sealed")
+                with pytest.raises(WindowSealed):
+                    self.ledger.rescope(old, new, reason="re-scored")
+                return
+            if self.open_on(old):
+                event("rescope: open reservations")
+                with pytest.raises(LedgerError, match="open reservations") as raised:
+                    self.ledger.rescope(old, new, reason="re-scored")
+                assert type(raised.value) is LedgerError
+                return
+            receipt = self.ledger.rescope(old, new, reason="re-scored")
+            moved, target = self.touch(old), self.touch(new)
+            event(f"rescope: moved {'some' if moved.spend else 'no'} spend")
+            target.spend.update(moved.spend)  # the old row keeps its own: it is frozen
+            target.releases += moved.releases
+            self.lifetime.setdefault(new, Counter()).update(moved.spend)
+            moved.rescoped_to = new_type
+            self.exempt.add(new)
+            self.expected.append(("rescope", None))
+            assert receipt.key == new and close_to(receipt.epsilon, self.live(new)), receipt
+
+        # ------------------------------------------------------------ windows and policies
+
+        @rule(hours=st.integers(0, 10 * 24))
+        def advance_clock(self, hours: int):
+            clock.moment += timedelta(hours=hours)
+
+        def reset_plan(self, label: str):
+            """("noop"|"grace"|"busy"|"reset", scopes, accounts) for reset(label) now."""
+            scopes = sorted(
+                (tenant, qt)
+                for (tenant, qt, w), sealed in self.windows.items()
+                if w == label and not sealed
+            )
+            if not scopes:
+                return "noop", scopes, []
+            for tenant, qt in scopes:
+                grace = self.cap_and_grace(tenant, qt)[1]
+                if clock.moment - grace < iso_week_end(label):
+                    return "grace", scopes, []
+            dropped = [
+                k for k in self.accounts if k.window == label and (k.tenant, k.query_type) in scopes
+            ]
+            if any(self.open_on(key) for key in dropped):
+                return "busy", scopes, dropped
+            return "reset", scopes, dropped
+
+        def apply_reset(self, label: str, scopes, dropped) -> None:
+            for tenant, qt in scopes:
+                self.windows[(tenant, qt, label)] = True
+            for key in dropped:
+                del self.accounts[key]  # the lifetime spend stays: a reset never refunds
+            self.touched |= set(dropped)
+            self.expected.append(("reset", None))
+
+        @rule(data=st.data(), every_closed_window=st.booleans())
+        def reset(self, data, every_closed_window: bool):
+            if every_closed_window:
+                self.reset_closed()
+                return
+            label = data.draw(st.sampled_from(self.labels()), label="window")
+            plan, scopes, dropped = self.reset_plan(label)
+            event(f"reset: {plan}")
+            if plan in ("grace", "busy"):
+                match = "grace period" if plan == "grace" else "open reservations"
+                with pytest.raises(LedgerError, match=match) as raised:
+                    self.ledger.reset(label)
+                assert type(raised.value) is LedgerError
+                return
+            assert self.ledger.reset(label) == len(dropped)
+            if plan == "reset":
+                self.apply_reset(label, scopes, dropped)
+
+        def reset_closed(self) -> None:
+            """Every window past its grace, in label order; one with open reservations
+            stops the run there (those before it stay reset)."""
+            labels = sorted({w for (_, _, w), sealed in self.windows.items() if not sealed})
+            expected = {}
+            for label in labels:
+                plan, scopes, dropped = self.reset_plan(label)
+                if plan == "grace":
+                    continue
+                if plan == "busy":
+                    event("reset_closed: open reservations")
+                    with pytest.raises(LedgerError, match="open reservations"):
+                        self.ledger.reset_closed()
+                    return
+                expected[label] = len(dropped)
+                self.apply_reset(label, scopes, dropped)
+            event(f"reset_closed: {min(len(expected), 2)} window(s)")
+            assert self.ledger.reset_closed() == expected
+
+        @rule(
+            data=st.data(),
+            tenant=st.sampled_from((ANY, *TENANTS)),
+            query_type=st.sampled_from((ANY, *QUERY_TYPES)),
+            cap=st.sampled_from([3.0, 2.0, 4.0]),
+            grace_days=st.sampled_from([3, 0, 1, 10]),
+            other_calendar=st.booleans(),
+        )
+        def set_policy(self, data, tenant, query_type, cap, grace_days, other_calendar):
+            """New caps and grace periods for any scope; a charged scope keeps its calendar."""
+            grace = timedelta(days=grace_days)
+            if other_calendar and self.windows:
+                tenant, query_type = data.draw(
+                    st.sampled_from(sorted({(t, qt) for (t, qt, _) in self.windows})),
+                    label="a charged scope",
+                )
+                policy = Policy(
+                    cap, tenant=tenant, query_type=query_type, calendar=WindowCalendar("day")
+                )
+                with pytest.raises(LedgerError, match="second set of windows"):
+                    self.ledger.set_policy(policy)
+                return
+            self.ledger.set_policy(Policy(cap, tenant=tenant, query_type=query_type, grace=grace))
+            self.policies[(tenant, query_type)] = (cap, grace)
+            self.expected.append(("policy", None))
+
+        # ------------------------------------------------------------ invariants
+
+        @invariant()
+        def agrees_with_the_model(self):
+            """After every step: the ledger holds what the model says, and wrote nothing
+            else; no granted spend ever passes its cap."""
+            self.steps += 1
+            self.check_accounts()
+            self.check_history()
+            self.check_touched_keys()
+            if self.open_changed or self.steps % 3 == 0:
+                self.check_open_reservations()
+            self.check_caps()
+            if self.steps % VERIFY_EVERY == 0:
+                report = self.ledger.verify()
+                assert report.ok, report.problems
+
+        def check_accounts(self) -> None:
+            """Every live account, and no other: spend, open count, releases, mark, cap."""
+            listed = {status.key: status for status in self.ledger.accounts()}
+            assert set(listed) == set(self.accounts), sorted(
+                map(str, set(listed) ^ set(self.accounts))
+            )
+            for key, status in listed.items():
+                model = self.accounts[key]
+                cap = self.cap_and_grace(key.tenant, key.query_type)[0]
+                assert close_to(status.epsilon, self.live(key)), (key, status, model)
+                assert status.open_reservations == len(self.open_on(key)), (key, status)
+                assert status.releases == model.releases, (key, status, model)
+                assert status.rescoped_to == model.rescoped_to, (key, status)
+                assert status.cap_epsilon == cap, (key, status)
+
+        def check_history(self) -> None:
+            """The entries written since the last step are exactly those the model expects
+            (a refused call writes none); every granted reservation has its reserve entry."""
+            entries = self.ledger.history(after_seq=self.seq)
+            found = [(e["action"], e["reservation_id"]) for e in entries]
+            expected, self.expected = self.expected, []
+            if all(action == "reap" for action, _ in expected):
+                found, expected = sorted(found), sorted(expected)  # reaped in created order
+            assert found == expected, (found, expected)
+            for entry in entries:
+                if entry["action"] == "reserve":
+                    attempt = self.reserved[entry["reservation_id"]].attempt
+                    assert entry["payload"]["attempt_id"] == attempt
+                    self.seen_reserves[entry["reservation_id"]] = attempt
+            if entries:
+                self.seq = entries[-1]["seq"]
+            assert self.seen_reserves == {i: r.attempt for i, r in self.reserved.items()}
+
+        def check_touched_keys(self) -> None:
+            """epsilon_of (0 once reset) and the prospective eps of a few keys this step
+            touched: at most 4 (accounts() already compared every live account)."""
+            keys = sorted(self.touched)
+            self.touched = set()
+            if len(keys) > 4:
+                offset = self.steps % len(keys)
+                keys = (keys[offset:] + keys[:offset])[:4]
+            for key in keys:
+                assert close_to(self.ledger.epsilon_of(key), self.live(key)), key
+            for key in keys:
+                if key in self.accounts and self.open_on(key):
+                    probe = MECHANISMS[2]
+                    expected = self.prospective(key, probe, 1)
+                    assert close_to(self.ledger.prospective_epsilon(key, probe), expected), key
+                    break
+
+        def check_open_reservations(self) -> None:
+            self.open_changed = False
+            listed = {r.id: r for r in self.ledger.open_reservations()}
+            assert set(listed) == {i for i, r in self.reserved.items() if r.state == OPEN}
+            for rid, listed_reservation in listed.items():
+                assert set(listed_reservation.keys) == self.reserved[rid].keys
+
+        def check_caps(self) -> None:
+            """Lifetime spend counts what resets dropped; only corrections and rescopes may
+            take a key past the cap, and never its reserve-granted part."""
+            for key, granted in self.granted.items():
+                cap = self.grant_cap[key]
+                epsilon = self.composer.epsilon(granted)
+                assert epsilon <= cap or close_to(epsilon, cap), (key, epsilon, cap)
+            past = False
+            for key, lifetime in self.lifetime.items():
+                cap = self.cap_and_grace(key.tenant, key.query_type)[0]
+                past = past or self.composer.epsilon(lifetime) > cap
+                if key not in self.exempt:
+                    assert lifetime == self.granted.get(key, Counter()), key
+                if key in self.accounts:  # the live account never holds more than was charged
+                    assert not (self.accounts[key].spend - lifetime), key
+            if past:
+                event("step with a corrected or rescoped key past its cap")
+
+    return LedgerAgainstModel
+
+
+def test_the_ledger_agrees_with_an_independent_model(ledger_url, monkeypatch):
+    PrivacyBudgetLedger(BudgetCap(CAP, DELTA), url=ledger_url).close()  # the template
+    clock = Clock()
+    monkeypatch.setattr(ledger_module, "_now", clock.now)
+    copies = CopiesOf(ledger_url)
+    try:
+        run_state_machine_as_test(ledger_machine(clock, copies.fresh), settings=SETTINGS)
+    finally:
+        copies.close()
