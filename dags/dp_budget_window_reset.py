@@ -1,9 +1,13 @@
 """dp_budget_window_reset: the ledger's maintenance DAG.
 
 Reaps reservations abandoned by dead workers (charging them: they may have touched the
-data), drops the accounts of budget windows that have closed (never an open one, never
-the history), and verifies the history's hash chain. Idempotent: running it twice in a
-row changes nothing the second time.
+data), seals budget windows past their grace period and drops their accounts (never an
+open one, never the history), then verifies the ledger against its last checkpoint and,
+if it passes, checkpoints its chain heads outside the ledger database (the Airflow
+Variable ``dp_budget_checkpoint.<conn id>``, or ``[dp_budget] checkpoint_path``). A
+failed verify quarantines the ledger: no release runs until an operator clears it with
+``dp-budget quarantine clear --reason ...``. Running it twice in a row changes nothing
+but the checkpoint's time.
 """
 
 from __future__ import annotations
@@ -40,28 +44,29 @@ def dp_budget_window_reset() -> None:
         return DPBudgetHook(CONN_ID).get_ledger().reset_closed()
 
     @task
-    def verify_history() -> dict[str, Any]:
-        report = DPBudgetHook(CONN_ID).get_ledger().verify()
+    def verify_and_checkpoint() -> dict[str, Any]:
+        report = DPBudgetHook(CONN_ID).verify()
         if not report.ok:
             raise AirflowFailException(
-                "ledger history failed verification: " + "; ".join(report.problems)
+                f"ledger failed verification ({len(report.problems)} problem(s)) and is "
+                "quarantined: " + "; ".join(report.problems[:20])
             )
-        return {"entries": report.entries, "accounts": report.accounts}
+        return {"entries": report.entries, "accounts": report.accounts, "keyed": report.keyed}
 
     @task
     def log_summary(reaped: list[str], resets: dict[str, int], verified: dict[str, Any]) -> str:
         summary = (
             f"reaped {len(reaped)} abandoned reservation(s); reset {len(resets)} closed window(s) "
-            f"({sum(resets.values())} account(s)); history verified: "
-            f"{verified['entries']} entries, "
-            f"{verified['accounts']} live account(s)"
+            f"({sum(resets.values())} account(s)); ledger verified and checkpointed: "
+            f"{verified['entries']} entries, {verified['accounts']} live account(s), "
+            f"history {'keyed' if verified['keyed'] else 'NOT keyed'}"
         )
         print(summary)
         return summary
 
     reaped = reap_abandoned_reservations()
     resets = reset_closed_windows()
-    verified = verify_history()
+    verified = verify_and_checkpoint()
     reaped >> resets >> verified
     log_summary(reaped, resets, verified)
 

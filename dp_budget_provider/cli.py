@@ -1,8 +1,9 @@
 """``dp-budget``: create, inspect, audit and maintain a privacy budget ledger from a shell.
 
 The ledger database comes from ``--url`` or the ``DP_BUDGET_URL`` environment variable
-(``sqlite:////path/ledger.db`` or ``postgresql+psycopg2://user@host/db``). Every command
-goes through the same :mod:`dp_budget_provider.ledger` API the Airflow operators use, and
+(``sqlite:////path/ledger.db`` or ``postgresql+psycopg2://user@host/db``), its chain key
+(the secret its history is linked with) from ``DP_BUDGET_CHAIN_KEY``. Every command goes
+through the same :mod:`dp_budget_provider.ledger` API the Airflow operators use, and
 none imports Airflow.
 
 Exit codes: 0 success; 1 the ledger refused or failed (one ``dp-budget: error:`` line on
@@ -11,11 +12,13 @@ stderr), or ``verify`` found problems; 2 a usage error (bad arguments, no ledger
 Commands::
 
     dp-budget db upgrade
+    dp-budget db adopt-key
     dp-budget init --epsilon E --delta D [--warn-fraction F] [--conversion improved|classic]
     dp-budget status [--window W] [--tenant T] [--limit N] [--offset N] [--json]
     dp-budget show SUBJECT QUERY_TYPE WINDOW [--tenant T]
     dp-budget history [--limit N] [--after SEQ]
-    dp-budget verify
+    dp-budget verify [--checkpoint FILE]
+    dp-budget quarantine show | clear --reason TEXT
     dp-budget reset --window W | --closed
     dp-budget reap --older-than DURATION [--now ISO]
     dp-budget policy list
@@ -51,9 +54,11 @@ from dp_budget_provider.ledger import (
     PrivacyBudgetLedger,
     WindowCalendar,
     database,
+    history,
     key_for,
     report,
 )
+from dp_budget_provider.ledger.checkpoints import CheckpointFile
 from dp_budget_provider.ledger.keys import canonical_part
 from dp_budget_provider.ledger.policy import DEFAULT_GRACE, DEFAULT_MIN_WINDOW
 from dp_budget_provider.ledger.schema import LedgerConfig
@@ -141,8 +146,9 @@ def _refuse_missing_sqlite_file(url: str) -> None:
         )
 
 
-def open_ledger(url: str) -> PrivacyBudgetLedger:
-    """Open an existing ledger with the grid and conversion it was created with."""
+def open_ledger(url: str, *, keyed: bool = True) -> PrivacyBudgetLedger:
+    """Open an existing ledger with the grid and conversion it was created with, and the
+    chain key from the environment (``keyed=False``: without it)."""
     _refuse_missing_sqlite_file(url)
     engine = database.make_engine(url)
     try:
@@ -162,8 +168,15 @@ def open_ledger(url: str) -> PrivacyBudgetLedger:
     finally:
         engine.dispose()
     return PrivacyBudgetLedger(
-        url=url, orders=json.loads(config.orders), conversion=config.conversion
+        url=url,
+        orders=json.loads(config.orders),
+        conversion=config.conversion,
+        chain_key=_chain_key() if keyed else None,
     )
+
+
+def _chain_key() -> str | None:
+    return os.environ.get(history.CHAIN_KEY_ENV) or None
 
 
 @contextlib.contextmanager
@@ -264,7 +277,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     url = _url(args)
     cap = BudgetCap(args.epsilon, args.delta, args.warn_fraction)
     existed = _is_initialised(url)
-    ledger = PrivacyBudgetLedger(cap, url=url, conversion=args.conversion)
+    ledger = PrivacyBudgetLedger(cap, url=url, conversion=args.conversion, chain_key=_chain_key())
     try:
         verb = "exists already with this configuration" if existed else "created"
         print(
@@ -397,13 +410,21 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Check the hash chain, the reservations and the accounts against the history."""
+    """Prove the ledger's tables from its history; quarantine the ledger if they disagree."""
+    store = None if args.checkpoint is None else CheckpointFile(args.checkpoint)
     with _ledger(args) as ledger:
-        result = report.verification_record(ledger)
-    if result["ok"]:
+        result = report.verification_record(ledger, store)
+    if not result["keyed"]:
         print(
-            f"OK: {result['entries']} history entries, {result['accounts']} accounts; hash "
-            "chain, reservation key sets and account spends check out"
+            f"warning: the history is not keyed ({history.CHAIN_KEY_ENV} unset): whoever can "
+            "write the ledger database can rewrite it unnoticed after the last checkpoint",
+            file=sys.stderr,
+        )
+    if result["ok"]:
+        checkpointed = "" if store is None else f"; checkpointed in {store.path}"
+        print(
+            f"OK: {result['entries']} history entries, {result['accounts']} accounts; links, "
+            f"reservations, accounts, windows, policies and caps check out{checkpointed}"
         )
         return 0
     counted = (
@@ -411,9 +432,47 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if result["entries"] is not None
         else ""
     )
-    print(f"FAILED: {len(result['problems'])} problem(s){counted}")
+    print(f"FAILED: {len(result['problems'])} problem(s){counted}; the ledger is quarantined")
     _print([f"  {problem}" for problem in result["problems"]])
     return 1
+
+
+def cmd_quarantine_show(args: argparse.Namespace) -> int:
+    """Say whether releases are stopped, since when and why."""
+    with _ledger(args) as ledger:
+        status = ledger.quarantine_status()
+    if status is None:
+        print("not quarantined: releases run")
+        return 0
+    since, reason = status
+    print(f"QUARANTINED since {since}: {reason}")
+    print("no release runs until `dp-budget quarantine clear --reason TEXT`")
+    return 1
+
+
+def cmd_quarantine_clear(args: argparse.Namespace) -> int:
+    """Let releases run again (an audited entry naming you and the reason)."""
+    with _ledger(args) as ledger:
+        ledger.clear_quarantine(args.reason)
+        print(f"quarantine cleared by {ledger.actor}: {args.reason.strip()}")
+    return 0
+
+
+def cmd_db_adopt_key(args: argparse.Namespace) -> int:
+    """Key an unkeyed ledger's history with $DP_BUDGET_CHAIN_KEY from now on."""
+    key = _chain_key()
+    if key is None:
+        raise UsageError(f"set {history.CHAIN_KEY_ENV} to the new chain key first")
+    ledger = open_ledger(_url(args), keyed=False)
+    try:
+        ledger.adopt_chain_key(key)
+        print(
+            f"the history of {ledger.url} is keyed from now on: open it with "
+            f"{history.CHAIN_KEY_ENV} (and the Airflow connection's extra chain_key) everywhere"
+        )
+    finally:
+        ledger.close()
+    return 0
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
@@ -562,6 +621,12 @@ def build_parser() -> argparse.ArgumentParser:
     db = commands.add_parser("db", help="schema management")
     db_commands = db.add_subparsers(dest="db_command", required=True, metavar="COMMAND")
     command(db_commands, "upgrade", cmd_db_upgrade, "create or upgrade the ledger schema")
+    command(
+        db_commands,
+        "adopt-key",
+        cmd_db_adopt_key,
+        f"key an unkeyed ledger's history with ${history.CHAIN_KEY_ENV} from now on",
+    )
 
     init = command(commands, "init", cmd_init, "create a ledger with its default cap")
     init.add_argument("--epsilon", type=_number, required=True, help="default cap per account")
@@ -597,16 +662,41 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("window", metavar="WINDOW")
     show.add_argument("--tenant", default="default", help="default: 'default'")
 
-    history = command(commands, "history", cmd_history, "the audit history, one line per entry")
-    history.add_argument(
+    history_command = command(
+        commands, "history", cmd_history, "the audit history, one line per entry"
+    )
+    history_command.add_argument(
         "--limit",
         type=_count,
         default=DEFAULT_HISTORY_LIMIT,
         help=f"entries to show (default {DEFAULT_HISTORY_LIMIT}; 0 for all)",
     )
-    history.add_argument("--after", type=_count, default=0, metavar="SEQ", help="start after SEQ")
+    history_command.add_argument(
+        "--after", type=_count, default=0, metavar="SEQ", help="start after SEQ"
+    )
 
-    command(commands, "verify", cmd_verify, "check the hash chain and replay the history")
+    verify = command(
+        commands,
+        "verify",
+        cmd_verify,
+        "prove every table from the history (links, caps, seals); quarantine on failure",
+    )
+    verify.add_argument(
+        "--checkpoint",
+        metavar="FILE",
+        default=None,
+        help="verify against the last checkpoint in FILE and append one if the verify passes "
+        "(keep FILE away from the ledger database's users)",
+    )
+    quarantine = commands.add_parser("quarantine", help="releases stopped by a failed verify")
+    quarantine_commands = quarantine.add_subparsers(
+        dest="quarantine_command", required=True, metavar="COMMAND"
+    )
+    command(quarantine_commands, "show", cmd_quarantine_show, "since when and why (exit 1 if so)")
+    clear = command(
+        quarantine_commands, "clear", cmd_quarantine_clear, "let releases run again (audited)"
+    )
+    clear.add_argument("--reason", required=True, help="what was found and done (recorded)")
 
     reset = command(commands, "reset", cmd_reset, "drop the accounts of closed windows")
     which = reset.add_mutually_exclusive_group(required=True)

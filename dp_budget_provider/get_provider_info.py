@@ -71,7 +71,14 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "SQLAlchemy URL of the ledger database "
                         "(sqlite:///path or postgresql+psycopg2://...). Overrides host/schema.",
                         "schema": {"type": ["string", "null"]},
-                    }
+                    },
+                    "chain_key": {
+                        "label": "Chain key",
+                        "description": "Secret key (16+ bytes; 32 random ones recommended) the "
+                        "ledger's history is linked with (HMAC-SHA256). Keep it out of the "
+                        "ledger database: here (encrypted by Airflow) or in a secrets backend.",
+                        "schema": {"type": ["string", "null"]},
+                    },
                 },
                 "ui-field-behaviour": {
                     "hidden-fields": ["extra"],
@@ -135,6 +142,15 @@ def get_provider_info() -> dict[str, Any]:
                         "integer",
                         "86400",
                         "3600",
+                    ),
+                    "checkpoint_path": _option(
+                        "File the maintenance DAG appends the ledger's verified chain heads to "
+                        "(default: the Airflow Variable dp_budget_checkpoint.<conn id>, in "
+                        "Airflow's metadata database). Keep it out of the ledger database "
+                        "users' reach.",
+                        "string",
+                        None,
+                        "/var/lib/airflow/dp_budget_checkpoints.jsonl",
                     ),
                 },
             }

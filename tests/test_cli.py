@@ -34,11 +34,14 @@ DAVE = key_for("dave", "count", OPEN_WINDOW, tenant="acme")
 CLAUSE = "DPA 2026-04 s.3: at most eps 2 per customer per week"
 
 
-def run(*args, url=None, env_url=None):
-    """The CLI as a user runs it: a separate process, DP_BUDGET_URL only when asked."""
-    env = {k: v for k, v in os.environ.items() if k != "DP_BUDGET_URL"}
+def run(*args, url=None, env_url=None, chain_key=None):
+    """The CLI as a user runs it: a separate process, DP_BUDGET_URL and DP_BUDGET_CHAIN_KEY
+    only when asked."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DP_BUDGET_URL", "DP_BUDGET_CHAIN_KEY")}
     if env_url is not None:
         env["DP_BUDGET_URL"] = env_url
+    if chain_key is not None:
+        env["DP_BUDGET_CHAIN_KEY"] = chain_key
     command = [sys.executable, "-m", "dp_budget_provider.cli"]
     command += ["--url", url] if url else []
     return subprocess.run(
@@ -366,7 +369,7 @@ def test_verify_detects_a_history_row_edited_with_sql(seeded_any):
     result = run("verify", url=seeded_any)
     assert result.returncode == 1
     assert result.stdout.startswith("FAILED:")
-    assert "entry 3: content does not match its hash (entry edited)" in result.stdout
+    assert "entry 3: content does not match its hash (entry edited or forged)" in result.stdout
     assert "Traceback" not in result.stderr
 
 
@@ -378,8 +381,86 @@ def test_verify_that_cannot_complete_fails(seeded, capsys):
     engine.dispose()
     code, out, err = call(capsys, "--url", seeded, "verify")
     assert code == 1
-    assert "FAILED" in out and "verification could not complete" in out
+    assert "FAILED" in out and "stored spend is corrupt" in out and "quarantined" in out
     assert "Traceback" not in err
+
+
+CHAIN_KEY = "cli-test-chain-key-0123456789"
+
+
+def test_a_keyed_ledger_verifies_against_its_checkpoints_and_quarantines(tmp_path, ledger_url):
+    """verify --checkpoint appends a sealed checkpoint; a tail truncated below it is
+    caught, the ledger quarantined until an audited clear."""
+    assert (
+        run(
+            "init", "--epsilon", "3", "--delta", "1e-5", url=ledger_url, chain_key=CHAIN_KEY
+        ).returncode
+        == 0
+    )
+    ledger = PrivacyBudgetLedger(url=ledger_url, chain_key=CHAIN_KEY)
+    ledger.spend(ALICE, GaussianMechanism(4.0))
+    ledger.spend(BOB, GaussianMechanism(4.0))
+    ledger.close()
+    store = tmp_path / "checkpoints.jsonl"
+    ok = run("verify", "--checkpoint", str(store), url=ledger_url, chain_key=CHAIN_KEY)
+    assert ok.returncode == 0, ok.stderr
+    assert f"checkpointed in {store}" in ok.stdout and "not keyed" not in ok.stderr
+    assert len(store.read_text().splitlines()) == 1
+    without = run("status", url=ledger_url)
+    assert_one_line_error(without)
+    assert "open it with its chain key" in without.stderr
+    engine = sa.create_engine(ledger_url)  # drop the newest entry, move its head back
+    with engine.begin() as connection:
+        seq, chain = connection.execute(
+            sa.text("SELECT seq, chain FROM dp_history ORDER BY seq DESC LIMIT 1")
+        ).one()
+        prev = connection.execute(
+            sa.text(
+                "SELECT seq, hash FROM dp_history WHERE chain = :c AND seq < :s "
+                "ORDER BY seq DESC LIMIT 1"
+            ),
+            {"c": chain, "s": seq},
+        ).one()
+        connection.execute(sa.text("DELETE FROM dp_history WHERE seq = :s"), {"s": seq})
+        connection.execute(
+            sa.text("UPDATE dp_chain_head SET seq = :q, hash = :h WHERE id = :c"),
+            {"q": prev.seq, "h": prev.hash, "c": chain},
+        )
+    engine.dispose()
+    failed = run("verify", "--checkpoint", str(store), url=ledger_url, chain_key=CHAIN_KEY)
+    assert failed.returncode == 1
+    assert "history truncated" in failed.stdout and "quarantined" in failed.stdout
+    assert len(store.read_text().splitlines()) == 1  # a failed verify is not checkpointed
+    shown = run("quarantine", "show", url=ledger_url, chain_key=CHAIN_KEY)
+    assert shown.returncode == 1 and shown.stdout.startswith("QUARANTINED since")
+    assert run("quarantine", "clear", url=ledger_url, chain_key=CHAIN_KEY).returncode == 2
+    cleared = run(
+        "quarantine",
+        "clear",
+        "--reason",
+        "restored from backup; INC-7",
+        url=ledger_url,
+        chain_key=CHAIN_KEY,
+    )
+    assert cleared.returncode == 0, cleared.stderr
+    assert "restored from backup; INC-7" in cleared.stdout
+    assert run("quarantine", "show", url=ledger_url, chain_key=CHAIN_KEY).returncode == 0
+    history = run("history", url=ledger_url, chain_key=CHAIN_KEY).stdout
+    assert "quarantine" in history and "unquarantine" in history
+
+
+def test_db_adopt_key_keys_an_unkeyed_ledger(seeded):
+    unkeyed = run("verify", url=seeded)
+    assert unkeyed.returncode == 0 and "history is not keyed" in unkeyed.stderr
+    assert run("db", "adopt-key", url=seeded).returncode == 2  # no key in the environment
+    adopted = run("db", "adopt-key", url=seeded, chain_key=CHAIN_KEY)
+    assert adopted.returncode == 0, adopted.stderr
+    keyed = run("verify", url=seeded, chain_key=CHAIN_KEY)
+    assert keyed.returncode == 0, keyed.stdout
+    assert "not keyed" not in keyed.stderr
+    assert_one_line_error(run("verify", url=seeded))
+    again = run("db", "adopt-key", url=seeded, chain_key=CHAIN_KEY)
+    assert_one_line_error(again)
 
 
 # ---------------------------------------------------------------------- reset, reap

@@ -3,8 +3,14 @@
 Tasks have no metadata-database access in Airflow 3, so the ledger is its own
 database behind an Airflow connection (type ``dp_budget``). Its ``extra`` may carry
 ``{"url": "<SQLAlchemy URL>"}``; otherwise host/port/schema/login/password describe a
-PostgreSQL ledger. Without the default connection, the embedded SQLite ledger under
-``$AIRFLOW_HOME`` is used, said once in the log.
+PostgreSQL ledger. ``extra.chain_key`` (or ``$DP_BUDGET_CHAIN_KEY`` in the workers'
+environment) is the secret the history is linked with, kept out of the ledger database.
+Without the default connection, the embedded SQLite ledger under ``$AIRFLOW_HOME`` is
+used, said once in the log.
+
+Checkpoints of the verified chain heads go to ``[dp_budget] checkpoint_path`` if set,
+else to the Airflow Variable ``dp_budget_checkpoint.<conn id>``: Airflow's own metadata
+database, which the ledger database's users cannot write.
 """
 
 from __future__ import annotations
@@ -14,14 +20,27 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import BaseHook
+from airflow.sdk import BaseHook, Variable
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowNotFoundException
 from sqlalchemy.engine import URL
 
-from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, WindowCalendar
+from dp_budget_provider.ledger import (
+    BudgetCap,
+    PrivacyBudgetLedger,
+    VerifyReport,
+    WindowCalendar,
+    history,
+)
+from dp_budget_provider.ledger.checkpoints import (
+    Checkpoint,
+    CheckpointFile,
+    CheckpointStore,
+    verify_and_checkpoint,
+)
 
 _announced_embedded: set[str] = set()
+_announced_unkeyed: set[str] = set()
 
 
 def _setting(option: str, fallback: str) -> str:
@@ -45,6 +64,26 @@ def default_cap() -> BudgetCap:
     )
 
 
+class VariableCheckpoints:
+    """The latest checkpoint in an Airflow Variable (Airflow's metadata database)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def last(self, key: history.ChainKey) -> Checkpoint | None:
+        """The checkpoint the Variable holds, None before the first."""
+        text = Variable.get(self.name, default=None)
+        return None if not text else Checkpoint.from_json(str(text), key)
+
+    def append(self, checkpoint: Checkpoint, key: history.ChainKey) -> None:
+        """Replace the Variable's checkpoint by ``checkpoint``."""
+        Variable.set(
+            self.name,
+            checkpoint.to_json(key),
+            description="dp-budget: the ledger's chain heads at its last passing verify",
+        )
+
+
 class DPBudgetHook(BaseHook):
     """Opens the privacy budget ledger named by a ``dp_budget`` connection."""
 
@@ -66,13 +105,19 @@ class DPBudgetHook(BaseHook):
             "placeholders": {"host": "ledger PostgreSQL host", "port": "5432"},
         }
 
-    def ledger_url(self) -> str:
-        """The SQLAlchemy URL of the ledger this hook points at."""
+    def _connection(self) -> Any:
+        """The hook's Airflow connection; None for the embedded default."""
         try:
-            connection = self.get_connection(self.dp_budget_conn_id)
+            return self.get_connection(self.dp_budget_conn_id)
         except AirflowNotFoundException:
             if self.dp_budget_conn_id != self.default_conn_name:
                 raise  # a named connection that does not exist is a mistake, not a default
+            return None
+
+    def ledger_url(self) -> str:
+        """The SQLAlchemy URL of the ledger this hook points at."""
+        connection = self._connection()
+        if connection is None:
             url = embedded_ledger_url()
             if url not in _announced_embedded:
                 _announced_embedded.add(url)
@@ -99,12 +144,45 @@ class DPBudgetHook(BaseHook):
             database=connection.schema or None,
         ).render_as_string(hide_password=False)
 
+    def chain_key(self) -> str | None:
+        """The history's chain key: the connection's ``extra.chain_key``, else the workers'
+        ``$DP_BUDGET_CHAIN_KEY``; None when neither is set (an unkeyed history)."""
+        connection = self._connection()
+        extra = connection.extra_dejson if connection is not None else {}
+        key = extra.get("chain_key") or extra.get(f"extra__{self.conn_type}__chain_key")
+        return str(key) if key else os.environ.get(history.CHAIN_KEY_ENV) or None
+
+    def checkpoint_store(self) -> CheckpointStore:
+        """Where this ledger's checkpoints are kept, outside the ledger database."""
+        path = conf.get("dp_budget", "checkpoint_path", fallback=None)
+        if path:
+            return CheckpointFile(path)
+        return VariableCheckpoints(f"dp_budget_checkpoint.{self.dp_budget_conn_id}")
+
+    def verify(self) -> VerifyReport:
+        """Verify the ledger against its last checkpoint and checkpoint it if it passes; a
+        failed verify quarantines the ledger."""
+        return verify_and_checkpoint(self.get_ledger(), self.checkpoint_store())
+
     @cached_property
     def ledger(self) -> PrivacyBudgetLedger:
         """The ledger, opened once per hook (created from config defaults if new)."""
         calendar = WindowCalendar(_setting("window_calendar", "iso_week"))  # type: ignore[arg-type]
+        key, url = self.chain_key(), self.ledger_url()
+        if key is None and url not in _announced_unkeyed:
+            _announced_unkeyed.add(url)
+            self.log.warning(
+                "The budget ledger's history is not keyed: whoever can write its database can "
+                "rewrite it unnoticed after the last checkpoint. Set the connection's extra "
+                "chain_key (or $%s).",
+                history.CHAIN_KEY_ENV,
+            )
         return PrivacyBudgetLedger(
-            url=self.ledger_url(), if_new=default_cap(), calendar=calendar, actor="airflow"
+            url=url,
+            if_new=default_cap(),
+            calendar=calendar,
+            actor="airflow",
+            chain_key=key,
         )
 
     def get_ledger(self) -> PrivacyBudgetLedger:

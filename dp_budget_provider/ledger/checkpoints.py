@@ -15,10 +15,14 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dp_budget_provider.ledger import history
 from dp_budget_provider.ledger.errors import LedgerCorrupt
+from dp_budget_provider.ledger.records import VerifyReport
+
+if TYPE_CHECKING:
+    from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 
 FORMAT = "dp-budget-checkpoint/1"
 
@@ -118,3 +122,31 @@ class CheckpointFile:
                 if line.strip():
                     last_line = line
         return Checkpoint.from_json(last_line, key) if last_line else None
+
+
+class CheckpointStore(Protocol):
+    """Where checkpoints are kept (a file, an Airflow Variable): outside the ledger database."""
+
+    def last(self, key: history.ChainKey) -> Checkpoint | None:
+        """The latest checkpoint (None before the first)."""
+
+    def append(self, checkpoint: Checkpoint, key: history.ChainKey) -> None:
+        """Record ``checkpoint`` as the latest."""
+
+
+def verify_and_checkpoint(ledger: PrivacyBudgetLedger, store: CheckpointStore) -> VerifyReport:
+    """Verify against the store's latest checkpoint; record a new one if the verify passed.
+
+    A checkpoint that cannot be read (forged, edited, another key) fails the verify and
+    quarantines the ledger, like any other problem: it is never silently replaced.
+    """
+    try:
+        previous = store.last(ledger.chain_key)
+    except LedgerCorrupt as error:
+        reason = f"the last checkpoint was refused: {error}"
+        ledger.quarantine(reason)
+        return VerifyReport(entries=0, accounts=0, problems=[reason])
+    report = ledger.verify(previous)
+    if report.ok:
+        store.append(ledger.checkpoint(report), ledger.chain_key)
+    return report

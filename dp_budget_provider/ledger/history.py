@@ -87,6 +87,8 @@ def link_prefix(at: str, action: str, actor: str, body: dict) -> str:
 
 
 MIN_KEY_BYTES = 16
+# Where the CLI (and the Airflow hook, when its connection names no key) reads the key.
+CHAIN_KEY_ENV = "DP_BUDGET_CHAIN_KEY"
 _KEY_ID_LABEL = b"dp-budget-provider chain key id v1"
 
 

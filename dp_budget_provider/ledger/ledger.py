@@ -201,6 +201,20 @@ class PrivacyBudgetLedger:
             raise
         self._delta, self._chains = settings.delta, settings.chains
 
+    def _log_keyless(
+        self, connection: Connection, action: str, now: str, payload: dict[str, Any]
+    ) -> int:
+        """Append an entry about no key (a reset, a quarantine) on the keyless chain."""
+        return history.append(
+            connection,
+            self._key,
+            chain=history.KEYLESS_CHAIN,
+            at=now,
+            action=action,
+            actor=self.actor,
+            payload=payload,
+        )
+
     def _chain(self, key: LedgerKey) -> int:
         """The history chain of entries about ``key`` (or a release whose first key it is)."""
         return history.chain_of(key, self._chains)
@@ -424,7 +438,10 @@ class PrivacyBudgetLedger:
         if len(rows) != len(scopes):
             raise LedgerCorrupt(f"{len(scopes)} windows charged but {len(rows)} window rows found")
         if rows[0][4] is not None:
-            raise LedgerQuarantined(f"the ledger is quarantined since {rows[0][4]}{_CLEAR}")
+            reason = pipe.query(statements.QUARANTINE_REASON)[0][0]
+            raise LedgerQuarantined(
+                f"the ledger is quarantined since {rows[0][4]} ({reason}){_CLEAR}"
+            )
         for tenant, query_type, window, sealed_at, _ in rows:
             if sealed_at is not None:
                 raise WindowSealed(
@@ -1262,14 +1279,11 @@ class PrivacyBudgetLedger:
             )
             for chunk in _chunks([row.id for row in rows]):
                 connection.execute(delete(Account).where(Account.id.in_(chunk)))
-            history.append(
+            self._log_keyless(
                 connection,
-                self._key,
-                chain=history.KEYLESS_CHAIN,
-                at=now,
-                action="reset",
-                actor=self.actor,
-                payload={
+                "reset",
+                now,
+                {
                     "window": label,
                     "accounts": len(rows),
                     "sealed": [list(scope) for scope in scopes],
@@ -1474,14 +1488,11 @@ class PrivacyBudgetLedger:
                 update(LedgerConfig).values(quarantined_at=now, quarantine_reason=reason)
             )
             if audited:
-                history.append(
+                self._log_keyless(
                     connection,
-                    self._key,
-                    chain=history.KEYLESS_CHAIN,
-                    at=now,
-                    action="quarantine",
-                    actor=self.actor,
-                    payload={"reason": reason, "problems": [str(p) for p in problems]},
+                    "quarantine",
+                    now,
+                    {"reason": reason, "problems": [str(p) for p in problems]},
                 )
         return True
 
@@ -1506,14 +1517,11 @@ class PrivacyBudgetLedger:
                 .where(LedgerConfig.id == 1)
                 .values(quarantined_at=None, quarantine_reason=None)
             )
-            history.append(
+            self._log_keyless(
                 connection,
-                self._key,
-                chain=history.KEYLESS_CHAIN,
-                at=now,
-                action="unquarantine",
-                actor=self.actor,
-                payload={
+                "unquarantine",
+                now,
+                {
                     "reason": reason,
                     "quarantined_at": row.quarantined_at,
                     "quarantine_reason": row.quarantine_reason,

@@ -72,6 +72,11 @@ def open_ledger(
         database.check_schema(connection)
         if database.is_initialised(connection):
             return _check(connection, policies, new, cap)
+        if connection.execute(text("SELECT count(*) FROM dp_history")).scalar_one():
+            raise LedgerCorrupt(
+                "dp_ledger_config is empty but the history has entries: the configuration "
+                "was deleted; refusing to create a new ledger over this one"
+            )
         return _initialise(connection, new, cap or if_new)
 
 

@@ -30,6 +30,7 @@ import numpy as np
 from sqlalchemy import func, select
 
 import dp_budget_provider
+from dp_budget_provider.ledger.checkpoints import CheckpointStore, verify_and_checkpoint
 from dp_budget_provider.ledger.errors import LedgerUnavailable
 from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
@@ -454,15 +455,18 @@ def _git_commit(root: Path) -> str | None:
 # ---------------------------------------------------------------------- the report
 
 
-def verification_record(ledger: PrivacyBudgetLedger) -> dict[str, Any]:
+def verification_record(
+    ledger: PrivacyBudgetLedger, store: CheckpointStore | None = None
+) -> dict[str, Any]:
     """:meth:`PrivacyBudgetLedger.verify` as plain values, failing closed.
 
-    A verifier that stops on a damaged entry must not read as a pass, nor hide the
-    damage behind a crash: if verification cannot complete, the record says so as a
-    problem. Only an unreachable database is raised (nothing was checked at all).
+    With ``store``, the verify is against its last checkpoint, and a passing one is
+    checkpointed there. A verifier that stops on a damaged entry must not read as a
+    pass, nor hide the damage behind a crash: if verification cannot complete, the record
+    says so as a problem. Only an unreachable database is raised (nothing was checked).
     """
     try:
-        result = ledger.verify()
+        result = ledger.verify() if store is None else verify_and_checkpoint(ledger, store)
     except LedgerUnavailable:
         raise
     except Exception as error:
@@ -470,12 +474,14 @@ def verification_record(ledger: PrivacyBudgetLedger) -> dict[str, Any]:
             "ok": False,
             "entries": None,
             "accounts": None,
+            "keyed": ledger.chain_key.keyed,
             "problems": [f"verification could not complete: {type(error).__name__}: {error}"],
         }
     return {
         "ok": result.ok,
         "entries": result.entries,
         "accounts": result.accounts,
+        "keyed": result.keyed,
         "problems": list(result.problems),
     }
 
@@ -615,8 +621,37 @@ def build_report(
         ],
         "policy_changes": policy_changes,
         "verification": verification,
+        "integrity": integrity_record(ledger, verification),
     }
     return _finite(report)
+
+
+INTEGRITY = (
+    "Budget windows are the ledger's: a release is charged to every window of its scope's "
+    "calendar that its data interval overlaps, and a window closed past its grace period is "
+    "sealed, never charged again, so closing a window never refunds. The history is the "
+    "source of truth; verify proves every table from it (caps never passed at any grant, "
+    "costs, seals, policies, configuration). With a chain key kept outside the ledger "
+    "database, every history link is an HMAC that nobody who can only write the database "
+    "can forge; checkpoints of the verified chain heads, kept outside the database, make "
+    "erasing or rewriting checkpointed history detectable. A failed verify quarantines the "
+    "ledger: no release until an operator clears it, an audited act. What an insider can "
+    "still do: roll the ledger database back to a state after the last checkpoint, or, "
+    "holding the key, forge history after it; between a tampering and the next verify, "
+    "releases run on what the tables say."
+)
+
+
+def integrity_record(ledger: PrivacyBudgetLedger, verification: Mapping[str, Any]) -> dict:
+    """How far the figures can be trusted: key, quarantine, and what protects them."""
+    quarantine = ledger.quarantine_status()
+    return {
+        "history_keyed": bool(verification.get("keyed")),
+        "chain_key_id": ledger.chain_key.key_id,
+        "quarantined_since": None if quarantine is None else quarantine[0],
+        "quarantine_reason": None if quarantine is None else quarantine[1],
+        "statement": INTEGRITY,
+    }
 
 
 # ---------------------------------------------------------------------- Markdown
@@ -657,8 +692,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     if verification["ok"]:
         verified = (
             f"**Verification: OK**: {verification['entries']} history entries and "
-            f"{verification['accounts']} accounts check out (hash chain, reservation key sets, "
-            "replay of the history onto the accounts)."
+            f"{verification['accounts']} accounts check out (links, and every table proven "
+            "from the history: caps never passed, costs, seals, policies, configuration)."
         )
     else:
         verified = (
@@ -847,5 +882,25 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     out += ["", "## Verification", "", verified]
     if verification["problems"]:
         out += ["", *(f"- {problem}" for problem in verification["problems"])]
+    integrity = report["integrity"]
+    keyed = (
+        f"keyed (HMAC-SHA256, key id `{integrity['chain_key_id'][:16]}`)"
+        if integrity["history_keyed"]
+        else "**not keyed**: whoever can write the ledger database could rewrite it"
+    )
+    quarantined = (
+        f"**quarantined** since {integrity['quarantined_since']}: {integrity['quarantine_reason']}"
+        if integrity["quarantined_since"]
+        else "not quarantined"
+    )
+    out += [
+        "",
+        "## Integrity",
+        "",
+        f"- History: {keyed}",
+        f"- Releases: {quarantined}",
+        "",
+        integrity["statement"],
+    ]
     out += ["", "## How to read this report", "", report["delta_interpretation"], ""]
     return "\n".join(out)

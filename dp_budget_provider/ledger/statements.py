@@ -130,6 +130,8 @@ SQLITE_WINDOW = (
     'WHERE tenant = %(tenant)s AND query_type = %(query_type)s AND "window" = %(window)s'
 )
 
+QUARANTINE_REASON = "SELECT quarantine_reason FROM dp_ledger_config WHERE id = 1"
+
 POLICY_ROWS = (
     "SELECT tenant, query_type, cap_epsilon, warn_fraction, calendar, calendar_length_seconds, "
     "min_window_seconds, compliance_clause, grace_seconds FROM dp_policies"

@@ -28,6 +28,7 @@ from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 from dp_budget_provider.ledger import (
     BudgetExhausted,
     LedgerKey,
+    LedgerQuarantined,
     PrivacyBudgetLedger,
     ReservationStateError,
     SpendReceipt,
@@ -243,9 +244,9 @@ class DPReleaseOperator(BaseOperator):
             reservation = ledger.reserve(
                 keys, plan.charged, self.count, attempt=attempt_id(context)
             )
-        except (ValueError, WindowSealed, ReservationStateError) as refusal:
-            # A window that may not be charged, or an attempt that already reserved:
-            # nothing was written and the callable never runs. Retrying cannot help.
+        except (ValueError, WindowSealed, ReservationStateError, LedgerQuarantined) as refusal:
+            # A window that may not be charged, an attempt that already reserved, a
+            # quarantined ledger: nothing was written and the callable never runs.
             raise AirflowFailException(f"no release: {refusal}") from refusal
         except BudgetExhausted as refusal:
             Stats.incr("dp_budget.refusals", tags={"query_type": keys[0].query_type})
@@ -278,7 +279,12 @@ class DPReleaseOperator(BaseOperator):
         finally:
             # From here on the data was touched: charged on success and on failure alike,
             # and the receipt says so either way.
-            receipts = ledger.commit(reservation)
+            try:
+                receipts = ledger.commit(reservation)
+            except LedgerQuarantined as refusal:
+                # Quarantined meanwhile: the release is withheld, its reservation stays
+                # open and is charged when reaped.
+                raise AirflowFailException(f"release withheld: {refusal}") from refusal
             summary = self._summary(receipts, reservation.id, plan.charged)
             context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
         self._report(receipts, summary, context)

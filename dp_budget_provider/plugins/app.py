@@ -190,10 +190,13 @@ def _state(account: AccountStatus) -> str:
 
 
 def _info(ledger: PrivacyBudgetLedger) -> dict[str, Any]:
+    """What every page's header says about the ledger, quarantine first."""
     return {
         "backend": make_url(ledger.url).get_backend_name(),
         "delta": f"{ledger.delta:g}",
         "conversion": ledger.conversion,
+        "keyed": ledger.chain_key.keyed,
+        "quarantine": ledger.quarantine_status(),
     }
 
 

@@ -76,8 +76,14 @@ code { font-size: 12px; }
   <a href="{{ root }}/api/report?format=md">Privacy report</a>
   <a href="{{ root }}/openapi.json">API</a>
   {% if info %}<span class="meta">ledger: {{ info.backend }} · δ = {{ info.delta }}
-  · {{ info.conversion }} conversion · signed in as {{ user }}</span>{% endif %}
+  · {{ info.conversion }} conversion · history {{ 'keyed' if info.keyed else 'NOT keyed' }}
+  · signed in as {{ user }}</span>{% endif %}
 </nav>
+{% if info and info.quarantine %}
+<p id="quarantine" class="error">QUARANTINED since {{ info.quarantine[0] }}: no release runs
+  until an operator clears it (<code>dp-budget quarantine clear --reason ...</code>).
+  {{ info.quarantine[1] }}</p>
+{% endif %}
 {% block body %}{% endblock %}
 </body>
 </html>
@@ -251,12 +257,12 @@ re-scoped); its history is below.</p>
 <p id="verification" class="verify {{ verification.state }}" data-url="{{ root }}/api/verification"
   {% if verification.state == 'pending' %}data-pending="1"{% endif %}>
   {%- if verification.state == 'ok' -%}
-  Hash chain verified: {{ verification.entries }} history entries and {{ verification.accounts }}
+  Verified: {{ verification.entries }} history entries and {{ verification.accounts }}
   accounts check out (as of entry #{{ verification.head_seq }}).
   {%- elif verification.state == 'failed' -%}
   Verification FAILED: {{ verification.problems | length }} problem(s).
   {%- else -%}
-  Verifying the hash chain…
+  Verifying the ledger…
   {%- endif -%}
 </p>
 <ul id="verification-problems">
@@ -271,7 +277,7 @@ re-scoped); its history is below.</p>
     .then(function (v) {
       box.className = "verify " + (v.ok ? "ok" : "failed");
       box.textContent = v.ok
-        ? "Hash chain verified: " + v.entries + " history entries and " + v.accounts +
+        ? "Verified: " + v.entries + " history entries and " + v.accounts +
           " accounts check out (as of entry #" + v.head_seq + ")."
         : "Verification FAILED: " + v.problems.length + " problem(s).";
       var list = document.getElementById("verification-problems");

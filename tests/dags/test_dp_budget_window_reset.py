@@ -9,13 +9,36 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psycopg2
 import pytest
+from sqlalchemy.engine import make_url
 
 from dp_budget_provider.accounting import GaussianMechanism
-from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, WindowCalendar, key_for
+from dp_budget_provider.ledger import (
+    BudgetCap,
+    LedgerQuarantined,
+    PrivacyBudgetLedger,
+    WindowCalendar,
+    history,
+    key_for,
+)
+from dp_budget_provider.ledger.checkpoints import Checkpoint
 from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
+from tests.scratch_postgres import PG_ADMIN_DSN
 
 RESET_DAG = Path(__file__).resolve().parents[2] / "dags" / "dp_budget_window_reset.py"
+
+
+CHECKPOINT_VARIABLE = "dp_budget_checkpoint.dp_budget_default"
+
+
+@pytest.fixture(autouse=True)
+def no_checkpoint_yet(airflow_db):
+    """Each test's ledger is new behind the same connection id: a checkpoint left by an
+    earlier test would (rightly) be refused as another ledger's."""
+    from airflow.models import Variable
+
+    Variable.delete(CHECKPOINT_VARIABLE)
 
 
 def run_reset_dag():
@@ -61,8 +84,58 @@ def test_reset_dag_fails_when_the_history_was_tampered_with(airflow_db, sqlite_u
         connection.execute(sa.text("UPDATE dp_history SET actor = 'mallory' WHERE seq = 3"))
     engine.dispose()
     states = task_states(run_reset_dag())
-    assert states["verify_history"] == "failed"
+    assert states["verify_and_checkpoint"] == "failed"
+    with pytest.raises(LedgerQuarantined):
+        ledger.spend(key_for("bob", "heatmap", "2026-w02"), GaussianMechanism(4.0))
     ledger.close()
+
+
+def test_reset_dag_checkpoints_a_keyed_ledger_and_catches_a_rollback(
+    airflow_db, postgres_url, monkeypatch
+):
+    """The verify task checkpoints the chain heads in an Airflow Variable. The ledger
+    database restored from an older backup (every table consistent, every link valid)
+    fails the next run, because the checkpoint names entries the backup lacks."""
+    from airflow.models import Variable
+
+    key = "dag-test-chain-key-0123456789"
+    database = make_url(postgres_url).database
+    value = json.dumps({"conn_type": "dp_budget", "extra": {"url": postgres_url, "chain_key": key}})
+    monkeypatch.setenv("AIRFLOW_CONN_DP_BUDGET_DEFAULT", value)
+    current = WindowCalendar("iso_week").window_of(datetime.now(timezone.utc))
+    carol = key_for("carol", "heatmap", current)
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=postgres_url, chain_key=key)
+    ledger.spend(carol, GaussianMechanism(4.0))
+    ledger.close()
+    admin = psycopg2.connect(PG_ADMIN_DSN)
+    admin.autocommit = True
+    with admin.cursor() as cursor:  # the insider's backup, taken before the next release
+        cursor.execute(f'CREATE DATABASE "{database}_backup" TEMPLATE "{database}"')
+    try:
+        ledger = PrivacyBudgetLedger(url=postgres_url, chain_key=key)
+        ledger.spend(carol, GaussianMechanism(4.0))
+        spent = ledger.epsilon_of(carol)
+        ledger.close()
+        assert set(task_states(run_reset_dag()).values()) == {"success"}
+        stored = Variable.get(CHECKPOINT_VARIABLE)
+        checkpoint = Checkpoint.from_json(stored, history.ChainKey(key))
+        with admin.cursor() as cursor:  # ... restored: the second release is gone
+            cursor.execute(f'DROP DATABASE "{database}" WITH (FORCE)')
+            cursor.execute(f'CREATE DATABASE "{database}" TEMPLATE "{database}_backup"')
+        ledger = PrivacyBudgetLedger(url=postgres_url, chain_key=key)
+        assert ledger.epsilon_of(carol) < spent
+        assert ledger.verify(quarantine=False).ok  # consistent: only the checkpoint knows
+        assert len(ledger.history()) < checkpoint.entries
+        states = task_states(run_reset_dag())
+        assert states["verify_and_checkpoint"] == "failed"
+        assert Variable.get(CHECKPOINT_VARIABLE) == stored
+        with pytest.raises(LedgerQuarantined, match="history truncated"):
+            ledger.spend(carol, GaussianMechanism(4.0))
+        ledger.close()
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(f'DROP DATABASE IF EXISTS "{database}_backup" WITH (FORCE)')
+        admin.close()
 
 
 def test_every_shipped_dag_parses_without_import_errors(airflow_db, tmp_path):

@@ -34,6 +34,7 @@ from dp_budget_provider.ledger import (
 )
 from dp_budget_provider.ledger import ledger as ledger_module
 from dp_budget_provider.ledger.checkpoints import Checkpoint, CheckpointFile
+from tests.ledger.test_pending_and_server_paths import execute
 from tests.scratch_postgres import PG_ADMIN_DSN, scratch_database, url_of
 
 UTC = timezone.utc
@@ -146,7 +147,7 @@ class Copies:
 
 
 @pytest.fixture(scope="module")
-def copies(request, tmp_path_factory) -> Iterator[dict[str, Copies]]:
+def copies() -> Iterator[dict[str, Copies]]:
     made: dict[str, Copies] = {}
     patch = pytest.MonkeyPatch()
     patch.setattr(ledger_module, "_now", _clock)
@@ -162,15 +163,6 @@ def copy_of(copies: dict[str, Copies], backend: str, tmp_path_factory: Any) -> s
     if backend not in copies:
         copies[backend] = Copies(backend, tmp_path_factory.mktemp(f"tamper-{backend}"))
     return copies[backend].new()
-
-
-def run(url: str, statement: str, **params: Any) -> None:
-    engine = sa.create_engine(url)
-    try:
-        with engine.begin() as connection:
-            connection.execute(sa.text(statement), params)
-    finally:
-        engine.dispose()
 
 
 def fetch(url: str, statement: str, **params: Any) -> list[Any]:
@@ -304,13 +296,11 @@ def where_of(row: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 def test_every_column_edited_is_caught(copies, tmp_path_factory, table, column):
     url = copy_of(copies, "sqlite", tmp_path_factory)
     row, value = pick(url, table, column)
-    if column == "quarantined_at":  # a quarantine set in SQL is still a quarantine
-        new = "2026-12-01T13:00:00.000000Z"
-    else:
-        new = mutated(column, value)
+    # A quarantine set in SQL is still a quarantine: verify reports it, releases stop.
+    new = "2026-12-01T13:00:00.000000Z" if column == "quarantined_at" else mutated(column, value)
     assert new != value
     condition, params = where_of(row)
-    run(url, f'UPDATE {table} SET "{column}" = :new WHERE {condition}', new=new, **params)
+    execute(url, f'UPDATE {table} SET "{column}" = :new WHERE {condition}', new=new, **params)
     assert_caught(url, "dp_ledger_config" if table == "dp_ledger_config" else TOKENS[table])
 
 
@@ -319,8 +309,8 @@ def test_every_row_deleted_is_caught(copies, tmp_path_factory, table):
     url = copy_of(copies, "sqlite", tmp_path_factory)
     row, _ = pick(url, table, columns_of(table)[0])
     condition, params = where_of(row)
-    run(url, f"DELETE FROM {table} WHERE {condition}", **params)
-    assert_caught(url, "" if table in ("dp_ledger_config", "dp_chain_head") else "")
+    execute(url, f"DELETE FROM {table} WHERE {condition}", **params)
+    assert_caught(url, TOKENS[table])
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
@@ -337,7 +327,7 @@ def test_a_column_of_each_table_on_both_backends(copies, tmp_path_factory, backe
         row, value = pick(url, table, column)
         condition, params = where_of(row)
         new = mutated(column, value)
-        run(url, f'UPDATE {table} SET "{column}" = :new WHERE {condition}', new=new, **params)
+        execute(url, f'UPDATE {table} SET "{column}" = :new WHERE {condition}', new=new, **params)
         assert_caught(url, token)
 
 
@@ -383,7 +373,9 @@ def test_a_rewritten_entry_with_the_chain_recomputed_without_the_key_is_caught(
         )
         cheaper = json.loads(payload)
         cheaper["cost"]["gaussian_mu2"] = cheaper["cost"]["gaussian_mu2"] / 4
-        run(url, "UPDATE dp_history SET payload = :p WHERE seq = :s", p=json.dumps(cheaper), s=seq)
+        execute(
+            url, "UPDATE dp_history SET payload = :p WHERE seq = :s", p=json.dumps(cheaper), s=seq
+        )
         recompute_chain(url, forged_with)
         problems = assert_caught(url, "entry")
         assert any("keyed link" in problem for problem in problems), problems
@@ -408,8 +400,8 @@ def test_truncation_below_a_checkpoint_is_caught_and_a_forged_checkpoint_refused
         c=chain,
         s=last_seq,
     )[0]
-    run(url, "DELETE FROM dp_history WHERE seq = :s", s=last_seq)
-    run(
+    execute(url, "DELETE FROM dp_history WHERE seq = :s", s=last_seq)
+    execute(
         url,
         "UPDATE dp_chain_head SET seq = :q, hash = :h WHERE id = :c",
         q=prev_seq,
@@ -467,7 +459,7 @@ def test_adopting_a_key_keys_the_history_and_seals_what_came_before(tmp_path, ba
         keyed.close()
         # Rewriting the unkeyed part and recomputing its sha256 links is caught: the
         # adoption entry's keyed link recorded the heads.
-        run(url, "UPDATE dp_history SET actor = 'someone else' WHERE action = 'create'")
+        execute(url, "UPDATE dp_history SET actor = 'someone else' WHERE action = 'create'")
         recompute_unkeyed_prefix(url)
         assert_caught(url, "checkpoint")
 
@@ -504,7 +496,7 @@ def test_quarantine_stops_releases_until_an_audited_clear(tmp_path, backend):
         key = key_for("alice", "heatmap", "2026-w49")
         held = ledger.reserve(key, GaussianMechanism(4.0))
         ledger.spend(key, GaussianMechanism(4.0))
-        run(url, "UPDATE dp_policies SET cap_epsilon = 100")
+        execute(url, "UPDATE dp_policies SET cap_epsilon = 100")
         report = ledger.verify()
         assert any("cap_epsilon" in p for p in report.problems)
         assert ledger.quarantine_status() is not None
@@ -514,9 +506,9 @@ def test_quarantine_stops_releases_until_an_audited_clear(tmp_path, backend):
             ledger.commit(held)  # an in-flight release is not published either
         assert not ledger.quarantine(reason="again")  # one quarantine at a time
         # Clearing it in SQL is found: the history says quarantined.
-        run(url, "UPDATE dp_ledger_config SET quarantined_at = NULL, quarantine_reason = NULL")
+        execute(url, "UPDATE dp_ledger_config SET quarantined_at = NULL, quarantine_reason = NULL")
         assert any("quarantine" in p for p in ledger.verify(quarantine=False).problems)
-        run(url, "UPDATE dp_policies SET cap_epsilon = 3.0")
+        execute(url, "UPDATE dp_policies SET cap_epsilon = 3.0")
         ledger2 = PrivacyBudgetLedger(url=url, chain_key=KEY, actor="ops")
         assert ledger2.verify().ok is False  # the SQL clear itself is still a problem
         with pytest.raises(ValueError, match="reason"):
@@ -544,9 +536,9 @@ def test_a_release_granted_over_its_cap_is_found_in_the_history(tmp_path):
         for _ in range(20):
             ledger.spend(key, GaussianMechanism(8.0))
     full = fetch(url, "SELECT rho, gaussian_mu2 FROM dp_accounts")[0]
-    run(url, "UPDATE dp_accounts SET rho = :r, gaussian_mu2 = :m", r=held[0], m=held[1])
+    execute(url, "UPDATE dp_accounts SET rho = :r, gaussian_mu2 = :m", r=held[0], m=held[1])
     ledger.spend(key, GaussianMechanism(8.0))  # granted from the lowered spend
-    run(
+    execute(
         url,
         "UPDATE dp_accounts SET rho = rho + :r, gaussian_mu2 = gaussian_mu2 + :m",
         r=full[0] - held[0],

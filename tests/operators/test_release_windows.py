@@ -131,4 +131,3 @@ def test_reset_then_backfill_of_the_sealed_week_is_refused(ledger, weekly, monke
     assert ledger.epsilon_of(current) > 0
     monkeypatch.setattr(ledger_module, "_now", lambda: datetime(2100, 1, 1, tzinfo=UTC))
     assert current.window in ledger.reset_closed()  # only a test moves the ledger's clock
-

@@ -168,7 +168,7 @@ def test_account_page_shows_the_chart_history_and_audit(page, server, tmp_path):
     assert chart.locator("circle.dot").count() == 3  # three committed releases
     assert chart.locator("line.cap").count() == 1 and chart.locator("line.warn").count() == 1
     page.locator("#verification.ok").wait_for()  # fetched by the page after load
-    assert "Hash chain verified" in page.locator("#verification").inner_text()
+    assert "Verified: " in page.locator("#verification").inner_text()
     history = page.locator("table#history tbody tr")
     assert history.count() == 7  # 3 x (reserve, commit) + the open reservation
     assert "example_dp_heatmap/release_heatmap/manual__" in history.nth(1).inner_text()

@@ -136,13 +136,13 @@ def test_account_page(client, seeded):
     assert "example_dp_heatmap/release_heatmap/manual__2026-07-10/-1/1" in text
     assert "gaussian(noise_multiplier=4)" in text
     assert "release missed by the ledger" in text
-    assert "Verifying the hash chain" in text  # not verified yet: the page fetches it
+    assert "Verifying the ledger" in text  # not verified yet: the page fetches it
 
 
 def test_account_page_shows_verification_once_known(client, seeded):
     assert client.get("/api/verification").json()["ok"]
     text = Page(client.get("/account", params=seeded.xss.as_dict()).text).plain
-    assert "Hash chain verified" in text
+    assert "Verified: " in text
     assert "1 open" not in text and "open reservations 1" in text
 
 
@@ -165,3 +165,12 @@ def test_unauthenticated_page_offers_the_login_and_nothing_else(anonymous):
     assert "Sign-in required" in page.plain
     assert any(a["href"].endswith("/login") for a in page.all("a") if "login" in a["href"])
     assert page.all("table") == []
+
+
+def test_a_quarantined_ledger_says_so_on_every_page(client, seeded):
+    assert "QUARANTINED" not in client.get("/accounts").text
+    seeded.ledger.quarantine("test: an operator stopped releases")
+    for path in ("/accounts", "/policies"):
+        text = Page(client.get(path).text).plain
+        assert "QUARANTINED since" in text and "test: an operator stopped releases" in text
+    assert "history NOT keyed" in Page(client.get("/accounts").text).plain
