@@ -523,7 +523,7 @@ def test_worker_killed_while_its_commit_waits_leaves_the_reservation_open(ledger
 
     The worker holds the reservation with its token (the commit really runs there). On
     PostgreSQL the commit has locked the reservation and its accounts and written them,
-    and waits in its last step, the server-side append, for the chain head.
+    and waits in its last step, the append's lock of its chain head.
     """
     ledger = PrivacyBudgetLedger(cap=CAP, url=ledger_url)
     keys = [key_for(f"carol-{i}", "count", WINDOW) for i in range(3)]
@@ -544,7 +544,7 @@ def test_worker_killed_while_its_commit_waits_leaves_the_reservation_open(ledger
             with pg_session(ledger_url) as session:
                 pid = wait_for_backend(session, database, "wait_event_type = 'Lock'")
                 assert queued_on(session, pid) == ["dp_chain_head"]
-                assert waiting_statement(session, pid).startswith("SELECT dp_append(")
+                assert waiting_statement(session, pid).startswith("WITH head AS (SELECT hash")
                 kill(process)
                 locker.rollback()
                 wait_until_no_ledger_backend(session, database)
@@ -739,12 +739,10 @@ def test_backend_terminated_while_waiting_for_the_chain_head(postgres_url, op):
         with pg_session(postgres_url) as session, session.cursor() as cursor:
             pid = wait_for_backend(session, database, "wait_event_type = 'Lock'")
             # It is the chain head it waits for (the tuple lock it queues on), i.e. at the
-            # very end of its transaction, inside the server-side append. A reserve sends
-            # the append in its final batch; a commit locked its reservation and accounts
-            # in statements of its own before, and waits in the append's.
+            # very end of its transaction, in the append's lock of the head: every other
+            # write of the transaction is done or queued for the commit.
             assert queued_on(session, pid) == ["dp_chain_head"]
-            if op == "commit":
-                assert waiting_statement(session, pid).startswith("SELECT dp_append(")
+            assert waiting_statement(session, pid).startswith("WITH head AS (SELECT hash")
             cursor.execute("SELECT pg_terminate_backend(%s)", (pid,))
             report = results.get(timeout=60)
         locker.rollback()

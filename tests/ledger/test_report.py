@@ -72,8 +72,13 @@ def test_report_states_everything_seed_000_asks_for(ledger):
         "ok": True,
         "entries": len(ledger.history()),
         "accounts": 4,  # bob's heatmap key stays, sealed, after its rescope
+        "keyed": False,
         "problems": [],
     }
+    integrity = document["integrity"]
+    assert integrity["history_keyed"] is False and integrity["quarantined_since"] is None
+    assert "sealed" in integrity["statement"] and "checkpoint" in integrity["statement"]
+    assert "## Integrity" in report.render_markdown(document)
     assert document["ledger"]["history_head"] == ledger.history()[-1]["hash"]
 
 
