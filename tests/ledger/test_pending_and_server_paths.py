@@ -850,8 +850,8 @@ def test_migration_0002_backfills_pending_and_round_trips(ledger_url, make_ledge
     """Upgrading a 0001 ledger with open reservations sums their costs (not those of closed
     ones) into each account's pending columns (mu^2 of the Gaussian ones, a count of the
     others), starts policy_version at 0 and (PostgreSQL) leaves only the policy version's
-    trigger function (0005 and 0006 removed the server-side commit and append); downgrading to 0001 removes all of it and upgrading
-    again backfills the same values; the upgraded ledger then counts them and clears them
+    trigger function (0005 and 0006 removed the server-side commit and append);
+    downgrading to 0001 removes all of it and upgrading again backfills the same values; the upgraded ledger then counts them and clears them
     as the reservations close. Reservations made before revision 0005 carry no token:
     nobody can release them, so they are charged (reaped), never refunded.
     """
