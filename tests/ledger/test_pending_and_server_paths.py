@@ -849,11 +849,12 @@ def seed_revision_0001(url: str) -> dict[str, tuple[list[LedgerKey], Cost]]:
 def test_migration_0002_backfills_pending_and_round_trips(ledger_url, make_ledger):
     """Upgrading a 0001 ledger with open reservations sums their costs (not those of closed
     ones) into each account's pending columns (mu^2 of the Gaussian ones, a count of the
-    others), starts policy_version at 0 and (PostgreSQL) leaves only the policy version's
-    trigger function (0005 and 0006 removed the server-side commit and append);
-    downgrading to 0001 removes all of it and upgrading again backfills the same values; the upgraded ledger then counts them and clears them
-    as the reservations close. Reservations made before revision 0005 carry no token:
-    nobody can release them, so they are charged (reaped), never refunded.
+    others) and starts policy_version at 0; on PostgreSQL only the policy version's trigger
+    function remains (0005 and 0006 removed the server-side commit and append).
+    Downgrading to 0001 removes all of it and upgrading again backfills the same values;
+    the upgraded ledger then counts them and clears them as the reservations close.
+    Reservations made before revision 0005 carry no token: nobody can release them, so
+    they are charged (reaped), never refunded.
     """
     postgresql = ledger_url.startswith("postgresql")
     migrate(ledger_url, "upgrade", "0001")
