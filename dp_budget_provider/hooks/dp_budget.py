@@ -105,8 +105,9 @@ class DPBudgetHook(BaseHook):
             "placeholders": {"host": "ledger PostgreSQL host", "port": "5432"},
         }
 
+    @cached_property
     def _connection(self) -> Any:
-        """The hook's Airflow connection; None for the embedded default."""
+        """The hook's Airflow connection, looked up once; None for the embedded default."""
         try:
             return self.get_connection(self.dp_budget_conn_id)
         except AirflowNotFoundException:
@@ -116,7 +117,7 @@ class DPBudgetHook(BaseHook):
 
     def ledger_url(self) -> str:
         """The SQLAlchemy URL of the ledger this hook points at."""
-        connection = self._connection()
+        connection = self._connection
         if connection is None:
             url = embedded_ledger_url()
             if url not in _announced_embedded:
@@ -147,7 +148,7 @@ class DPBudgetHook(BaseHook):
     def chain_key(self) -> str | None:
         """The history's chain key: the connection's ``extra.chain_key``, else the workers'
         ``$DP_BUDGET_CHAIN_KEY``; None when neither is set (an unkeyed history)."""
-        connection = self._connection()
+        connection = self._connection
         extra = connection.extra_dejson if connection is not None else {}
         key = extra.get("chain_key") or extra.get(f"extra__{self.conn_type}__chain_key")
         return str(key) if key else os.environ.get(history.CHAIN_KEY_ENV) or None

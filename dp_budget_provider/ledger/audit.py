@@ -175,11 +175,10 @@ class _Replay:
             found = self._bounds[signature] = spend.epsilon(s.orders, s.delta, s.conversion).epsilon
         return found
 
-    def _charged(self, entry: Any, keys: list[LedgerKey]) -> bool:
+    def _charged(self, entry: Any, keys: list[LedgerKey]) -> None:
         """Check that ``keys`` could be charged by ``entry``: canonical windows of the
         calendar in force, not sealed, not re-scoped. Records first charges."""
         policy_of = policy_lookup(self.policies) if self.policies else None
-        fine = True
         for key in keys:
             scope = (key.tenant, key.query_type, key.window)
             known = self.scopes.get(scope)
@@ -191,15 +190,11 @@ class _Replay:
                         self._problem(
                             entry, f"{key}: window is not one of its {calendar.kind} calendar"
                         )
-                        fine = False
             elif known.sealed_at is not None:
                 self._problem(entry, f"{key}: charged to a window sealed at {known.sealed_at}")
-                fine = False
             state = self.keys.get(key)
             if state is not None and state.rescoped_to is not None:
                 self._problem(entry, f"{key}: charged after it was re-scoped")
-                fine = False
-        return fine
 
     def _touch(self, keys: list[LedgerKey], at: str) -> None:
         for key in keys:
@@ -716,6 +711,15 @@ def ledger_identity(connection: Connection) -> str:
     return found or ""
 
 
+def _guarded(problems: list[str], table: str, check: Callable[[], Any]) -> Any:
+    """Run one table's check; a row it cannot even read is that table's problem, not a crash."""
+    try:
+        return check()
+    except (ValueError, TypeError, KeyError, LedgerCorrupt) as error:
+        problems.append(f"{table}: unreadable ({error!r}); edited?")
+        return None
+
+
 def verify(connection: Connection, settings: AuditSettings) -> VerifyReport:
     """Audit the ledger seen through ``connection`` (one consistent snapshot)."""
     config = connection.execute(select(LedgerConfig.chains, LedgerConfig.keyed_from)).first()
@@ -733,25 +737,18 @@ def verify(connection: Connection, settings: AuditSettings) -> VerifyReport:
         entries += 1
         replay.apply(entry, keys)
     problems += replay.problems
-    checks: list[tuple[str, Callable[[], Any]]] = [
-        ("dp_ledger_config", lambda: _check_config(connection, replay, problems)),
-        ("dp_policies", lambda: _check_policies(connection, replay, problems)),
-        ("dp_reservations", lambda: _check_reservations(connection, settings, problems)),
-        ("dp_accounts", lambda: _check_accounts(connection, replay, problems)),
-        ("dp_windows", lambda: _check_windows(connection, replay, problems)),
-    ]
-    accounts = 0
-    for table, check in checks:
-        try:
-            result = check()
-        except (ValueError, TypeError, KeyError, LedgerCorrupt) as error:
-            problems.append(f"{table}: unreadable ({error!r}); edited?")
-            continue
-        if table == "dp_accounts":
-            accounts = result
+    _guarded(problems, "dp_ledger_config", lambda: _check_config(connection, replay, problems))
+    _guarded(problems, "dp_policies", lambda: _check_policies(connection, replay, problems))
+    _guarded(
+        problems, "dp_reservations", lambda: _check_reservations(connection, settings, problems)
+    )
+    accounts = _guarded(
+        problems, "dp_accounts", lambda: _check_accounts(connection, replay, problems)
+    )
+    _guarded(problems, "dp_windows", lambda: _check_windows(connection, replay, problems))
     return VerifyReport(
         entries=entries,
-        accounts=accounts,
+        accounts=accounts or 0,
         problems=problems,
         heads=tuple(sorted((chain, seq, link) for chain, (seq, link) in heads.items())),
         keyed=settings.key.keyed,

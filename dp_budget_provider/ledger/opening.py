@@ -157,7 +157,7 @@ def _check(
         raise LedgerCorrupt("dp_ledger_config has no row with id 1: the configuration was edited")
     _check_key(config.chain_key_id, new.key)
     if connection.dialect.name == "postgresql":
-        # Policies read after their version: what dp_reserve checks them against.
+        # Policies read after their version: reused while that version is current.
         policies.remember(connection, config.policy_version)
     stored_orders = json.loads(config.orders)
     if stored_orders != new.orders.tolist():

@@ -33,7 +33,7 @@ class PolicyStore:
     def __init__(self, reading: database.Transaction) -> None:
         self._reading = reading  # a read transaction of the ledger's own
         self._built: dict[tuple[object, ...], Policy] = {}
-        # (policy_version, policies read at it), PostgreSQL only: what dp_reserve checks.
+        # (policy_version, policies read at it), PostgreSQL only: reused while current.
         self.snapshot: tuple[int, Policies] | None = None
 
     def read(self, source: Connection | pipeline.Pipeline) -> Policies:

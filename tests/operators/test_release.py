@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant
-from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
-from tests.airflow.dag_runner import ledger_connection, load_dag, stored_xcom, task_states
+from dp_budget_provider.ledger import key_for
+from tests.airflow.dag_runner import load_dag, stored_xcom, task_states
 
 DELTA = 1e-5
 
@@ -75,14 +75,6 @@ def run_release(
     dag_run = load_dag(source).test()
     result = json.loads(out.read_text()) if out.exists() else None
     return dag_run, result, out.with_suffix(".ran").exists()
-
-
-@pytest.fixture
-def ledger(airflow_db, ledger_url, monkeypatch):
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url)
-    ledger_connection(monkeypatch, ledger_url)
-    yield ledger
-    ledger.close()
 
 
 KEY = key_for("alice", "heatmap", "2026-w28")

@@ -12,9 +12,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant
-from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
+from dp_budget_provider.ledger import key_for
 from dp_budget_provider.ledger import ledger as ledger_module
-from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
+from tests.airflow.dag_runner import load_dag, task_states
 
 UTC = timezone.utc
 DELTA = 1e-5
@@ -52,14 +52,6 @@ with DAG(
 # The run of logical date Sunday 2026-11-15 reads [Sunday 11-08, Sunday 11-15): Sunday
 # 11-08 belongs to ISO week 45, Monday 11-09 to Saturday 11-14 to week 46.
 SUNDAY = datetime(2026, 11, 15, tzinfo=UTC)
-
-
-@pytest.fixture
-def ledger(airflow_db, ledger_url, monkeypatch):
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url)
-    ledger_connection(monkeypatch, ledger_url)
-    yield ledger
-    ledger.close()
 
 
 @pytest.fixture
