@@ -60,6 +60,7 @@ from dp_budget_provider.ledger.errors import (
     LedgerCorrupt,
     LedgerError,
     LedgerQuarantined,
+    LedgerUnavailable,
     ReservationStateError,
     WindowSealed,
 )
@@ -1421,8 +1422,20 @@ class PrivacyBudgetLedger:
         settings = audit.AuditSettings(
             self._orders, self._delta, self._conversion, self._key, checkpoint
         )
-        with database.transaction(self._pool(), write=False, snapshot=True) as connection:
-            report = audit.verify(connection, settings)
+        try:
+            with database.transaction(self._pool(), write=False, snapshot=True) as connection:
+                report = audit.verify(connection, settings)
+        except LedgerUnavailable:
+            raise  # nothing was read: no verdict either way
+        except Exception as error:  # noqa: BLE001 - a verify that crashes is a verify that failed
+            # Stored values verify could not even handle (a text in an integer column):
+            # crashing must not be a way around the quarantine.
+            report = VerifyReport(
+                entries=0,
+                accounts=0,
+                problems=[f"verification could not complete: {type(error).__name__}: {error}"],
+                keyed=self._key.keyed,
+            )
         if report.problems and quarantine:
             try:
                 self.quarantine(

@@ -547,3 +547,17 @@ def test_a_release_granted_over_its_cap_is_found_in_the_history(tmp_path):
     problems = ledger.verify().problems
     assert any("above its cap" in p for p in problems), problems
     ledger.close()
+
+
+def test_a_verify_that_cannot_even_read_a_row_still_quarantines(tmp_path):
+    """SQLite stores a text in an INTEGER column: the walk cannot compare it. Crashing
+    must not be a way around the quarantine."""
+    url = f"sqlite:///{tmp_path / 'crash.db'}"
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=url, chain_key=KEY)
+    ledger.spend(key_for("alice", "heatmap", "2026-w49"), GaussianMechanism(4.0))
+    execute(url, "UPDATE dp_history SET chain = 'one' WHERE seq = 1")
+    report = ledger.verify()
+    assert any("could not complete" in p for p in report.problems), report.problems
+    with pytest.raises(LedgerQuarantined):
+        ledger.spend(key_for("alice", "heatmap", "2026-w49"), GaussianMechanism(4.0))
+    ledger.close()
