@@ -17,28 +17,31 @@ series of Section 3.3: the integral splits at
 ``z0 = z^2 log(1/q - 1) + 1/2`` and each part expands as a generalised binomial
 series with log-erfc weights.
 
-Agreement with dp_accounting
-----------------------------
-The numbers agree with Google's ``dp_accounting`` package
+Agreement with dp_accounting, and where we differ to stay an upper bound
+--------------------------------------------------------------------------
+At integer orders the numbers agree with Google's ``dp_accounting`` package
 (``RdpAccountant`` composing ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``)
-on its default order grid, within 1e-6 relative or 1e-12 absolute; the tests
-enforce this. Where RDP is not tiny, the gap is usually about 1e-13. At
-``q = 1`` the two agree bit for bit. The fractional series follows
-``_compute_log_a_frac`` in ``dp_accounting/rdp/rdp_privacy_accountant.py``. In
-particular:
+within 1e-6 relative or 1e-12 absolute, usually about 1e-13; at ``q = 1`` bit for
+bit. The fractional series follows ``_compute_log_a_frac`` in
+``dp_accounting/rdp/rdp_privacy_accountant.py`` with its terms, but dp_accounting's
+result is a *truncation* of the series, not a bound: it stops at the first index
+whose two terms are below ``exp(-30)``. At large orders that is index 0
+(``(1 - q)^alpha`` is tiny), which gave RDP 0.0 at alpha = 90.5, z = 10, q = 0.3; and
+where the terms decay polynomially the dropped tail is far above ``exp(-30)``. Ours
+is an upper bound of the whole series:
 
-* Binomial coefficients enter the fractional series by **absolute value**.
-  dp_accounting takes ``gammaln``, which is ``log|Gamma|``. For ``i > alpha`` the
-  true generalised coefficients alternate in sign, so the fractional series is a
-  valid *upper bound* on ``A_alpha``, never an underestimate. The bound can be
-  loose: for large ``z`` and ``q`` near 1/2 it can exceed the value at the next
-  integer order, and even the unsampled Gaussian value ``alpha / (2 z^2)``. So
-  at fractional orders the curve is not always non-decreasing in ``alpha`` or in
-  ``q``. We keep these numbers unchanged so that results match dp_accounting.
-  A budget computation takes the minimum over orders, so loose orders are
-  simply never chosen.
-* The fractional series stops at the first index where both new terms are below
-  ``exp(-30)``, the same rule dp_accounting uses.
+* Binomial coefficients enter by **absolute value** (dp_accounting's ``gammaln`` is
+  ``log|Gamma|``). For ``i > alpha`` the true generalised coefficients alternate in
+  sign, so the complete series is a valid *upper bound* on ``A_alpha``.
+* The sum stops only past ``alpha``, at the first index whose two terms are below
+  ``exp(-30)``, and adds a proven bound of the tail it drops
+  (:func:`_log_tail_bound`) and of its own rounding.
+* The series can be loose (for large ``z`` and ``q`` near 1/2 it exceeds even the
+  unsampled value ``alpha / (2 z^2)``). Every fractional order is therefore also
+  bounded by the chord between the integer orders around it (``log A_alpha`` is
+  convex in ``alpha``, :func:`_log_a_interpolated`), and the smaller bound is used.
+  So fractional-order values may be below dp_accounting's (tighter, still upper
+  bounds) and are above them by at most the tail dp_accounting dropped.
 
 At integer orders we evaluate the same binomial sum in a more stable form,
 ``A_alpha - 1 = sum_{i>=2} C(alpha, i) q^i (1-q)^(alpha-i) expm1((i^2 - i) / (2 z^2))``.
@@ -50,14 +53,12 @@ the two results differ only by floating-point rounding.
 
 Extreme inputs
 --------------
-The function never returns NaN and never knowingly returns less than the RDP
-it is meant to bound. A value that overflows, or whose terms turn into NaN, is
-returned as ``+inf``. A
-fractional series that has not converged after ``2**21`` terms is replaced by
-a valid upper bound: RDP is non-decreasing in the order, and RDP of the
-subsampled mechanism is at most that of the unsampled one. So we use
-``min(RDP(ceil(alpha)), alpha / (2 z^2))``. An integer order above ``2**21`` gets
-``alpha / (2 z^2)``. dp_accounting would take minutes on inputs like these.
+The function never returns NaN and never returns less than the RDP it bounds. A
+value that overflows, or whose terms turn into NaN, is returned as ``+inf``. A
+fractional series that has not met its stopping rule after ``2**21`` terms is
+replaced by the chord bound alone; an order above ``2**21`` gets ``alpha / (2 z^2)``
+(subsampling never increases RDP). dp_accounting would take minutes on inputs like
+these.
 
 Why no scipy at runtime
 -----------------------
@@ -99,6 +100,14 @@ _MAX_SERIES_TERMS = 1 << 21
 _FIRST_CHUNK = 32
 _MAX_CHUNK = 1 << 16
 _BLOCK_ELEMENTS = 1 << 18
+_UNIT_ROUNDOFF = 2.0**-53
+# Rounding-error allowance of the fractional series, in units of the unit roundoff per
+# unit of magnitude of a term's log (generous: each part is a handful of operations).
+_ROUNDING_ULPS = 16.0
+# Relative rounding error of summing one block of terms and merging it into the running
+# sum, in units of the unit roundoff: an exp per term, numpy's pairwise sum over < 2^18
+# terms (log2 + a few), the merge's handful of operations; with a margin.
+_SUM_ULPS = 32.0
 
 
 # --------------------------------------------------------------------------- validation
@@ -227,15 +236,43 @@ def _log_a_int(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
     return np.logaddexp(0.0, acc.log())
 
 
+def _log_erfc_slope_bound(x: np.ndarray) -> np.ndarray:
+    """An upper bound of |d log erfc(x) / dx| = 2 e^{-x^2} / (sqrt(pi) erfc(x)).
+
+    For x <= 0, erfc(x) >= 1 gives 2 e^{-x^2} / sqrt(pi) < 1.2 e^{-x^2}; for x > 0 the
+    Mills-ratio bound e^{-x^2} / erfc(x) <= sqrt(pi) (x + 1) gives 2 x + 2.
+    """
+    with np.errstate(under="ignore"):
+        return np.where(x > 0.0, 2.0 * x + 2.0, 1.2 * np.exp(-x * x))
+
+
+def _log_tail_bound(
+    log_s0: np.ndarray, log_s1: np.ndarray, k: np.ndarray, alphas: np.ndarray
+) -> np.ndarray:
+    """log of an upper bound on every term of both series after index ``k`` (``k > alpha``).
+
+    Because erfc(x) e^{x^2} decreases, each series' term ratio is at most
+    |alpha - i| / (i + 1) (the Gaussian and erfc factors cancel exactly in the bound), so
+    the terms after k sum to at most term_k (k - alpha) / alpha (Gauss's 2F1(.., 1; ..; 1)).
+    The factor 2 covers the rounding of the computed term_k. Without this tail the series
+    would be a lower, not an upper, estimate of A_alpha.
+    """
+    return np.logaddexp(log_s0, log_s1) + np.log(2.0 * (k - alphas) / alphas)
+
+
 def _log_a_frac(q: float, sigma: float, alphas: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """log(A_alpha) for fractional orders alpha > 1 and 0 < q < 1.
 
     Uses the two-sided series of Mironov et al. with |binomial coefficients|, the
-    same terms and stopping rule as dp_accounting's ``_compute_log_a_frac``.
-    Terms are evaluated in vectorised blocks, with orders as rows. Returns
-    ``(log_a, converged)``. Where the stopping rule was not met within
-    ``_MAX_SERIES_TERMS`` terms, ``converged`` is False and ``log_a`` is
-    meaningless.
+    same terms as dp_accounting's ``_compute_log_a_frac``, but an upper bound of the
+    whole series rather than a truncation of it: the sum stops only past alpha, adds a
+    bound on the dropped tail (:func:`_log_tail_bound`) and bounds on its own rounding:
+    each term's log is raised by the error of its parts (each a few ulps of its
+    magnitude; the running sum of log-coefficients one ulp of a partial sum per step),
+    and the sum by the error of the block sums. Terms are evaluated in vectorised
+    blocks, with orders as rows. Returns ``(log_a, converged)``. Where the stopping rule
+    was not met within ``_MAX_SERIES_TERMS`` terms, ``converged`` is False and
+    ``log_a`` is meaningless.
     """
     log_q = math.log(q)
     log_1mq = math.log1p(-q)
@@ -248,6 +285,8 @@ def _log_a_frac(q: float, sigma: float, alphas: np.ndarray) -> tuple[np.ndarray,
     acc = _LogSumAccumulator(n)
     log_coef_start = np.zeros(n)  # log|C(alpha, start)|
     converged = np.zeros(n, dtype=bool)
+    coef_abs_start = np.zeros(n)  # sum of |log|C(alpha, k)|| for k < start
+    blocks = np.zeros(n)  # blocks added, per row
     pending = np.arange(n)
     start, length = 0, 0
     while pending.size and start < _MAX_SERIES_TERMS:
@@ -261,28 +300,85 @@ def _log_a_frac(q: float, sigma: float, alphas: np.ndarray) -> tuple[np.ndarray,
         log_coef[:, 0] = log_coef_start[pending]
         log_coef[:, 1:] = log_coef_start[pending][:, None] + np.cumsum(steps[:, :-1], axis=1)
         log_coef_start[pending] = log_coef[:, -1] + steps[:, -1]
+        # The cumulative sum rounds once per step, each time to an ulp of its partial sum.
+        coef_error = coef_abs_start[pending][:, None] + np.cumsum(np.abs(log_coef), axis=1)
+        coef_abs_start[pending] = coef_error[:, -1]
 
-        log_e0 = _LOG_HALF + log_erfc((i - z0) / scale)
-        log_e1 = _LOG_HALF + log_erfc((z0 - j) / scale)
+        x0, x1 = (i - z0) / scale, (z0 - j) / scale
+        log_e0 = _LOG_HALF + log_erfc(x0)
+        log_e1 = _LOG_HALF + log_erfc(x1)
         log_s0 = log_coef + i * log_q + j * log_1mq + (i * i - i) / two_var + log_e0
         log_s1 = log_coef + j * log_q + i * log_1mq + (j * j - j) / two_var + log_e1
+        # What each log-term's parts may lose, in units of the unit roundoff: an ulp or so
+        # of each part's magnitude, and the rounding of erfc's argument times the slope of
+        # log erfc there.
+        spread = (np.abs(i) + np.abs(j) + 3.0 * abs(z0) + 1.0) / scale
+        parts0 = (
+            np.abs(i * log_q)
+            + np.abs(j * log_1mq)
+            + (i * i + i) / two_var
+            + np.abs(log_e0)
+            + _log_erfc_slope_bound(x0) * (spread + np.abs(x0))
+        )
+        parts1 = (
+            np.abs(j * log_q)
+            + np.abs(i * log_1mq)
+            + (j * j + np.abs(j)) / two_var
+            + np.abs(log_e1)
+            + _log_erfc_slope_bound(x1) * (spread + np.abs(x1))
+        )
 
-        small = np.maximum(log_s0, log_s1) < _LOG_TERM_CUTOFF  # NaN never counts as small
+        # dp_accounting stops at the first index whose terms are both below the cutoff, which
+        # at large orders can be index 0 ((1-q)^alpha is tiny): we only stop past alpha, where
+        # the tail bound below holds. NaN never counts as small.
+        small = (np.maximum(log_s0, log_s1) < _LOG_TERM_CUTOFF) & (i[None, :] > a)
         done = small.any(axis=1)
-        # dp_accounting adds the first sub-cutoff term, then stops.
-        limit = np.where(done, np.argmax(small, axis=1) + 1, length)
+        last = np.argmax(small, axis=1)  # the last term added, in rows that are done
+        limit = np.where(done, last + 1, length)
         beyond = np.arange(length)[None, :] >= limit[:, None]
+        rows = np.arange(pending.size)
+        tail = np.where(
+            done, _log_tail_bound(log_s0[rows, last], log_s1[rows, last], i[last], a[:, 0]), -np.inf
+        )
+        # Each term is summed as its upper bound: its log plus that log's rounding error.
+        ulps = _ROUNDING_ULPS * _UNIT_ROUNDOFF
         block = np.concatenate(
-            (np.where(beyond, -np.inf, log_s0), np.where(beyond, -np.inf, log_s1)), axis=1
+            (
+                np.where(beyond, -np.inf, log_s0 + ulps * (parts0 + coef_error)),
+                np.where(beyond, -np.inf, log_s1 + ulps * (parts1 + coef_error)),
+                tail[:, None],
+            ),
+            axis=1,
         )
         acc.add(pending, block)
+        blocks[pending] += 1
         # A row whose sum is already NaN or +inf (only for absurd sigma) cannot recover; it
         # stops here and is reported as +inf.
         done |= ~np.isfinite(acc.top[pending])
         converged[pending[done]] = True
         pending = pending[~done]
         start += length
-    return acc.log(), converged
+    # Summing a block (pairwise in numpy) and merging it loses at most _SUM_ULPS ulps.
+    return acc.log() + _SUM_ULPS * _UNIT_ROUNDOFF * (blocks + 1.0), converged
+
+
+def _log_a_interpolated(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
+    """Upper bound of log(A_alpha) at fractional orders 1 < alpha < _MAX_SERIES_TERMS.
+
+    log A_alpha is a cumulant generating function in alpha, hence convex, and
+    log A_1 = 0: it lies below the chord between the integer orders around alpha, which
+    the finite binomial sum evaluates accurately. Tighter than the series where the
+    series is loose (large z, q near 1/2) and where its rounding bound dominates (tiny
+    RDP); never below the exact value.
+    """
+    below = np.floor(alphas)
+    weight = alphas - below
+    integers = np.unique(np.concatenate((below[below >= 2.0], below + 1.0)))
+    log_a = dict(zip(integers.tolist(), _log_a_int(q, sigma, integers).tolist(), strict=True))
+    log_a[1.0] = 0.0
+    low = np.array([log_a[b] for b in below.tolist()])
+    high = np.array([log_a[b + 1.0] for b in below.tolist()])
+    return (1.0 - weight) * low + weight * high
 
 
 def _gaussian_rdp(sigma: float, alphas: np.ndarray) -> np.ndarray:
@@ -303,28 +399,19 @@ def _subsampled_rdp(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
     """RDP at distinct orders alpha > 1 for 0 < q < 1; may contain NaN (the caller maps it)."""
     log_a = np.full(alphas.size, np.nan)
     is_int = alphas == np.floor(alphas)
-    huge = is_int & (alphas > _MAX_SERIES_TERMS)
-    ints = np.flatnonzero(is_int & ~huge)
+    ints = np.flatnonzero(is_int & (alphas <= _MAX_SERIES_TERMS))
     if ints.size:
         log_a[ints] = _log_a_int(q, sigma, alphas[ints])
-    fracs = np.flatnonzero(~is_int)
-    fallback = np.flatnonzero(huge)
+    fracs = np.flatnonzero(~is_int & (alphas < _MAX_SERIES_TERMS))
     if fracs.size:
         log_a_frac, converged = _log_a_frac(q, sigma, alphas[fracs])
-        log_a[fracs[converged]] = log_a_frac[converged]
-        fallback = np.concatenate((fallback, fracs[~converged]))
+        chord = _log_a_interpolated(q, sigma, alphas[fracs])
+        log_a[fracs] = np.where(converged, np.fmin(log_a_frac, chord), chord)
     # A_alpha >= 1, so log(A_alpha) >= 0. Clamp the last ulp of rounding noise.
     rdp = np.maximum(log_a, 0.0) / (alphas - 1.0)  # np.maximum propagates NaN
-    if fallback.size:
-        # Valid upper bounds: RDP is non-decreasing in the order, and subsampling never
-        # increases it.
-        bound = _gaussian_rdp(sigma, alphas[fallback])
-        ceilings = np.ceil(alphas[fallback])
-        usable = ceilings <= _MAX_SERIES_TERMS
-        if usable.any():
-            ceiling_rdp = _subsampled_rdp(q, sigma, ceilings[usable])
-            bound[usable] = np.fmin(bound[usable], ceiling_rdp)
-        rdp[fallback] = bound
+    # Beyond the longest sum we evaluate: subsampling never increases RDP.
+    beyond = np.flatnonzero(alphas > _MAX_SERIES_TERMS)
+    rdp[beyond] = _gaussian_rdp(sigma, alphas[beyond])
     return rdp
 
 

@@ -1,8 +1,9 @@
 """Tests for the Poisson-subsampled Gaussian RDP curve; dp_accounting is the oracle.
 
-About the monotonicity properties: at *fractional* orders the curve is
-dp_accounting's series with |binomial coefficients|. That series is a valid but
-sometimes loose upper bound. For large noise and q near 1/2 it rises above the
+About the monotonicity properties: at *fractional* orders the curve is the smaller of
+dp_accounting's series with |binomial coefficients| (summed completely: tail and
+rounding bounded) and the chord between the integer orders around it. The series is a
+valid but sometimes loose upper bound. For large noise and q near 1/2 it rises above the
 value at the next integer order, and even above the unsampled Gaussian curve
 (dp_accounting itself gives RDP(1.1) = 0.19 > RDP(2) = 0.0025 at z = 10, q = 0.5).
 So "non-decreasing in alpha / q" and "below the unsampled Gaussian" are checked
@@ -36,6 +37,9 @@ Q_GRID = (1e-4, 1e-3, 0.01, 0.05, 0.1, 0.3, 0.5, 0.9, 0.99, 1.0)
 # unsampled Gaussian curve at every q in Q_GRID.
 Z_TIGHT = tuple(z for z in Z_GRID if z <= 1.1)
 RTOL, ATOL = 1e-6, 1e-12
+# dp_accounting truncates its fractional series after a term below e^-30; the tail it drops
+# (which we bound and add) is up to about e^-30 * k / alpha in log A after k terms.
+FRACTIONAL_ATOL = 1e-9
 
 
 @functools.cache
@@ -69,7 +73,15 @@ def test_matches_dp_accounting_on_grid(z, q):
     ours = rdp(z, q)
     assert ours.dtype == np.float64 and ours.shape == ORDERS.shape
     assert np.all(np.isfinite(ours))
-    np.testing.assert_allclose(ours, reference_rdp(z, q), rtol=RTOL, atol=ATOL)
+    assert_matches_reference(ours, reference_rdp(z, q), ORDERS)
+
+
+def assert_matches_reference(ours, reference, orders):
+    """Equal at integer orders; at fractional ones never looser than dp_accounting's
+    truncated series beyond its tail and rounding (we may be tighter: the chord)."""
+    whole = orders % 1 == 0
+    np.testing.assert_allclose(ours[whole], reference[whole], rtol=RTOL, atol=ATOL)
+    assert np.all(ours[~whole] <= reference[~whole] * (1 + RTOL) + FRACTIONAL_ATOL)
 
 
 @settings(max_examples=200, deadline=None, database=None, derandomize=True)
@@ -84,7 +96,7 @@ def test_matches_dp_accounting_on_grid(z, q):
 def test_matches_dp_accounting_random(z, q, orders):
     orders = tuple(orders)
     ours = rdp(z, q, np.array(orders))
-    np.testing.assert_allclose(ours, reference_rdp(z, q, orders), rtol=RTOL, atol=ATOL)
+    assert_matches_reference(ours, reference_rdp(z, q, orders), np.array(orders))
 
 
 @pytest.mark.parametrize("z", (0.3, 0.5, 1.0, 1.1, 3.7, 100.0))
@@ -185,15 +197,14 @@ def test_extreme_orders():
     assert curve[2:].tolist() == gaussian(1.0, orders[2:]).tolist()
 
 
-def test_unconverged_fractional_series_falls_back_to_valid_bound(monkeypatch, fresh_cache):
+def test_unconverged_fractional_series_falls_back_to_the_chord(monkeypatch, fresh_cache):
     monkeypatch.setattr(sg, "_MAX_SERIES_TERMS", 40)  # z = 1, q = 0.5 needs > 40 at alpha < 3
-    orders = np.array([1.1, 1.5, 2.0, 2.5, 3.0])
+    orders = np.array([1.1, 1.5, 2.5])
     ours = rdp(1.0, 0.5, orders)
-    at_ceiling = rdp(1.0, 0.5, np.ceil(orders))
-    expected = np.minimum(at_ceiling, gaussian(1.0, orders))
-    np.testing.assert_array_equal(ours, expected)
-    assert np.all(ours[:2] > reference_rdp(1.0, 0.5, tuple(orders))[:2])  # really fell back
-    assert np.all(ours >= reference_rdp(1.0, 0.5, tuple(orders)) * (1 - 1e-12))
+    log_a = {1: 0.0, 2: rdp(1.0, 0.5, np.array([2.0]))[0], 3: 2 * rdp(1.0, 0.5, np.array([3.0]))[0]}
+    chord = [((n + 1 - a) * log_a[n] + (a - n) * log_a[n + 1]) / (a - 1) for a in orders
+             for n in [int(a)]]
+    np.testing.assert_allclose(ours, chord, rtol=1e-14)
 
 
 # ------------------------------------------------------------------ log erfc helper
