@@ -8,7 +8,9 @@ Gaussian with mu = sqrt(sum 1 / z_i^2) (Dong-Roth-Su's Gaussian DP), whose
 
 No sound accountant may report less than the eps solving delta(eps) = delta; the
 RDP conversions report more. Both searches below return the endpoint of their final
-bracket on the safe side, so rounding can only over-state the loss, never under-state it.
+bracket on the safe side, and decide with a ``delta`` raised by a bound of its own
+rounding error (:func:`gaussian_delta`), so rounding can only over-state the loss,
+never under-state it: the eps returned is at least the exact eps of the exact mu.
 
 How the searches are made fast without changing their answers
 -------------------------------------------------------------
@@ -71,6 +73,10 @@ _UNIT_ROUNDOFF = 2.0**-53
 _GUARD_FACTOR = 8.0
 _GUARD_ULPS = 4.0
 _NEWTON_STEPS = 60
+# The certified delta is the computed one plus this many times the modelled rounding
+# error, plus the most an underflowing term can lose.
+_CERTIFIED_FACTOR = 4.0
+_UNDERFLOW = 2.0**-1020
 # The fast path is used only where it was validated against the reference. Beyond it
 # (eps ~ mu^2 / 2 in the tens of millions and up) delta loses its accuracy to the
 # cancellation in eps + log Phi(b), and from eps ~ 1e18 on even overflows; there the
@@ -81,13 +87,28 @@ _FAST_PATH_MAX_EPSILON = 1e9
 
 def _delta(epsilon: float, mu: float) -> float:
     """``gaussian_delta`` without argument checks (bit-identical to it)."""
-    first = math.exp(log_ndtr(-epsilon / mu + mu / 2.0))
-    second = math.exp(epsilon + log_ndtr(-epsilon / mu - mu / 2.0))
-    return max(0.0, first - second)
+    return _upper_delta(*_curve(epsilon, mu, log_ndtr))
+
+
+def _upper_delta(first: float, second: float, error: float) -> float:
+    """The computed ``first - second`` raised by a bound of its rounding error.
+
+    ``_CERTIFIED_FACTOR`` times the modelled error (measured against mpmath at 50 digits:
+    the actual error never exceeded the model) plus the largest value an underflow of
+    either term can lose. Where the model itself overflows (0 * inf is NaN at mu ~ 1e160)
+    nothing is certain but delta <= 1, which is what is returned.
+    """
+    bound = max(0.0, first - second) + _CERTIFIED_FACTOR * error + _UNDERFLOW
+    return bound if bound < 1.0 else 1.0
 
 
 def gaussian_delta(epsilon: float, mu: float) -> float:
-    """Smallest delta for which a mu-GDP mechanism is (eps, delta)-DP."""
+    """An upper bound of the smallest delta for which a mu-GDP mechanism is (eps, delta)-DP.
+
+    The two terms of the curve cancel where mu is small (delta is far below either), so the
+    computed difference is raised by a bound of its rounding error: the exact delta is
+    never above the value returned, and every search built on it errs on the safe side.
+    """
     epsilon = check.non_negative("epsilon", epsilon)
     mu = check.positive("mu", mu)
     return _delta(epsilon, mu)
@@ -115,21 +136,25 @@ def _approx_log_ndtr(x: float) -> float:
     return -t2 - math.log(t) - _HALF_LOG_PI + math.log(series) - _LOG_2
 
 
-def _curve(epsilon: float, mu: float) -> tuple[float, float, float]:
-    """Approximate (first, second, modelled absolute rounding error of delta).
+def _curve(
+    epsilon: float, mu: float, log_phi: Callable[[float], float] = _approx_log_ndtr
+) -> tuple[float, float, float]:
+    """(first, second, modelled absolute rounding error of their difference).
 
-    ``first = Phi(a)`` and ``second = e^eps Phi(b)`` with ``a, b = -eps/mu +- mu/2``.
-    The error model bounds, to first order and with small constants, what the
-    computation in :func:`_delta` can lose: the rounding of ``a`` and ``b`` (absolute
-    ``u (eps/mu + mu/2)``, amplified by ``d log Phi / dx``, at most ``|x| + 1``), a few
-    ulps inside ``log_ndtr`` and ``exp``, and the rounding of ``eps + log Phi(b)``.
+    ``first = Phi(a)`` and ``second = e^eps Phi(b)`` with ``a, b = -eps/mu +- mu/2``,
+    with ``log_phi`` for log Phi (``log_ndtr`` for the decisions, the faster
+    ``_approx_log_ndtr`` for Newton). The error model bounds, to first order and with
+    small constants, what the computation can lose: the rounding of ``a`` and ``b``
+    (absolute ``u (eps/mu + mu/2)``, amplified by ``d log Phi / dx``, at most
+    ``|x| + 1``), a few ulps inside ``log_ndtr`` and ``exp``, and the rounding of
+    ``eps + log Phi(b)``.
     """
     ratio = epsilon / mu
     half = mu / 2.0
     a = -ratio + half
     b = -ratio - half
-    log_first = _approx_log_ndtr(a)
-    log_phi_b = _approx_log_ndtr(b)
+    log_first = log_phi(a)
+    log_phi_b = log_phi(b)
     exponent = epsilon + log_phi_b
     first = math.exp(log_first)
     second = math.exp(exponent)
@@ -265,7 +290,7 @@ def _estimate_epsilon(mu: float, delta: float) -> tuple[float, float] | None:
 
     def curve(epsilon: float) -> tuple[float, float, float]:
         first, second, error = _curve(epsilon, mu)
-        return first - second, -second, error  # d delta / d eps = -e^eps Phi(b)
+        return _upper_delta(first, second, error), -second, error  # d/d eps = -e^eps Phi(b)
 
     # Where Phi(-eps/mu + mu/2), the first term alone, equals delta.
     start = mu * (mu / 2.0 + _normal_quantile_guess(delta))
@@ -325,7 +350,7 @@ def _estimate_mu(epsilon: float, delta: float) -> tuple[float, float] | None:
     def curve(mu: float) -> tuple[float, float, float]:
         first, second, error = _curve(epsilon, mu)
         a = -epsilon / mu + mu / 2.0
-        return first - second, math.exp(-0.5 * a * a - _HALF_LOG_2PI), error  # phi(a)
+        return _upper_delta(first, second, error), math.exp(-0.5 * a * a - _HALF_LOG_2PI), error
 
     # mu^2 / 2 + z mu = eps: where the first term alone, Phi(-eps/mu + mu/2), is delta.
     z = _normal_quantile_guess(delta)
@@ -358,6 +383,8 @@ def calibrate_analytic_gaussian(epsilon: float, delta: float, l2_sensitivity: fl
     Solved as the largest mu = sensitivity / sigma with delta(eps; mu) <= delta, by
     bisection keeping the feasible end, so the returned sigma is never too small (the
     bisection is replayed around a Newton estimate, as for :func:`gaussian_epsilon`).
+    Feasibility is decided with the certified :func:`gaussian_delta` and the quotient is
+    rounded up, so sigma is at least the exact calibration, rounding included.
     """
     epsilon = check.positive("epsilon", epsilon)
     delta = check.open_unit("delta", delta)
@@ -365,4 +392,4 @@ def calibrate_analytic_gaussian(epsilon: float, delta: float, l2_sensitivity: fl
     lo = _calibrated_mu(epsilon, delta)
     if lo == 0.0:
         raise ValueError(f"no Gaussian noise level reaches eps={epsilon}, delta={delta}")
-    return l2_sensitivity / lo
+    return math.nextafter(l2_sensitivity / lo, math.inf)  # the quotient rounded up

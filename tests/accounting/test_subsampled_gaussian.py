@@ -202,8 +202,11 @@ def test_unconverged_fractional_series_falls_back_to_the_chord(monkeypatch, fres
     orders = np.array([1.1, 1.5, 2.5])
     ours = rdp(1.0, 0.5, orders)
     log_a = {1: 0.0, 2: rdp(1.0, 0.5, np.array([2.0]))[0], 3: 2 * rdp(1.0, 0.5, np.array([3.0]))[0]}
-    chord = [((n + 1 - a) * log_a[n] + (a - n) * log_a[n + 1]) / (a - 1) for a in orders
-             for n in [int(a)]]
+    chord = [
+        ((n + 1 - a) * log_a[n] + (a - n) * log_a[n + 1]) / (a - 1)
+        for a in orders
+        for n in [int(a)]
+    ]
     np.testing.assert_allclose(ours, chord, rtol=1e-14)
 
 
