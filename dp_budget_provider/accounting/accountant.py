@@ -14,6 +14,7 @@ never below the true loss.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,12 @@ import numpy as np
 
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.analytic_gaussian import gaussian_epsilon
-from dp_budget_provider.accounting.conversion import Conversion, check_conversion, rdp_to_epsilon
+from dp_budget_provider.accounting.conversion import (
+    CURVE_ROUNDING,
+    Conversion,
+    check_conversion,
+    rdp_to_epsilon,
+)
 from dp_budget_provider.accounting.mechanisms import GaussianMechanism, Mechanism
 from dp_budget_provider.accounting.orders import DEFAULT_ORDERS, validate_orders
 
@@ -66,18 +72,47 @@ def epsilon_bound(
 
     ``"improved"`` also considers the exact analytical Gaussian bound when the curve
     comes from Gaussian releases only (``gaussian_mu_squared`` not None) and reports the
-    smaller; ``"classic"`` is Mironov's conversion alone.
+    smaller; ``"classic"`` is Mironov's conversion alone. Both are rounded outward.
     """
     delta = check.open_unit("delta", delta)
     conversion = check_conversion(conversion)
     epsilon, order = rdp_to_epsilon(orders, curve, delta, conversion)
+    if gaussian_mu_squared is not None:
+        mu_squared = _gaussian_mu_squared_of(orders, curve, gaussian_mu_squared)
     if order is None:
         return EpsilonBound(0.0, None, "none")
-    if conversion == "improved" and gaussian_mu_squared:
-        exact = gaussian_epsilon(gaussian_mu_squared**0.5, delta)
+    if conversion == "improved" and gaussian_mu_squared and math.isfinite(mu_squared):
+        exact = gaussian_epsilon(_mu_rounded_up(mu_squared), delta)
         if exact < epsilon:
             return EpsilonBound(exact, None, "analytic-gaussian")
     return EpsilonBound(epsilon, order, f"rdp-{conversion}")
+
+
+def _gaussian_mu_squared_of(orders: np.ndarray, curve: np.ndarray, mu_squared: object) -> float:
+    """The mu^2 of a Gaussian-only curve: the caller's, checked against the curve.
+
+    A Gaussian composition's curve is exactly alpha mu^2 / 2, so a mu^2 that does not
+    describe the curve (beyond the rounding of sums kept apart) is refused: it would turn
+    the exact Gaussian bound into an arbitrary number. The larger of the two descriptions
+    is used, so the rounding of either cannot lower the bound.
+    """
+    if mu_squared != math.inf:  # +inf: a noise multiplier whose 1/z^2 overflows
+        mu_squared = check.non_negative("gaussian_mu_squared", mu_squared)
+    grid = np.asarray(orders, dtype=np.float64)
+    linear = grid * (mu_squared / 2.0)
+    if not np.allclose(curve, linear, rtol=1e-6, atol=1e-12):
+        raise ValueError(
+            f"gaussian_mu_squared={mu_squared!r} does not describe the curve (a Gaussian-only "
+            "curve is alpha * mu^2 / 2)"
+        )
+    with np.errstate(over="ignore", invalid="ignore"):
+        from_curve = 2.0 * float(np.max(np.asarray(curve, dtype=np.float64) / grid))
+    return max(mu_squared, from_curve)
+
+
+def _mu_rounded_up(mu_squared: float) -> float:
+    """sqrt(mu^2) raised by the rounding the summed mu^2 may carry and rounded up."""
+    return math.nextafter(math.sqrt(mu_squared * (1.0 + CURVE_ROUNDING)), math.inf)
 
 
 Release = Mechanism | tuple[Mechanism, int]
@@ -126,11 +161,11 @@ class RDPAccountant:
             mechanism, count = release if isinstance(release, tuple) else (release, 1)
             if not isinstance(mechanism, Mechanism):
                 raise ValueError(f"mechanism must be a Mechanism, got {mechanism!r}")
-            count = check.positive_int("count", count)
+            count = check.count("count", count)
             if not isinstance(mechanism, GaussianMechanism):
                 mu_squared = None
             elif mu_squared is not None:
-                mu_squared += count / mechanism.noise_multiplier**2
+                mu_squared += mechanism.mu_squared(count)
             if mechanism.zcdp_rho is not None:
                 rho += count * mechanism.zcdp_rho
             else:

@@ -43,7 +43,7 @@ def plan_noise_multiplier(
     """
     target_epsilon = check.positive("target_epsilon", target_epsilon)
     delta = check.open_unit("delta", delta)
-    count = check.positive_int("count", count)
+    count = check.count("count", count)
     conversion = check_conversion(conversion)
 
     def fits(noise_multiplier: float) -> bool:

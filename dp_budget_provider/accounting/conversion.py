@@ -7,9 +7,18 @@ Two sound conversions are offered:
   one Google dp_accounting, Opacus and OpenDP use:
   eps = RDP(a) + log1p(-1/a) - (log(delta) + log(a)) / (a - 1).
 
-The improved formula is evaluated exactly as dp_accounting evaluates it (including
-its KL-divergence shortcut and its a > 1.01 stability floor) so that our numbers
-equal the oracle's on the same grid.
+The improved formula is evaluated as dp_accounting evaluates it (including its
+KL-divergence shortcut and its a > 1.01 stability floor), so that our numbers equal the
+oracle's on the same grid up to the outward rounding below.
+
+Outward rounding. A curve is a sum of float upper bounds, each within a few ulps of
+its mechanism's curve or above it, and the sum itself rounds: n non-negative summands
+lose at most (n - 1) u relative (u = 2^-53). The conversion therefore raises the curve
+by ``CURVE_ROUNDING`` (2^-42, covering 2^11 worst-case roundings, i.e. a few thousand
+releases composed one by one; a release of ``count`` invocations is one multiplication)
+and the result by a bound of the conversion's own rounding (a few ulps of each of its
+three terms). The eps returned is then an upper bound of the exact conversion of the
+exact curve; it exceeds the float evaluation by ~1e-13 relative.
 """
 
 from __future__ import annotations
@@ -22,9 +31,15 @@ from typing import Literal, NamedTuple
 import numpy as np
 
 from dp_budget_provider.accounting import validation as check
+from dp_budget_provider.accounting.orders import validate_orders
 
 Conversion = Literal["improved", "classic"]
 CONVERSIONS: tuple[Conversion, ...] = ("improved", "classic")
+# Relative allowance for the rounding a stored curve carries (see the module docstring).
+CURVE_ROUNDING = 2.0**-42
+_UNIT_ROUNDOFF = 2.0**-53
+# Ulps of each term the conversion itself may lose: log1p / log, a division, three sums.
+_CONVERSION_ULPS = 8.0
 
 
 def check_conversion(conversion: object) -> Conversion:
@@ -64,10 +79,10 @@ def _terms(orders: np.ndarray, delta: float, conversion: Conversion) -> _Terms:
 
 @functools.lru_cache(maxsize=32)
 def _grid_terms(orders: bytes, delta: float, conversion: Conversion) -> _Terms:
-    """:func:`_terms` of a fixed grid (a ledger's, an accountant's), computed once: a
-    conversion is then a few array operations, and the ledger makes two per release.
-    The cached arrays are read-only: every conversion shares them."""
-    terms = _terms(np.frombuffer(orders, dtype=np.float64), delta, conversion)
+    """:func:`_terms` of a fixed grid (a ledger's, an accountant's), validated and computed
+    once: a conversion is then a few array operations, and the ledger makes two per
+    release. The cached arrays are read-only: every conversion shares them."""
+    terms = _terms(validate_orders(np.frombuffer(orders, dtype=np.float64)), delta, conversion)
     for array in (terms.first, terms.second, terms.unusable):
         array.flags.writeable = False
     return terms
@@ -87,22 +102,36 @@ def _epsilon_per_order(rdp: np.ndarray, delta: float, terms: _Terms) -> np.ndarr
 def rdp_to_epsilon(
     orders: np.ndarray, rdp: np.ndarray, delta: float, conversion: Conversion = "improved"
 ) -> tuple[float, float | None]:
-    """Smallest epsilon over the grid and the order achieving it.
+    """An upper bound of the smallest epsilon over the grid, and the order achieving it.
 
-    An all-zero curve (nothing released) is exactly eps = 0 with no order, not the
-    positive residual log(1/delta)/(a-1) the classic formula would leave.
+    ``orders`` must be a valid grid (finite, distinct, all > 1: an order of 0.5 or NaN
+    would make a wrong number, not an error) and ``rdp`` a non-negative curve of the
+    same length. An all-zero curve (nothing released) is exactly eps = 0 with no order,
+    not the positive residual log(1/delta)/(a-1) the classic formula would leave. The
+    result is rounded outward (module docstring).
     """
     delta = check.open_unit("delta", delta)
     conversion = check_conversion(conversion)
-    rdp = np.asarray(rdp, dtype=np.float64)
+    try:
+        grid = np.ascontiguousarray(orders, dtype=np.float64)
+        rdp = np.asarray(rdp, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"orders and rdp must be arrays of numbers: {exc}") from exc
+    if rdp.shape != grid.shape:
+        raise ValueError(f"rdp has shape {rdp.shape}, orders {grid.shape}: one value per order")
     if not (rdp >= 0.0).all():  # NaN compares false
-        raise ValueError("RDP curve contains NaN or negative values; refusing to convert it")
+        raise ValueError("rdp contains NaN or negative values; refusing to convert it")
+    terms = _grid_terms(grid.tobytes(), delta, conversion)
     if not rdp.any():
         return 0.0, None
-    grid = np.ascontiguousarray(orders, dtype=np.float64)
-    per_order = _epsilon_per_order(rdp, delta, _grid_terms(grid.tobytes(), delta, conversion))
+    raised = rdp * (1.0 + CURVE_ROUNDING)
+    per_order = _epsilon_per_order(raised, delta, terms)
     best = int(np.argmin(per_order))
-    return max(0.0, float(per_order[best])), float(grid[best])
+    epsilon = float(per_order[best])
+    if epsilon > 0.0:
+        magnitude = raised[best] + abs(terms.first[best]) + abs(terms.second[best])
+        epsilon += _CONVERSION_ULPS * _UNIT_ROUNDOFF * float(magnitude)
+    return max(0.0, epsilon), float(grid[best])
 
 
 def continuous_optimal_epsilon(
@@ -161,7 +190,7 @@ def zcdp_to_dp(rho: float, delta: float) -> float:
 
 def basic_composition(epsilon: float, count: int) -> float:
     """k-fold basic composition of an (eps, delta) release: k * eps (with k * delta)."""
-    return check.non_negative("epsilon", epsilon) * check.positive_int("count", count)
+    return check.non_negative("epsilon", epsilon) * check.count("count", count)
 
 
 def advanced_composition(epsilon: float, delta_prime: float, count: int) -> float:
@@ -171,7 +200,7 @@ def advanced_composition(epsilon: float, delta_prime: float, count: int) -> floa
     """
     epsilon = check.non_negative("epsilon", epsilon)
     delta_prime = check.open_unit("delta_prime", delta_prime)
-    count = check.positive_int("count", count)
+    count = check.count("count", count)
     return math.sqrt(2.0 * count * math.log(1.0 / delta_prime)) * epsilon + count * epsilon * (
         math.expm1(epsilon)
     )

@@ -20,6 +20,7 @@ from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.subsampled_gaussian import poisson_subsampled_gaussian_rdp
 
 _REGISTRY: dict[str, type[Mechanism]] = {}
+_SMALLEST_DOUBLE = math.ulp(0.0)
 
 
 class Mechanism(ABC):
@@ -113,10 +114,29 @@ class GaussianMechanism(Mechanism):
 
     @property
     def zcdp_rho(self) -> float:
-        return 1.0 / (2.0 * self.noise_multiplier**2)
+        """1 / (2 z^2), finite or not: +inf where z^2 underflows (z < ~1e-162: no cap
+        grants it), the smallest double where it underflows to 0 (z > ~1e154: the exact
+        value is positive, and rounding it to 0 would under-count)."""
+        square = _square(self.noise_multiplier)
+        if square == 0.0:
+            return math.inf
+        return 1.0 / (2.0 * square) or _SMALLEST_DOUBLE
+
+    def mu_squared(self, count: int) -> float:
+        """count / z^2: this release's part of the composition's Gaussian mu^2."""
+        square = _square(self.noise_multiplier)
+        return count / square if square else math.inf
 
     def rdp(self, orders: np.ndarray) -> np.ndarray:
         return np.asarray(orders, dtype=np.float64) * self.zcdp_rho
+
+
+def _square(value: float) -> float:
+    """value**2 (the expression every stored cost was computed with), +inf on overflow."""
+    try:
+        return value**2
+    except OverflowError:
+        return math.inf
 
 
 def _expm1_minus_identity(x: np.ndarray) -> np.ndarray:

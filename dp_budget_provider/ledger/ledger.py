@@ -607,7 +607,7 @@ class PrivacyBudgetLedger:
     ) -> tuple[Mechanism, int, str, Spend]:
         """Validate a release's arguments (before any database work) and price it."""
         mechanism = self._mechanism(mechanism)
-        count = check.positive_int("count", count)
+        count = check.count("count", count)
         return mechanism, count, self._attempt(attempt), self._cost(mechanism, count)
 
     def _cost(self, mechanism: Mechanism, count: int) -> Spend:
@@ -1081,7 +1081,7 @@ class PrivacyBudgetLedger:
     ) -> float:
         """The eps ``key`` would reach with this release on top of committed and reserved spend."""
         keys = self._keys(key)
-        cost = self._cost(self._mechanism(mechanism), check.positive_int("count", count))
+        cost = self._cost(self._mechanism(mechanism), check.count("count", count))
         with self.reading() as connection:
             state, pending = self._held(connection, keys)[keys[0]]
         return self._bounds([state.plus(pending).plus(cost)])[0].epsilon
@@ -1374,7 +1374,7 @@ class PrivacyBudgetLedger:
         """
         keys = self._one_key(key)
         mechanism = self._mechanism(mechanism)
-        count = check.positive_int("count", count)
+        count = check.count("count", count)
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError("a correction needs a reason")
         cost = self._cost(mechanism, count)
