@@ -20,7 +20,7 @@ from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.subsampled_gaussian import poisson_subsampled_gaussian_rdp
 
 _REGISTRY: dict[str, type[Mechanism]] = {}
-_SMALLEST_DOUBLE = math.ulp(0.0)
+_SMALLEST_NORMAL = 2.0**-1022
 
 
 class Mechanism(ABC):
@@ -114,18 +114,19 @@ class GaussianMechanism(Mechanism):
 
     @property
     def zcdp_rho(self) -> float:
-        """1 / (2 z^2), finite or not: +inf where z^2 underflows (z < ~1e-162: no cap
-        grants it), the smallest double where it underflows to 0 (z > ~1e154: the exact
-        value is positive, and rounding it to 0 would under-count)."""
+        """1 / (2 z^2), never below the exact value: +inf where z^2 underflows (z below
+        ~1e-162: no cap grants it), rounded up where it underflows (z above ~1e154: a 0
+        would under-count; for larger z the cost is still granted by any cap)."""
         square = _square(self.noise_multiplier)
         if square == 0.0:
             return math.inf
-        return 1.0 / (2.0 * square) or _SMALLEST_DOUBLE
+        double = 2.0 * square
+        return _not_underflowed(1.0 / double if double < math.inf else 0.5 / square)
 
     def mu_squared(self, count: int) -> float:
-        """count / z^2: this release's part of the composition's Gaussian mu^2."""
+        """count / z^2: this release's part of the composition's Gaussian mu^2 (same rules)."""
         square = _square(self.noise_multiplier)
-        return count / square if square else math.inf
+        return _not_underflowed(count / square) if square else math.inf
 
     def rdp(self, orders: np.ndarray) -> np.ndarray:
         return np.asarray(orders, dtype=np.float64) * self.zcdp_rho
@@ -137,6 +138,12 @@ def _square(value: float) -> float:
         return value**2
     except OverflowError:
         return math.inf
+
+
+def _not_underflowed(value: float) -> float:
+    """``value`` where it is a normal double; rounded up where it underflowed (to a
+    subnormal, which keeps few digits, or to 0), so that it stays an upper bound."""
+    return value if value >= _SMALLEST_NORMAL else math.nextafter(value, math.inf)
 
 
 def _expm1_minus_identity(x: np.ndarray) -> np.ndarray:
