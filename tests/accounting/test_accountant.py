@@ -1,5 +1,7 @@
 """RDPAccountant behaviour beyond the numbers: state, validation, atomicity."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -9,7 +11,10 @@ from dp_budget_provider.accounting import (
     GaussianMechanism,
     LaplaceMechanism,
     RDPAccountant,
+    basic_composition,
+    epsilon_bound,
 )
+from tests.accounting import mp_oracles
 
 
 def test_rdp_property_is_a_copy():
@@ -114,3 +119,37 @@ def test_epsilon_grows_with_every_release():
         eps = accountant.get_epsilon(1e-5)[0]
         assert eps > last
         last = eps
+
+
+def test_a_cap_at_the_exact_gaussian_bound_is_never_passed():
+    # A ledger whose cap is gaussian_epsilon(1e-4, 1e-10) compares this eps with it: the
+    # eps must be at or above the exact one, or a release over the cap is granted.
+    accountant = RDPAccountant()
+    accountant.compose(GaussianMechanism(1e4))
+    bound = accountant.epsilon_bound(1e-10)
+    assert bound.method == "analytic-gaussian"
+    assert mp_oracles.gaussian_delta(bound.epsilon, 1e-4) <= 1e-10
+
+
+def test_a_gaussian_mu_squared_that_does_not_describe_the_curve_is_refused():
+    curve = DEFAULT_ORDERS * 0.5  # a Gaussian composition with mu^2 = 1
+    assert epsilon_bound(DEFAULT_ORDERS, curve, 1.0, 1e-5).method == "analytic-gaussian"
+    for wrong in (1e-6, 5.0):
+        with pytest.raises(ValueError, match="gaussian_mu_squared"):
+            epsilon_bound(DEFAULT_ORDERS, curve, wrong, 1e-5)
+
+
+@pytest.mark.parametrize(("z", "granted"), [(1e-200, False), (1e-160, False), (1e300, True)])
+def test_extreme_noise_multipliers_give_an_answer(z, granted):
+    accountant = RDPAccountant()
+    accountant.compose(GaussianMechanism(z), 2**53)
+    epsilon = accountant.get_epsilon(1e-5)[0]
+    assert (epsilon == 0.0) if granted else (epsilon == math.inf)
+
+
+@pytest.mark.parametrize("count", [10**400, 2**53 + 1])
+def test_counts_beyond_exact_doubles_are_refused(count):
+    with pytest.raises(ValueError, match="count"):
+        RDPAccountant().compose(GaussianMechanism(1.0), count)
+    with pytest.raises(ValueError, match="count"):
+        basic_composition(1.0, count)

@@ -19,6 +19,7 @@ from dp_budget_provider.accounting import (
     gaussian_delta,
     gaussian_epsilon,
 )
+from tests.accounting import mp_oracles
 
 
 def bisection_epsilon(mu, delta):
@@ -254,3 +255,36 @@ def test_calibration_validation_errors_unchanged():
     ]:
         with pytest.raises(ValueError, match=name):
             calibrate_analytic_gaussian(*args)
+
+
+# ------------------------------------------------- exact arithmetic (mpmath, 60 digits)
+
+
+def mpmath_cases(seed, n, mu_range=(1e-5, 50.0), delta_range=(1e-14, 0.1)):
+    rng = np.random.default_rng(seed)
+    return zip(log_uniform(rng, *mu_range, n), log_uniform(rng, *delta_range, n), strict=True)
+
+
+def test_delta_is_never_below_the_exact_delta():
+    rng = np.random.default_rng(11)
+    for mu, delta in mpmath_cases(10, 150):
+        root = gaussian_epsilon(mu, delta)
+        for epsilon in (0.0, root, root * float(np.exp(rng.uniform(-0.05, 0.05)))):
+            exact = mp_oracles.gaussian_delta(epsilon, mu)
+            assert gaussian_delta(epsilon, mu) >= exact, (epsilon, mu)
+
+
+def test_epsilon_is_never_below_the_exact_epsilon():
+    # gaussian_epsilon's answer satisfies the exact curve: exact delta(eps) <= delta.
+    for mu, delta in [*mpmath_cases(12, 200), (1e-4, 1e-10), (1e-8, 1e-12), (3.0, 1e-300)]:
+        epsilon = gaussian_epsilon(mu, delta)
+        assert mp_oracles.gaussian_delta(epsilon, mu) <= delta, (mu, delta)
+
+
+def test_calibration_is_never_below_the_exact_sigma():
+    rng = np.random.default_rng(13)
+    epsilons, deltas = log_uniform(rng, 1e-3, 20.0, 200), log_uniform(rng, 1e-12, 1e-2, 200)
+    for epsilon, delta in zip(epsilons, deltas, strict=True):
+        sigma = calibrate_analytic_gaussian(epsilon, delta, l2_sensitivity=2.0)
+        exact = mp_oracles.gaussian_delta(epsilon, 2.0 / mp_oracles.mp.mpf(sigma))
+        assert exact <= delta, (epsilon, delta)

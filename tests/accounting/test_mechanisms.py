@@ -17,6 +17,8 @@ from dp_budget_provider.accounting import (
     PureDPMechanism,
     ZCDPMechanism,
 )
+from dp_budget_provider.accounting.conversion import CURVE_ROUNDING
+from tests.accounting import mp_oracles
 
 ALL = [
     GaussianMechanism(2.5),
@@ -172,3 +174,41 @@ def test_mechanisms_are_frozen_and_hashable():
     with pytest.raises(AttributeError):
         mechanism.noise_multiplier = 2.0
     assert len({GaussianMechanism(1.0), GaussianMechanism(1)}) == 1
+
+
+# ------------------------------------------- exact curves at tiny and huge eps0 (mpmath)
+
+EXTREME_EPSILONS = (3e-9, 1e-8, 1e-7, 1e-4, 0.3, 5.0, 80.0, 1e3)
+ORDERS_UP_TO_HUGE = np.array([1.01, 1.1, 1.5, 2.0, 3.5, 10.0, 63.0, 256.0, 1024.0, 1e5])
+
+
+def assert_bounds_exact(ours, exact_at):
+    """Each value at or above the exact one up to the conversion's CURVE_ROUNDING allowance
+    (it covers a curve's last ulps), and within 1e-12 of it."""
+    for order, value in zip(ORDERS_UP_TO_HUGE, ours, strict=True):
+        exact = exact_at(float(order))
+        assert value >= exact * (1 - CURVE_ROUNDING / 4), (order, value, exact)
+        assert value <= exact * (1 + 1e-12), (order, value, exact)
+
+
+@pytest.mark.parametrize("eps0", EXTREME_EPSILONS)
+def test_pure_dp_curve_bounds_exact_randomised_response(eps0):
+    ours = PureDPMechanism(eps0).rdp(ORDERS_UP_TO_HUGE)
+    assert_bounds_exact(ours, lambda a: mp_oracles.randomised_response_rdp(a, eps0))
+
+
+@pytest.mark.parametrize("eps0", EXTREME_EPSILONS)
+def test_laplace_curve_bounds_exact_curve(eps0):
+    ours = LaplaceMechanism(eps0).rdp(ORDERS_UP_TO_HUGE)
+    assert_bounds_exact(ours, lambda a: mp_oracles.laplace_rdp(a, eps0))
+
+
+@pytest.mark.parametrize("z", [1e-200, 1e-160, 1e154, 1e300])
+def test_extreme_noise_multipliers_cost_a_bound_not_an_exception(z):
+    # Never below the exact cost beyond the last ulps CURVE_ROUNDING covers, not even by
+    # underflow; +inf where the exact cost is beyond every double.
+    mechanism = GaussianMechanism(z)
+    inverse_square = 1 / mp_oracles.mp.mpf(z) ** 2
+    assert mechanism.zcdp_rho >= inverse_square / 2 * (1 - CURVE_ROUNDING / 4)
+    assert mechanism.mu_squared(3) >= 3 * inverse_square * (1 - CURVE_ROUNDING / 4)
+    assert mechanism.zcdp_rho > 0.0

@@ -25,9 +25,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import special
 
+from dp_budget_provider.accounting import (
+    DEFAULT_ORDERS,
+    PoissonSubsampledGaussianMechanism,
+    RDPAccountant,
+)
 from dp_budget_provider.accounting import subsampled_gaussian as sg
 from dp_budget_provider.accounting.special import log_erfc
 from dp_budget_provider.accounting.subsampled_gaussian import poisson_subsampled_gaussian_rdp
+from tests.accounting import mp_oracles
 
 ORDERS = np.array(rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=np.float64)
 IS_INT = ORDERS % 1 == 0
@@ -277,3 +283,43 @@ def test_output_shape_dtype_and_no_aliasing_of_cache():
     first[...] = -1.0  # callers may mutate results; the cache must not see it
     np.testing.assert_array_equal(poisson_subsampled_gaussian_rdp(1.1, 0.01, orders), keep)
     assert poisson_subsampled_gaussian_rdp(1.1, 0.01, np.array([], dtype=float)).shape == (0,)
+
+
+# ------------------------------------------------------- exact values (mpmath, 60 digits)
+
+
+@pytest.mark.parametrize(
+    ("z", "q", "order"),
+    [
+        (1.0, 0.01, 5.5),
+        (4.0, 0.5, 1.5),  # the loose regime: the chord bounds it
+        (0.8, 0.05, 10.9),
+        (10.0, 0.3, 63.5),
+        (10.0, 0.3, 90.5),  # was 0.0: dp_accounting's series stopped at index 0
+        (10.0, 0.3, 1024.5),
+        (2.0, 0.05, 3000.5),
+    ],
+)
+def test_fractional_orders_are_upper_bounds_of_the_exact_curve(z, q, order):
+    exact = mp_oracles.subsampled_gaussian_rdp(z, q, order)
+    assert rdp(z, q, np.array([order]))[0] >= exact
+
+
+@pytest.mark.parametrize(("z", "q", "order"), [(1.0, 0.01, 2.0), (10.0, 0.3, 1024.0)])
+def test_integer_orders_match_the_exact_curve(z, q, order):
+    # Also checks the oracle's quadrature against the finite binomial sum.
+    exact = mp_oracles.subsampled_gaussian_rdp(z, q, order)
+    assert float(abs(rdp(z, q, np.array([order]))[0] - exact) / exact) < 1e-13
+
+
+def test_a_grid_with_a_large_fractional_order_never_reports_zero():
+    mechanism = PoissonSubsampledGaussianMechanism(10.0, 0.3)
+    extended = RDPAccountant([*DEFAULT_ORDERS.tolist(), 90.5])
+    extended.compose(mechanism, 1000)
+    default = RDPAccountant()
+    default.compose(mechanism, 1000)
+    # Adding an order may only lower the minimum where the curve there is a valid bound;
+    # the order 90.5 is not a better one for this mechanism (its exact RDP is above).
+    exact_at_90_5 = 1000 * mp_oracles.subsampled_gaussian_rdp(10.0, 0.3, 90.5)
+    assert extended.rdp[-1] >= exact_at_90_5
+    assert extended.get_epsilon(1e-5)[0] == default.get_epsilon(1e-5)[0] > 4.0

@@ -1,0 +1,63 @@
+"""High-precision (mpmath, 60 digits) values of the curves the accounting layer bounds.
+
+Test-only: the exact quantities, computed independently of the product's formulas, that
+every curve and every epsilon must be at or above.
+"""
+
+from __future__ import annotations
+
+import mpmath as mp
+
+DIGITS = 60
+
+
+def gaussian_delta(epsilon: float, mu: float) -> mp.mpf:
+    """Balle-Wang: Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)."""
+    with mp.workdps(DIGITS):
+        e, m = mp.mpf(epsilon), mp.mpf(mu)
+        return mp.ncdf(-e / m + m / 2) - mp.exp(e) * mp.ncdf(-e / m - m / 2)
+
+
+def randomised_response_rdp(order: float, epsilon0: float) -> mp.mpf:
+    """Rényi divergence of binary randomised response, from its two-point definition."""
+    with mp.workdps(DIGITS):
+        a, e = mp.mpf(order), mp.mpf(epsilon0)
+        p, not_p = 1 / (1 + mp.exp(-e)), 1 / (1 + mp.exp(e))  # not_p stays exact at e = 1e3
+        return mp.log(p**a * not_p ** (1 - a) + not_p**a * p ** (1 - a)) / (a - 1)
+
+
+def laplace_rdp(order: float, epsilon0: float) -> mp.mpf:
+    """Mironov 2017, Prop. 6, in exact arithmetic."""
+    with mp.workdps(DIGITS):
+        a, e = mp.mpf(order), mp.mpf(epsilon0)
+        inner = a / (2 * a - 1) * mp.exp((a - 1) * e) + (a - 1) / (2 * a - 1) * mp.exp(-a * e)
+        return mp.log(inner) / (a - 1)
+
+
+def subsampled_gaussian_rdp(z: float, q: float, order: float) -> mp.mpf:
+    """log E_{x~N(0,z^2)}[((1-q) + q e^{(2x-1)/(2z^2)})^alpha] / (alpha - 1) by quadrature.
+
+    The integrand is split at its mode (found numerically) and a few scales around it,
+    where mpmath's tanh-sinh quadrature converges to the working precision.
+    """
+    with mp.workdps(DIGITS):
+        z, q, a = mp.mpf(z), mp.mpf(q), mp.mpf(order)
+
+        def log_integrand(x: mp.mpf) -> mp.mpf:
+            ratio = mp.exp((2 * x - 1) / (2 * z * z))
+            return a * mp.log((1 - q) + q * ratio) - x * x / (2 * z * z)
+
+        # The log-integrand is concave: bisect its derivative for the mode.
+        lo, hi = mp.mpf(-10) * z, (a + 10) * z * z + 10 * z
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            if mp.diff(log_integrand, mid) > 0:
+                lo = mid
+            else:
+                hi = mid
+        mode, width = lo, z / mp.sqrt(1 + a * q)
+        points = [mode + k * width for k in (-40, -10, -3, 0, 3, 10, 40)]
+        integral = mp.quad(
+            lambda x: mp.exp(log_integrand(x) - log_integrand(mode)), [-mp.inf, *points, mp.inf]
+        )
+        return (mp.log(integral) + log_integrand(mode) - mp.log(mp.sqrt(2 * mp.pi) * z)) / (a - 1)
