@@ -8,8 +8,9 @@ and compares every stored row, column by column, with what the replay says:
 * the configuration with its creation (and key adoption) entry, each policy row with
   its latest policy entry, the quarantine with its last quarantine entry;
 * each reservation with its reserve entry and its closing entry, each cost with what its
-  mechanism costs, each commit's cost with its reservation's, each key set with its
-  digest;
+  mechanism costs (a cost an earlier version priced differently, for the mechanisms whose
+  curves this version corrected, is noted and the cap proven with the higher price), each
+  commit's cost with its reservation's, each key set with its digest;
 * each account's committed and pending spend, counts, re-scope mark and time;
 * each window's row: canonical for its calendar, first charged when the history says,
   sealed exactly when a reset sealed it;
@@ -63,6 +64,12 @@ _STATES = {"commit": "committed", "reap": "reaped", "release": "released"}
 _CHARGES = ("reserve", "correction", "rescope")
 # Actions whose payload names no reservation and no key, and that change no account.
 _KEYLESS = ("create", "policy", "adopt-key", "quarantine", "unquarantine")
+# Mechanisms whose curves an earlier version evaluated below (or, at a few orders, above)
+# the sound curve this version computes: the subsampled Gaussian's truncated fractional
+# series, the pure-DP and Laplace curves' cancellation at small eps0. A recorded cost of
+# these kinds that differs from today's price is an earlier version's pricing, not an
+# edit: verify notes it and proves the cap with the larger of the two at every order.
+_REPRICED = frozenset({"poisson_subsampled_gaussian", "pure_dp", "laplace"})
 
 
 def _key_of(row: Any) -> LedgerKey:
@@ -92,6 +99,8 @@ class _KeyState:
     updated_at: str = ""
     rescoped_to: str | None = None
     dropped: bool = False  # its window was reset: the account is gone, the key sealed
+    # What re-priced entries (committed or in flight) cost beyond what they recorded.
+    repriced: np.ndarray | None = None
 
 
 @dataclass(slots=True)
@@ -102,6 +111,7 @@ class _Open:
     cost_text: str
     count: int
     digest: str
+    repriced: np.ndarray | None = None  # today's price beyond the recorded cost
 
 
 @dataclass(slots=True)
@@ -110,6 +120,13 @@ class _Scope:
 
     first_at: str
     sealed_at: str | None = None
+
+
+def _plus(curve: np.ndarray | None, extra: np.ndarray | None) -> np.ndarray | None:
+    """Curves that may be absent (None: zero), added."""
+    if extra is None:
+        return curve
+    return extra.copy() if curve is None else curve + extra
 
 
 def _canonical_cost(payload: Any, size: int) -> tuple[Spend, str]:
@@ -151,6 +168,7 @@ class _Replay:
         self.adopted: tuple[int, str] | None = None  # (seq, key id) of a key adoption
         self.quarantine: tuple[str, str] | None = None  # (at, reason)
         self.problems: list[str] = []
+        self.notes: list[str] = []
         self._bounds: dict[tuple[Any, ...], float] = {}
         self._costs: dict[tuple[str, int], Spend] = {}
 
@@ -252,8 +270,12 @@ class _Replay:
             self._problem(entry, "clears a quarantine that was not in force")
         self.quarantine = None
 
-    def _priced(self, payload: dict[str, Any], cost: Spend) -> bool:
-        """True when ``cost`` is what the entry's mechanism costs on the ledger's grid."""
+    def _priced(
+        self, entry: Any, payload: dict[str, Any], cost: Spend
+    ) -> tuple[bool, np.ndarray | None]:
+        """Whether ``cost`` is what the entry's mechanism costs on the ledger's grid, and
+        for an earlier version's pricing of a re-priced kind what today's price adds
+        (elementwise, >= 0) to prove the cap with."""
         spec, count = payload["mechanism"], int(payload["count"])
         signature = (history.canonical_json(spec), count)
         found = self._costs.get(signature)
@@ -264,14 +286,26 @@ class _Replay:
             found = self._costs[signature] = Spend.of_release(
                 mechanism, count, self.settings.orders
             )
-        return cost.close_to(found)
+        if cost.close_to(found):
+            return True, None
+        if spec.get("kind") not in _REPRICED or cost.rho or found.rho:
+            return False, None
+        orders = self.settings.orders
+        extra = np.maximum(found.curve(orders) - cost.curve(orders), 0.0)
+        self.notes.append(
+            f"entry {entry.seq} ({entry.action}): recorded cost of {spec.get('kind')} is an "
+            f"earlier version's pricing; today's sound price is higher by up to "
+            f"{float(extra.max()):.3g} in RDP (the cap is proven with it)"
+        )
+        return True, extra
 
     def _on_reserve(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
         cost, cost_text = _canonical_cost(payload["cost"], self.size)
         digest = payload["keys_digest"]
         if history.keys_digest(keys) != digest or len(keys) != payload["key_count"]:
             self._problem(entry, "the reservation's key rows differ from its digest")
-        if not self._priced(payload, cost):
+        priced, repriced = self._priced(entry, payload, cost)
+        if not priced:
             self._problem(entry, "the reserved cost is not what its mechanism costs")
         if entry.reservation_id in self.open:
             self._problem(entry, f"reservation {entry.reservation_id} reserved twice")
@@ -282,15 +316,21 @@ class _Replay:
             state.open += 1
             state.pending = state.pending.add(cost)
             state.updated_at = entry.at
+            state.repriced = _plus(state.repriced, repriced)
             cap = policy_of(key).cap_epsilon
-            epsilon = self._epsilon(state.lifetime.plus(state.pending.as_spend()))
+            total = state.lifetime.plus(state.pending.as_spend())
+            if state.repriced is not None:
+                total = total.plus(Spend(0.0, state.repriced, None))
+            epsilon = self._epsilon(total)
             if epsilon > cap * (1 + _CAP_SLACK):
                 self._problem(
                     entry,
                     f"{key}: granted although its lifetime spend with what was in flight "
                     f"reaches eps {epsilon:.6g}, above its cap {cap:.6g}",
                 )
-        self.open[entry.reservation_id] = _Open(cost, cost_text, int(payload["count"]), digest)
+        self.open[entry.reservation_id] = _Open(
+            cost, cost_text, int(payload["count"]), digest, repriced
+        )
 
     def _on_commit(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
         held = self._close(entry, keys)
@@ -309,16 +349,22 @@ class _Replay:
     _on_reap = _on_commit
 
     def _on_release(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
-        self._close(entry, keys)
+        held = self._close(entry, keys)
+        if held is not None and held.repriced is not None:  # never charged: nor is the extra
+            for key in keys:
+                state = self._state(key)
+                state.repriced = np.maximum(state.repriced - held.repriced, 0.0)
         self._touch(keys, entry.at)
 
     def _on_correction(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
         key = _key_of(entry)
         cost = Spend.from_payload(payload["cost"], self.size)
-        if not self._priced(payload, cost):
+        priced, repriced = self._priced(entry, payload, cost)
+        if not priced:
             self._problem(entry, "the corrected cost is not what its mechanism costs")
         self._charged(entry, [key])
         state = self._state(key)
+        state.repriced = _plus(state.repriced, repriced)
         state.live = state.live.plus(cost)
         state.lifetime = state.lifetime.plus(cost)
         state.releases += int(payload["count"])
@@ -333,6 +379,7 @@ class _Replay:
             target = self._state(new)
             target.live = target.live.plus(moved.live)
             target.lifetime = target.lifetime.plus(moved.lifetime)
+            target.repriced = _plus(target.repriced, moved.repriced)
             del self.keys[old]
             return
         self._charged(entry, [old, new])
@@ -343,6 +390,7 @@ class _Replay:
         target = self._state(new)
         target.live = target.live.plus(moved.live)
         target.lifetime = target.lifetime.plus(moved.lifetime)
+        target.repriced = _plus(target.repriced, moved.repriced)
         target.releases += moved.releases
         moved.rescoped_to = new.query_type
         self._touch([old, new], entry.at)
@@ -750,6 +798,7 @@ def verify(connection: Connection, settings: AuditSettings) -> VerifyReport:
         entries=entries,
         accounts=accounts or 0,
         problems=problems,
+        notes=replay.notes,
         heads=tuple(sorted((chain, seq, link) for chain, (seq, link) in heads.items())),
         keyed=settings.key.keyed,
         ledger=ledger_identity(connection),

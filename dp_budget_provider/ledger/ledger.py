@@ -15,6 +15,7 @@ import getpass
 import hashlib
 import hmac
 import json
+import math
 import secrets
 import socket
 import uuid
@@ -588,6 +589,8 @@ class PrivacyBudgetLedger:
         """
         ordered = self._keys(keys)
         mechanism, count, attempt_id, cost = self._release(mechanism, count, attempt)
+        if not cost.finite:  # beyond every cap (a noise multiplier of 1e-200): no row touched
+            raise BudgetExhausted(ordered[0], math.inf, self.policy_for(ordered[0]).cap_epsilon)
         try:
             with self._pipelined() as pipe:
                 return self._reserve(pipe, ordered, mechanism, count, attempt_id, cost)

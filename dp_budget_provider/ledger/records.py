@@ -89,6 +89,8 @@ class VerifyReport:
     entries: int
     accounts: int
     problems: list[str] = field(default_factory=list)
+    # Facts that do not fail verification: entries an earlier version priced differently.
+    notes: list[str] = field(default_factory=list)
     # (chain, seq, link) of every chain head verified: what a checkpoint records.
     heads: tuple[tuple[int, int, str], ...] = ()
     # True when the history's links are HMACs under the verifier's chain key.

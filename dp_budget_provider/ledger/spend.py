@@ -61,6 +61,14 @@ class Spend:
         )
         return Spend(self.rho + other.rho, residual, mu2)
 
+    @property
+    def finite(self) -> bool:
+        """False for a cost no cap can grant (its curve overflowed a double); such a cost
+        is refused before it reaches a row, which stores finite values only."""
+        residual_finite = self.residual is None or bool(np.all(np.isfinite(self.residual)))
+        mu2_finite = self.gaussian_mu2 is None or math.isfinite(self.gaussian_mu2)
+        return math.isfinite(self.rho) and residual_finite and mu2_finite
+
     def curve(self, orders: np.ndarray) -> np.ndarray:
         """The RDP curve on ``orders``."""
         linear = self.rho * orders
