@@ -82,7 +82,7 @@ def epsilon_bound(
     if order is None:
         return EpsilonBound(0.0, None, "none")
     if conversion == "improved" and gaussian_mu_squared and math.isfinite(mu_squared):
-        exact = gaussian_epsilon(_mu_rounded_up(mu_squared), delta)
+        exact = _exact_gaussian_epsilon(_mu_rounded_up(mu_squared), delta)
         if exact < epsilon:
             return EpsilonBound(exact, None, "analytic-gaussian")
     return EpsilonBound(epsilon, order, f"rdp-{conversion}")
@@ -108,6 +108,15 @@ def _gaussian_mu_squared_of(orders: np.ndarray, curve: np.ndarray, mu_squared: o
     with np.errstate(over="ignore", invalid="ignore"):
         from_curve = 2.0 * float(np.max(np.asarray(curve, dtype=np.float64) / grid))
     return max(mu_squared, from_curve)
+
+
+def _exact_gaussian_epsilon(mu: float, delta: float) -> float:
+    """The exact Gaussian eps, or +inf where it cannot be certified in doubles (mu beyond
+    ~1e9, eps beyond ~1e18): the RDP bound, always available, is then the report."""
+    try:
+        return gaussian_epsilon(mu, delta)
+    except ValueError:  # mu and delta are valid: the search's eps left the doubles
+        return math.inf
 
 
 def _mu_rounded_up(mu_squared: float) -> float:

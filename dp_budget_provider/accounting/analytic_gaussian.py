@@ -69,6 +69,7 @@ _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _LOG_NDTR_ASYMPTOTIC_FROM = 8.0
 _SERIES_MAX_TERMS = 20
 _UNIT_ROUNDOFF = 2.0**-53
+_LOG_MAX_DOUBLE = math.log(2.0**1023)
 # Guard half-width = _GUARD_FACTOR x the modelled non-monotone band (+ a few ulps).
 _GUARD_FACTOR = 8.0
 _GUARD_ULPS = 4.0
@@ -157,7 +158,9 @@ def _curve(
     log_phi_b = log_phi(b)
     exponent = epsilon + log_phi_b
     first = math.exp(log_first)
-    second = math.exp(exponent)
+    # e^eps Phi(b) overflows only where eps + log Phi(b) has lost every digit (eps ~ mu^2 / 2
+    # beyond 1e300): the error model is then infinite and the certified delta 1.
+    second = math.exp(exponent) if exponent < _LOG_MAX_DOUBLE else math.inf
     argument_error = ratio + half
     slope_a = -a + 1.0 if a < 0.0 else 1.0
     slope_b = -b + 1.0

@@ -38,6 +38,7 @@ CONVERSIONS: tuple[Conversion, ...] = ("improved", "classic")
 # Relative allowance for the rounding a stored curve carries (see the module docstring).
 CURVE_ROUNDING = 2.0**-42
 _UNIT_ROUNDOFF = 2.0**-53
+_LOG_MAX_DOUBLE = math.log(2.0**1023)
 # Ulps of each term the conversion itself may lose: log1p / log, a division, three sums.
 _CONVERSION_ULPS = 8.0
 
@@ -201,6 +202,5 @@ def advanced_composition(epsilon: float, delta_prime: float, count: int) -> floa
     epsilon = check.non_negative("epsilon", epsilon)
     delta_prime = check.open_unit("delta_prime", delta_prime)
     count = check.count("count", count)
-    return math.sqrt(2.0 * count * math.log(1.0 / delta_prime)) * epsilon + count * epsilon * (
-        math.expm1(epsilon)
-    )
+    growth = math.expm1(epsilon) if epsilon < _LOG_MAX_DOUBLE else math.inf  # not OverflowError
+    return math.sqrt(2.0 * count * math.log(1.0 / delta_prime)) * epsilon + count * epsilon * growth

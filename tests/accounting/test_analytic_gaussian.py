@@ -288,3 +288,14 @@ def test_calibration_is_never_below_the_exact_sigma():
         sigma = calibrate_analytic_gaussian(epsilon, delta, l2_sensitivity=2.0)
         exact = mp_oracles.gaussian_delta(epsilon, 2.0 / mp_oracles.mp.mpf(sigma))
         assert exact <= delta, (epsilon, delta)
+
+
+def test_huge_mu_gives_an_answer_not_an_overflow():
+    from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant
+
+    epsilon = gaussian_epsilon(1e20, 1e-10)  # OverflowError before
+    assert mp_oracles.gaussian_delta(epsilon, 1e20) <= 1e-10
+    accountant = RDPAccountant()
+    accountant.compose(GaussianMechanism(1e-9), 3)
+    bound = accountant.epsilon_bound(1e-5)
+    assert bound.method == "rdp-improved" and math.isfinite(bound.epsilon)

@@ -103,3 +103,9 @@ def test_nan_or_negative_curves_are_still_refused(bad: float) -> None:
     rdp[7] = bad
     with pytest.raises(ValueError, match="NaN or negative"):
         rdp_to_epsilon(orders, rdp, 1e-5)
+
+
+def test_advanced_composition_of_a_huge_epsilon_is_infinite_not_an_overflow() -> None:
+    from dp_budget_provider.accounting.conversion import advanced_composition
+
+    assert advanced_composition(1e9, 1e-5, 10) == math.inf
