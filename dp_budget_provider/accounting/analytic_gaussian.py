@@ -80,8 +80,8 @@ _CERTIFIED_FACTOR = 4.0
 _UNDERFLOW = 2.0**-1020
 # The fast path is used only where it was validated against the reference. Beyond it
 # (eps ~ mu^2 / 2 in the tens of millions and up) delta loses its accuracy to the
-# cancellation in eps + log Phi(b), and from eps ~ 1e18 on even overflows; there the
-# reference runs unchanged, keeping its behaviour (including its OverflowError).
+# cancellation in eps + log Phi(b) (the certified delta grows with the lost digits, so
+# the search errs high); there the reference bisection runs.
 _FAST_PATH_MAX_MU = 1e4
 _FAST_PATH_MAX_EPSILON = 1e9
 
