@@ -53,17 +53,25 @@ def half_open_unit(name: str, value: object) -> float:
     return as_float
 
 
+def positive_int(name: str, value: object) -> int:
+    """A strictly positive integer (bools and integral floats are refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    as_int = int(value)
+    if as_int <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return as_int
+
+
 def count(name: str, value: object) -> int:
-    """A count of invocations: an integer in [1, 2^53] (bools and integral floats refused).
+    """A count of invocations: a positive integer up to 2^53.
 
     Every integer up to 2^53 is exact as a double, so a cost ``count * rho`` is one
     rounding; larger counts (10^400 overflowed) are refused rather than rounded.
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    as_int = int(value)
-    if not 0 < as_int <= MAX_COUNT:
-        raise ValueError(f"{name} must be an integer in [1, 2**53], got {value!r}")
+    as_int = positive_int(name, value)
+    if as_int > MAX_COUNT:
+        raise ValueError(f"{name} must be at most 2**53, got {value!r}")
     return as_int
 
 
