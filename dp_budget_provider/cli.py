@@ -341,7 +341,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     _pct(s.fraction),
                     s.open_reservations,
                     s.releases,
-                    report.account_state(s),
+                    s.state,
                 )
                 for s in statuses
             ]
@@ -377,13 +377,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             lines.append("state     no live account (window reset or account rescoped)")
         else:
             receipt = ledger.receipt(key)
-            state = report.STATE_OK
-            if receipt.epsilon >= receipt.cap_epsilon:
-                state = report.STATE_EXHAUSTED
-            elif receipt.warned:
-                state = report.STATE_WARNING
             lines += [
-                f"state     {state}",
+                f"state     {policy.state_at(receipt.epsilon)}",
                 f"epsilon   {receipt.epsilon:.6g} at delta {_g(ledger.delta)} ({receipt.method})",
                 f"cap       {_g(receipt.cap_epsilon)}: remaining {receipt.remaining:.6g}, "
                 f"{_pct(receipt.fraction)} used",
