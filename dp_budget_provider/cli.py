@@ -1,7 +1,7 @@
 """``dp-budget``: create, inspect, audit and maintain a privacy budget ledger from a shell.
 
 The ledger database comes from ``--url`` or the ``DP_BUDGET_URL`` environment variable
-(``sqlite:////path/ledger.db`` or ``postgresql+psycopg2://user@host/db``), its chain key
+(``sqlite:////path/ledger.db`` or ``postgresql://user@host/db``), its chain key
 (the secret its history is linked with) from ``DP_BUDGET_CHAIN_KEY``. Every command goes
 through the same :mod:`dp_budget_provider.ledger` API the Airflow operators use, and
 none imports Airflow.
@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
 from dp_budget_provider.accounting import CONVERSIONS
@@ -135,15 +134,27 @@ def _url(args: argparse.Namespace) -> str:
     return url
 
 
+def _sqlite_file(url: str) -> Path | None:
+    parsed = database.parse_url(url)
+    return database.sqlite_path(parsed) if parsed.get_backend_name() == "sqlite" else None
+
+
 def _refuse_missing_sqlite_file(url: str) -> None:
     """Reading commands must not create an empty SQLite file at a mistyped path."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return
-    if not Path(parsed.database).exists():
+    path = _sqlite_file(url)
+    if path is not None and not path.exists():
+        missing = "" if path.parent.is_dir() else f" (its folder {path.parent} does not exist)"
         raise CommandError(
-            f"no ledger database file {parsed.database}: create one with `dp-budget init`"
+            f"no ledger database file {path}{missing}: create one with `dp-budget init`"
         )
+
+
+def _make_sqlite_folder(url: str) -> None:
+    """The commands that create a ledger create its SQLite file's folder, and say so."""
+    path = _sqlite_file(url)
+    if path is not None and not path.parent.is_dir():
+        path.parent.mkdir(parents=True)
+        print(f"created folder {path.parent}")
 
 
 def open_ledger(url: str, *, keyed: bool = True) -> PrivacyBudgetLedger:
@@ -263,6 +274,7 @@ def _history_lines(ledger: PrivacyBudgetLedger, entries: Sequence[dict[str, Any]
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     """Create or upgrade the ledger schema (Alembic)."""
+    _make_sqlite_folder(_url(args))
     engine = database.make_engine(_url(args))
     try:
         revision = database.upgrade(engine)
@@ -276,6 +288,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     """Create a ledger with its default cap, fixed delta and conversion."""
     url = _url(args)
     cap = BudgetCap(args.epsilon, args.delta, args.warn_fraction)
+    _make_sqlite_folder(url)
     existed = _is_initialised(url)
     ledger = PrivacyBudgetLedger(cap, url=url, conversion=args.conversion, chain_key=_chain_key())
     try:
@@ -328,7 +341,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     _pct(s.fraction),
                     s.open_reservations,
                     s.releases,
-                    report.account_state(s),
+                    s.state,
                 )
                 for s in statuses
             ]
@@ -364,13 +377,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             lines.append("state     no live account (window reset or account rescoped)")
         else:
             receipt = ledger.receipt(key)
-            state = report.STATE_OK
-            if receipt.epsilon >= receipt.cap_epsilon:
-                state = report.STATE_EXHAUSTED
-            elif receipt.warned:
-                state = report.STATE_WARNING
             lines += [
-                f"state     {state}",
+                f"state     {policy.state_at(receipt.epsilon)}",
                 f"epsilon   {receipt.epsilon:.6g} at delta {_g(ledger.delta)} ({receipt.method})",
                 f"cap       {_g(receipt.cap_epsilon)}: remaining {receipt.remaining:.6g}, "
                 f"{_pct(receipt.fraction)} used",

@@ -157,6 +157,26 @@ def test_db_upgrade_then_init_on_an_empty_database(ledger_url):
     ledger.close()
 
 
+def test_a_sqlite_ledger_in_a_missing_folder_is_named_then_created_by_init(tmp_path, capsys):
+    folder = tmp_path / "ledgers" / "prod"
+    url = f"sqlite:///{folder / 'ledger.db'}"
+    code, _, err = call(capsys, "--url", url, "status")
+    assert code == 1 and f"its folder {folder} does not exist" in err and "dp-budget init" in err
+    assert not folder.exists()  # reading never creates anything
+    code, out, err = call(capsys, "--url", url, "init", "--epsilon", "3", "--delta", "1e-5")
+    assert code == 0, err
+    assert f"created folder {folder}" in out and "created:" in out
+    assert call(capsys, "--url", url, "status")[0] == 0
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
+def test_plain_postgresql_urls_work_in_the_cli(postgres_url, scheme):
+    url = f"{scheme}://{postgres_url.split('://', 1)[1]}"
+    created = run("init", "--epsilon", "3", "--delta", "1e-5", url=url)
+    assert created.returncode == 0, created.stderr
+    assert run("status", url=url).returncode == 0
+
+
 def test_init_is_idempotent_and_refuses_another_configuration(sqlite_url, capsys):
     code, out, _ = call(capsys, "--url", sqlite_url, "init", "--epsilon", "3", "--delta", "1e-6")
     assert code == 0 and "created" in out

@@ -156,8 +156,9 @@ class PrivacyBudgetLedger:
     file, ``postgresql+psycopg2://...`` production. A new database is created with
     ``cap`` as its default policy and with the given delta, grid and conversion; an
     existing one must be opened with the same (``cap`` may be omitted to take what is
-    stored), otherwise :class:`LedgerConfigMismatch`. ``if_new`` (and ``calendar``) only
-    apply when the database is new: open what exists, else create with these.
+    stored), otherwise :class:`LedgerConfigMismatch`. ``if_new``'s default cap (and
+    ``calendar``) only apply when the database is new: open what exists, else create with
+    these; its delta must match an existing ledger's all the same.
 
     ``chain_key`` (at least 16 bytes, kept outside the ledger database) makes every
     history link an HMAC under it: a ledger created with a key can only be opened with

@@ -38,9 +38,14 @@ from dp_budget_provider.accounting import EpsilonBound
 from dp_budget_provider.ledger import history
 from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
-from dp_budget_provider.ledger.policy import Policy, lookup_order
+from dp_budget_provider.ledger.policy import (
+    STATE_EXHAUSTED,
+    STATE_OK,
+    STATE_WARNING,
+    Policy,
+    lookup_order,
+)
 from dp_budget_provider.ledger.records import COMMITTED, OPEN, REAPED, RELEASED, AccountStatus
-from dp_budget_provider.ledger.report import STATE_EXHAUSTED, STATE_OK, STATE_WARNING
 from dp_budget_provider.ledger.schema import (
     Account,
     HistoryEntry,
@@ -118,13 +123,6 @@ class SpendSeries:
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def account_state(epsilon: float, policy: Policy) -> str:
-    """``ok``, ``WARNING`` (past the warn fraction) or ``EXHAUSTED`` (at the cap)."""
-    if epsilon >= policy.cap_epsilon:
-        return STATE_EXHAUSTED
-    return STATE_WARNING if policy.warns_at(epsilon) else STATE_OK
 
 
 def _key_match(columns: Sequence[Any], key: LedgerKey) -> ColumnElement[bool]:
@@ -324,7 +322,7 @@ def _groups(
                 int(row.count),
                 bound,
                 policy,
-                account_state(bound.epsilon, policy),
+                policy.state_at(bound.epsilon),
             )
         )
     return groups

@@ -183,12 +183,6 @@ def _key(tenant: str, subject: str, query_type: str, window: str) -> LedgerKey:
         raise HTTPException(status_code=422, detail=str(error)) from error
 
 
-def _state(account: AccountStatus) -> str:
-    if account.exhausted:
-        return queries.STATE_EXHAUSTED
-    return queries.STATE_WARNING if account.warned else queries.STATE_OK
-
-
 def _info(ledger: PrivacyBudgetLedger) -> dict[str, Any]:
     """What every page's header says about the ledger, quarantine first."""
     return {
@@ -208,7 +202,7 @@ def _account_model(request: Request, account: AccountStatus, delta: float) -> sc
         cap_epsilon=account.cap_epsilon,
         remaining=account.remaining,
         fraction=account.fraction,
-        state=_state(account),
+        state=account.state,
         warned=account.warned,
         exhausted=account.exhausted,
         releases=account.releases,
@@ -407,7 +401,6 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
                 "page_link": page_link,
                 "sort_link": sort_link,
                 "account_link": lambda key: _account_url(request, key),
-                "state_of": _state,
             },
             status_code=200 if error is None else 422,
         )
@@ -452,7 +445,7 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
                 "user": _user_name(user),
                 "key": key,
                 "account": account,
-                "state": _state(account) if account else None,
+                "state": account.state if account else None,
                 "policy": policy,
                 "series": series,
                 "chart": build_chart(series.points, policy),
