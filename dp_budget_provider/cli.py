@@ -7,7 +7,8 @@ through the same :mod:`dp_budget_provider.ledger` API the Airflow operators use,
 none imports Airflow.
 
 Exit codes: 0 success; 1 the ledger refused or failed (one ``dp-budget: error:`` line on
-stderr), or ``verify`` found problems; 2 a usage error (bad arguments, no ledger URL).
+stderr), or ``verify`` found problems; 2 a usage error (bad arguments or values, no ledger
+URL).
 
 Commands::
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import sys
@@ -44,6 +46,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 
+from dp_budget_provider import __version__
 from dp_budget_provider.accounting import CONVERSIONS
 from dp_budget_provider.ledger import (
     ANY,
@@ -58,7 +61,7 @@ from dp_budget_provider.ledger import (
     report,
 )
 from dp_budget_provider.ledger.checkpoints import CheckpointFile
-from dp_budget_provider.ledger.keys import canonical_part
+from dp_budget_provider.ledger.keys import MAX_STORED_INT, canonical_part
 from dp_budget_provider.ledger.policy import DEFAULT_GRACE, DEFAULT_MIN_WINDOW
 from dp_budget_provider.ledger.schema import LedgerConfig
 from dp_budget_provider.ledger.windows import CALENDAR_KINDS
@@ -90,6 +93,10 @@ def parse_duration(text: str) -> timedelta:
             f"invalid duration {text!r}: use a number and a unit s, m, h, d or w (e.g. 2h, 30m)"
         )
     seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(compact))
+    if not seconds <= timedelta.max.total_seconds():
+        raise argparse.ArgumentTypeError(
+            f"duration {text!r} is too long: at most {timedelta.max.days} days"
+        )
     return timedelta(seconds=seconds)
 
 
@@ -114,14 +121,26 @@ def _count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    if value > MAX_STORED_INT:
+        raise argparse.ArgumentTypeError(f"expected a number up to {MAX_STORED_INT}, got {text!r}")
     return value
 
 
 def _number(text: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
 
 
 # ---------------------------------------------------------------------- opening the ledger
@@ -355,7 +374,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "not shown (--offset N for the next page, --limit 0 for all)"
             )
         elif statuses:
-            print(f"{total} account(s)")
+            first = "" if args.offset == 0 else f"showing {args.offset + 1}-{shown} of "
+            print(f"{first}{total} account(s)")
     return 0
 
 
@@ -612,6 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"The ledger URL comes from --url or ${URL_ENV}.",
     )
     parser.add_argument("--url", default=None, help=url_help)
+    parser.add_argument("--version", action="version", version=f"dp-budget {__version__}")
     # --url is accepted after the command too; SUPPRESS keeps a global one from being reset.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
@@ -637,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     init = command(commands, "init", cmd_init, "create a ledger with its default cap")
-    init.add_argument("--epsilon", type=_number, required=True, help="default cap per account")
+    init.add_argument("--epsilon", type=_positive, required=True, help="default cap per account")
     init.add_argument(
         "--delta", type=_number, required=True, help="the ledger's fixed delta (never changes)"
     )
@@ -738,7 +759,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     policy_set.add_argument("--tenant", default=ANY, help="default '*' (any)")
     policy_set.add_argument("--query-type", default=ANY, help="default '*' (any)")
-    policy_set.add_argument("--epsilon", type=_number, required=True, help="cap per account")
+    policy_set.add_argument("--epsilon", type=_positive, required=True, help="cap per account")
     policy_set.add_argument("--warn-fraction", type=_number, default=None)
     policy_set.add_argument("--calendar", choices=CALENDAR_KINDS, default=None)
     policy_set.add_argument(
@@ -778,7 +799,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"dp-budget: error: {error}", file=sys.stderr)
         return 2
-    except (CommandError, LedgerError, ValueError) as error:
+    except ValueError as error:  # a value the ledger refuses to take: a usage error too
+        print(f"dp-budget: error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except (CommandError, LedgerError) as error:
         print(f"dp-budget: error: {_one_line(error)}", file=sys.stderr)
         return 1
     except SQLAlchemyError as error:

@@ -36,7 +36,12 @@ from sqlalchemy import (
 
 from dp_budget_provider.accounting import EpsilonBound
 from dp_budget_provider.ledger import history
-from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
+from dp_budget_provider.ledger.keys import (
+    MAX_PART_LENGTH,
+    LedgerKey,
+    canonical_part,
+    whole_number,
+)
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.policy import (
     STATE_EXHAUSTED,
@@ -96,6 +101,11 @@ class AccountFilter:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name} filter must be a string, got {value!r}")
+            if value is not None and len(value) > MAX_PART_LENGTH:
+                raise ValueError(
+                    f"{name} filter is {len(value)} characters long; a {name} has at most "
+                    f"{MAX_PART_LENGTH}"
+                )
         if self.state is not None:
             wanted = str(self.state).strip().lower()
             match = next((s for s in STATES if s.lower() == wanted), None)
@@ -165,9 +175,7 @@ def _filtered(query: Select[Any], filters: AccountFilter) -> Select[Any]:
 def _page_bounds(limit: int, offset: int) -> tuple[int, int]:
     if not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be an integer in [1, {MAX_PAGE}], got {limit!r}")
-    if not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset must be a non-negative integer, got {offset!r}")
-    return limit, offset
+    return limit, whole_number("offset", offset)
 
 
 class _Epsilons:

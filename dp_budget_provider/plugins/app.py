@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import dp_budget_provider
 from dp_budget_provider.ledger import LedgerError, LedgerKey, Policy, PrivacyBudgetLedger, queries
+from dp_budget_provider.ledger.keys import MAX_STORED_INT
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.report import (
     EpsilonAlone,
@@ -342,7 +343,7 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         state: str | None = None,
         sort: str = "key",
         order: Literal["asc", "desc"] = "asc",
-        page: Annotated[int, Query(ge=1)] = 1,
+        page: Annotated[int, Query(ge=1, le=MAX_STORED_INT // 1000)] = 1,
         per_page: Annotated[int, Query(ge=1, le=500)] = 50,
     ) -> HTMLResponse:
         raw = {
@@ -414,8 +415,8 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         subject: str,
         query_type: str,
         window: str,
-        page: Annotated[int, Query(ge=1)] = 1,
-        rpage: Annotated[int, Query(ge=1)] = 1,
+        page: Annotated[int, Query(ge=1, le=MAX_STORED_INT // 1000)] = 1,
+        rpage: Annotated[int, Query(ge=1, le=MAX_STORED_INT // 1000)] = 1,
     ) -> HTMLResponse:
         key = _key(tenant, subject, query_type, window)
         account = queries.account_status(ledger, key)
@@ -487,7 +488,7 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         sort: Annotated[str, Query(description=", ".join(queries.SORTS))] = "key",
         order: Literal["asc", "desc"] = "asc",
         limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=MAX_STORED_INT)] = 0,
     ) -> schemas.AccountsPage:
         """Live accounts matching the filters, one page, with the total count."""
         try:
@@ -547,7 +548,7 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         query_type: str,
         window: str,
         limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=MAX_STORED_INT)] = 0,
         order: Literal["newest", "oldest"] = "newest",
     ) -> schemas.HistoryPage:
         """History entries concerning one key (its own and its multi-key reservations')."""
@@ -577,7 +578,7 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         window: str,
         state: Annotated[list[str] | None, Query(description="open, committed, …")] = None,
         limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=MAX_STORED_INT)] = 0,
     ) -> schemas.ReservationsPage:
         """Reservations holding one key, newest first."""
         key = _key(tenant, subject, query_type, window)
