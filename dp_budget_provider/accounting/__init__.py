@@ -36,10 +36,10 @@ from dp_budget_provider.accounting.mechanisms import (
 from dp_budget_provider.accounting.noise import (
     discrete_gaussian_noise,
     discrete_laplace_noise,
-    gaussian_noise,
-    laplace_noise,
     sample_discrete_gaussian,
     sample_discrete_laplace,
+    unsafe_float_gaussian_noise,
+    unsafe_float_laplace_noise,
 )
 from dp_budget_provider.accounting.orders import DEFAULT_ORDERS
 
@@ -66,11 +66,11 @@ __all__ = [
     "epsilon_bound",
     "gaussian_delta",
     "gaussian_epsilon",
-    "gaussian_noise",
-    "laplace_noise",
     "plan_noise_multiplier",
     "rdp_to_epsilon",
     "sample_discrete_gaussian",
     "sample_discrete_laplace",
+    "unsafe_float_gaussian_noise",
+    "unsafe_float_laplace_noise",
     "zcdp_to_dp",
 ]
