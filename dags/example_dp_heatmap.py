@@ -1,8 +1,9 @@
 """Example: a weekly Gaussian heatmap released over many subjects, gated by the budget ledger.
 
 Each subject contributes at most one (clipped) visit per week, so the heatmap of counts
-has L2 sensitivity 1 under add/remove-one-subject adjacency. Every subject in the data
-is charged: one release over many subjects.
+has L2 sensitivity 1 under add/remove-one-subject adjacency. The counts are integers, so
+the release declares granularity 1: exact discrete Gaussian noise, integer outputs. Every
+subject in the data is charged: one release over many subjects.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ with DAG(
         python_callable=weekly_heatmap,
         mechanism={"kind": "gaussian", "noise_multiplier": 4.0},
         l2_sensitivity=1.0,
+        granularity=1,
         subjects=SUBJECTS,
         query_type="heatmap",
         tenant="{{ params.tenant }}",
