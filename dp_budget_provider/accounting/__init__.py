@@ -15,7 +15,11 @@ from dp_budget_provider.accounting.analytic_gaussian import (
     gaussian_delta,
     gaussian_epsilon,
 )
-from dp_budget_provider.accounting.calibration import CalibrationInfeasible, plan_noise_multiplier
+from dp_budget_provider.accounting.calibration import (
+    CalibrationInfeasible,
+    plan_noise_multiplier,
+    plan_noise_multiplier_for,
+)
 from dp_budget_provider.accounting.conversion import (
     CONVERSIONS,
     Conversion,
@@ -67,6 +71,7 @@ __all__ = [
     "gaussian_delta",
     "gaussian_epsilon",
     "plan_noise_multiplier",
+    "plan_noise_multiplier_for",
     "rdp_to_epsilon",
     "sample_discrete_gaussian",
     "sample_discrete_laplace",

@@ -9,7 +9,11 @@ the one that ran:
   discrete Gaussian, charged as ``ZCDPMechanism(rho = units**2 / (2 sigma_units**2))``
   (Canonne, Kamath, Steinke 2020); a Laplace release is a discrete Laplace, charged as
   ``PureDPMechanism(units / scale_units)`` (its Rényi divergence is larger than the
-  continuous Laplace curve). ``units`` is the sensitivity rounded UP to lattice units.
+  continuous Laplace curve). ``units`` is the sensitivity of the *snapped* answer in
+  lattice units: the declared sensitivity rounded UP, plus what snapping a vector off the
+  lattice may add (up to a unit per declared cell; ``Lattice.l1_units`` and
+  ``Lattice.l2_units_squared`` prove the bounds). An answer declared ``integer=True`` on a
+  lattice holding the integers is not moved by snapping and pays no such inflation.
 * ``noise="unsafe_float"``: floating-point Gaussian or Laplace noise, charged as the
   continuous mechanism. Unsafe: the low bits of a float release depend on the input
   (Mironov 2012, "On significance of the least significant bits for differential
@@ -22,7 +26,6 @@ clamp to declared bounds), so every attempt that touched the data ends in a nois
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
@@ -32,7 +35,7 @@ import numpy as np
 from dp_budget_provider.accounting import noise as samplers
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.answer_rule import AnswerRule
-from dp_budget_provider.accounting.lattice import Lattice
+from dp_budget_provider.accounting.lattice import Lattice, inflation_units
 from dp_budget_provider.accounting.mechanisms import (
     GaussianMechanism,
     LaplaceMechanism,
@@ -40,6 +43,7 @@ from dp_budget_provider.accounting.mechanisms import (
     PureDPMechanism,
     ZCDPMechanism,
 )
+from dp_budget_provider.accounting.noise import MAX_DISCRETE_PARAMETER
 
 NoiseKind = Literal["lattice", "unsafe_float"]
 NOISE_KINDS: tuple[NoiseKind, ...] = ("lattice", "unsafe_float")
@@ -141,9 +145,9 @@ def plan_noise(
         sigma = mechanism.noise_multiplier * sensitivity
         if noise == "unsafe_float":
             return NoisePlan(mechanism, "gaussian", sigma, None, rule)
-        lattice = _lattice(granularity, sigma, sensitivity)
-        units = lattice.units(sensitivity)
-        rho = Fraction(units) ** 2 / (2 * lattice.in_units(sigma) ** 2)
+        lattice = _lattice(granularity, sigma, sensitivity, "l2", rule)
+        units_squared = lattice.l2_units_squared(sensitivity, _moved(lattice, rule))
+        rho = Fraction(units_squared) / (2 * lattice.in_units(sigma) ** 2)
         charged = ZCDPMechanism(rho=_float_at_least(rho))
         return NoisePlan(charged, "gaussian", sigma, lattice, rule)
     if isinstance(mechanism, LaplaceMechanism):
@@ -153,30 +157,35 @@ def plan_noise(
         scale = sensitivity / mechanism.epsilon0
         if noise == "unsafe_float":
             return NoisePlan(mechanism, "laplace", scale, None, rule)
-        lattice = _lattice(granularity, scale, sensitivity)
-        epsilon0 = Fraction(lattice.units(sensitivity)) / lattice.in_units(scale)
-        charged = PureDPMechanism(_float_at_least(epsilon0))
+        lattice = _lattice(granularity, scale, sensitivity, "l1", rule)
+        units = lattice.l1_units(sensitivity, _moved(lattice, rule))
+        charged = PureDPMechanism(_float_at_least(Fraction(units) / lattice.in_units(scale)))
         return NoisePlan(charged, "laplace", scale, lattice, rule)
     raise ValueError(
         f"the operator adds Gaussian or Laplace noise; {mechanism.kind!r} describes no noise to add"
     )
 
 
-def _lattice(granularity: float | None, spread: float, sensitivity: float) -> Lattice:
+def _moved(lattice: Lattice, rule: AnswerRule) -> int:
+    """How many cells snapping may move: none for integers on a lattice holding them, else all.
+
+    An integer answer clamped to integer bounds (``AnswerRule`` insists) is on such a
+    lattice, where snapping is the identity; any other answer may move in every cell.
+    """
+    return 0 if rule.integer and lattice.holds_integers else rule.cells
+
+
+def _lattice(
+    granularity: float | None, spread: float, sensitivity: float, norm: str, rule: AnswerRule
+) -> Lattice:
+    """The declared lattice (refused if the noise would not fit the samplers), else derived."""
     if granularity is None:
-        return Lattice.derived(spread, sensitivity)
-    return Lattice.declared(granularity)
-
-
-def charged_gaussian(
-    noise: NoiseKind, l2_sensitivity: float, granularity: float | None = None
-) -> Callable[[float], Mechanism]:
-    """What a Gaussian release with noise multiplier z is charged as, for this noise."""
-    return lambda z: (
-        plan_noise(
-            GaussianMechanism(z),
-            noise=noise,
-            l2_sensitivity=l2_sensitivity,
-            granularity=granularity,
-        ).charged
-    )
+        inflation = 0.0 if rule.integer else inflation_units(norm, rule.cells)
+        return Lattice.derived(spread, sensitivity, inflation, integers=rule.integer)
+    lattice = Lattice.declared(granularity)
+    if lattice.in_units(spread) > MAX_DISCRETE_PARAMETER:
+        raise ValueError(
+            f"granularity={granularity!r} puts the noise at {float(lattice.in_units(spread)):.3g} "
+            f"lattice units, beyond the samplers' 2**40; declare a coarser granularity"
+        )
+    return lattice

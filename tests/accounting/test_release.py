@@ -36,7 +36,8 @@ def test_laplace_charge_on_a_declared_lattice_is_pure_dp_of_the_rounded_sensitiv
 
 
 def test_integer_counts_at_granularity_one_stay_integers() -> None:
-    plan = plan_noise(GaussianMechanism(4.0), l2_sensitivity=1.0, granularity=1)
+    rule = AnswerRule(cells=3, integer=True)
+    plan = plan_noise(GaussianMechanism(4.0), l2_sensitivity=1.0, granularity=1, rule=rule)
     assert plan.charged == ZCDPMechanism(rho=1 / 32)
     assert all(isinstance(v, int) for v in plan.add_noise([12, 0, 5]))
 
@@ -55,7 +56,9 @@ def test_unknown_noise_names_the_options(retired) -> None:
 
 def test_the_answer_rule_turns_any_numbers_into_a_release() -> None:
     plan = plan_noise(
-        GaussianMechanism(4.0), l2_sensitivity=1.0, rule=AnswerRule(nan_value=1.0, bounds=(0, 8))
+        GaussianMechanism(4.0),
+        l2_sensitivity=1.0,
+        rule=AnswerRule(nan_value=1.0, bounds=(0, 8), cells=5),
     )
     out = plan.noisy_array([np.nan, np.inf, -np.inf, 10**400, 3])
     assert out.shape == (5,) and np.all(np.isfinite(out))
@@ -94,7 +97,8 @@ def _lattice_could_output(output: np.ndarray, value: float, granularity: float) 
 
 
 def test_the_low_bits_attack_finds_the_leak_in_unsafe_float_noise() -> None:
-    plan = plan_noise(LaplaceMechanism(1.0), l1_sensitivity=1.0, noise="unsafe_float")
+    rule = AnswerRule(cells=3000)
+    plan = plan_noise(LaplaceMechanism(1.0), l1_sensitivity=1.0, noise="unsafe_float", rule=rule)
     from_zero = plan.noisy_array(np.zeros(3000), seed=7)
     assert _float_laplace_could_output(from_zero, 0.0, 1.0).all()  # the replay is faithful
     impossible_from_one = ~_float_laplace_could_output(from_zero, 1.0, 1.0)
@@ -103,10 +107,11 @@ def test_the_low_bits_attack_finds_the_leak_in_unsafe_float_noise() -> None:
 
 @pytest.mark.parametrize("mechanism", [LaplaceMechanism(1.0), GaussianMechanism(1.0)])
 def test_the_low_bits_attack_finds_nothing_in_lattice_noise(mechanism) -> None:
-    plan = plan_noise(mechanism, l1_sensitivity=1.0, l2_sensitivity=1.0)
+    rule = AnswerRule(cells=3000, integer=True)
+    plan = plan_noise(mechanism, l1_sensitivity=1.0, l2_sensitivity=1.0, rule=rule)
     g = plan.granularity
-    from_zero = plan.noisy_array(np.zeros(3000), seed=8)
-    from_one = plan.noisy_array(np.ones(3000), seed=9)
+    from_zero = plan.noisy_array(np.zeros(3000, dtype=np.int64), seed=8)
+    from_one = plan.noisy_array(np.ones(3000, dtype=np.int64), seed=9)
     for outputs in (from_zero, from_one):
         assert _lattice_could_output(outputs, 0.0, g).all()
         assert _lattice_could_output(outputs, 1.0, g).all()  # every output fits both inputs
