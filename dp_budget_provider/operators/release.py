@@ -6,7 +6,10 @@ and nothing is written. Once the callable has started, the attempt is charged wh
 happens next; a retry is a new attempt and is charged again. Because an error that
 depends on the data would itself be an observable output, the exact answer goes through
 the release's declared rule (NaN -> ``nan_value``, clamp to ``bounds``) before the noise,
-so every answer of the declared type and shape ends in a noisy release.
+so every answer of the declared type and shape ends in a noisy release. An answer of
+another shape or type (more than ``cells`` values, a float under ``integer=True``) fails
+before any noise is added, but after the callable ran: that attempt stays charged. Shape
+and dtype are the code's, not the data's, so such a failure says nothing about the data.
 """
 
 from __future__ import annotations
@@ -23,12 +26,11 @@ from dp_budget_provider.accounting import (
     GaussianMechanism,
     Mechanism,
     RDPAccountant,
-    plan_noise_multiplier,
+    plan_noise_multiplier_for,
 )
 from dp_budget_provider.accounting.answer_rule import AnswerRule
 from dp_budget_provider.accounting.release import (
     NoisePlan,
-    charged_gaussian,
     check_noise,
     plan_noise,
 )
@@ -101,7 +103,14 @@ class DPReleaseOperator(BaseOperator):
         multiple of the granularity. ``"unsafe_float"``: floating-point noise, charged as
         the continuous mechanism but unsafe against floating-point attacks (Mironov 2012).
     :param granularity: the lattice spacing, a power of two (``1`` for integer counts);
-        default: derived from the sensitivity and the noise spread.
+        default: derived from the sensitivity, the noise spread and ``cells``.
+    :param cells: the most values the answer has (default 1, a scalar; a 4 x 4 heatmap
+        is 16). The charge covers what snapping each cell to the lattice adds to the
+        sensitivity; an answer with more cells fails before noise (and is charged).
+    :param integer: the answer has an integer (or bool) dtype, e.g. counts. On a lattice
+        that holds the integers (granularity <= 1) snapping leaves it unchanged, so no
+        snapping inflation is charged; a non-integer dtype then fails before noise (and is
+        charged). Needs integer ``bounds``.
     :param bounds: ``(low, high)``: every value of the exact answer is clamped to it
         before noise (infinities become bounds); default: the largest range the release
         represents exactly.
@@ -139,6 +148,8 @@ class DPReleaseOperator(BaseOperator):
         granularity: float | None = None,
         bounds: tuple[float, float] | None = None,
         nan_value: float = 0.0,
+        cells: int = 1,
+        integer: bool = False,
         on_exhausted: str = "fail",
         target_epsilon: float | None = None,
         op_args: Collection[Any] | None = None,
@@ -154,7 +165,7 @@ class DPReleaseOperator(BaseOperator):
             raise ValueError("give exactly one of subject or subjects")
         self.noise = check_noise(noise)
         self.granularity = granularity
-        self.rule = AnswerRule(nan_value, bounds)
+        self.rule = AnswerRule(nan_value, bounds, cells, integer)
         if on_exhausted not in ON_EXHAUSTED:
             raise ValueError(f"on_exhausted must be one of {ON_EXHAUSTED}, got {on_exhausted!r}")
         self.python_callable = python_callable
@@ -207,33 +218,22 @@ class DPReleaseOperator(BaseOperator):
         return Mechanism.from_spec(self.mechanism)
 
     def _auto_mechanism(self, ledger: PrivacyBudgetLedger, keys: list[LedgerKey]) -> Mechanism:
-        """The least noise that keeps every key within its target (the noisiest key decides)."""
-        needed = 0.0
-        seen: set[tuple[Any, ...]] = set()
+        """The least noise found that keeps every key within its target, checked on each."""
+        budgets: dict[tuple[Any, ...], tuple[RDPAccountant, float]] = {}
         for key in keys:
             accountant: RDPAccountant = ledger.prospective_accountant(key)
             state = accountant.state()
-            signature = (state.rho, state.residual, state.gaussian_mu_squared)
             cap = ledger.policy_for(key).cap_epsilon
             target = min(cap, self.target_epsilon) if self.target_epsilon else cap
-            if (signature, target) in seen:
-                continue
-            seen.add((signature, target))
-            needed = max(
-                needed,
-                plan_noise_multiplier(
-                    accountant,
-                    target,
-                    ledger.delta,
-                    self.count,
-                    ledger.conversion,
-                    mechanism_for=charged_gaussian(
-                        self.noise,
-                        self.l2_sensitivity,  # type: ignore[arg-type]
-                        self.granularity,
-                    ),
-                ),
-            )
+            signature = (state.rho, state.residual, state.gaussian_mu_squared, target)
+            budgets.setdefault(signature, (accountant, target))
+        needed = plan_noise_multiplier_for(
+            list(budgets.values()),
+            ledger.delta,
+            self.count,
+            ledger.conversion,
+            mechanism_for=lambda z: self._plan(GaussianMechanism(z)).charged,
+        )
         self.log.info("noise_multiplier='auto' resolved to %.6g for %d key(s)", needed, len(keys))
         return GaussianMechanism(needed)
 

@@ -22,6 +22,7 @@ def flow():
         return [4, 9, 1]
 
     @task.dp_release(mechanism={{"kind": "gaussian", "noise_multiplier": 4.0}}, l2_sensitivity=1.0,
+                     cells=3, integer=True,
                      subject="{{{{ params.subject }}}}", query_type="counts", window="2026-w28",
                      params={{"subject": "carol"}})
     def clipped_counts(counts):

@@ -10,6 +10,8 @@ import textwrap
 import pytest
 
 from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant, ZCDPMechanism
+from dp_budget_provider.accounting.answer_rule import AnswerRule
+from dp_budget_provider.accounting.release import plan_noise
 from dp_budget_provider.ledger import key_for
 from tests.airflow.dag_runner import load_dag, stored_xcom, task_states
 
@@ -37,7 +39,7 @@ with DAG("DAG_ID", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezon
         subject={subject!r},
         query_type="heatmap",
         window="2026-w28",
-        noise={noise!r},{extra}
+        noise={noise!r},{declare}{extra}
         on_exhausted={on_exhausted!r},
         retries={retries},
         retry_delay=timedelta(seconds=0),
@@ -61,6 +63,7 @@ def run_release(
     noise="lattice",
     on_exhausted="fail",
     retries=0,
+    declare="\n        cells=4,\n        integer=True,",
     extra="",
 ):
     out = tmp_path / "out.json"
@@ -72,6 +75,7 @@ def run_release(
         noise=noise,
         on_exhausted=on_exhausted,
         retries=retries,
+        declare=declare,
         extra=extra,
     )
     dag_run = load_dag(source).test()
@@ -81,7 +85,8 @@ def run_release(
 
 KEY = key_for("alice", "heatmap", "2026-w28")
 # z = 4 at L2 sensitivity 1 on the derived lattice 2**-8: 256 units of sensitivity, sigma
-# 1024 units, so the discrete Gaussian costs rho = 256**2 / (2 * 1024**2) = 1/32.
+# 1024 units, so the discrete Gaussian costs rho = 256**2 / (2 * 1024**2) = 1/32 (the
+# default answer is 4 integer cells: snapping them moves nothing, nothing more is charged).
 DISCRETE_Z4 = ZCDPMechanism(rho=1 / 32)
 
 
@@ -161,6 +166,7 @@ def test_discrete_laplace_counts_are_integers_and_charged_as_pure_dp(ledger, tmp
         tmp_path,
         body="return [12, 0, 5]",
         mechanism={"kind": "laplace", "epsilon0": 0.5},
+        declare="\n        cells=3,\n        integer=True,",
         extra="\n        granularity=1,",
     )
     assert str(dag_run.state) == "success"
@@ -211,6 +217,7 @@ def test_two_processes_racing_on_one_key_never_exceed_the_cap(ledger, ledger_url
         noise="lattice",
         on_exhausted="fail",
         retries=0,
+        declare="",
         extra="",
     )
     root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
@@ -301,12 +308,29 @@ def test_non_finite_answers_are_released_by_the_declared_rule_and_verify(ledger,
     dag_run, result, ran = run_release(
         tmp_path,
         body="return [float('nan'), float('inf'), -float('inf'), 5.0]",
+        declare="\n        cells=4,",
         extra="\n        bounds=(0.0, 10.0),\n        nan_value=2.0,",
     )
     assert ran and str(dag_run.state) == "success"
-    assert all(v / 2**-8 == int(v / 2**-8) for v in result["value"])
-    assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(DISCRETE_Z4), rel=1e-12)
+    float_cells = plan_noise(GaussianMechanism(4.0), l2_sensitivity=1.0, rule=AnswerRule(cells=4))
+    g = float_cells.granularity
+    assert all(v / g == int(v / g) for v in result["value"])
+    assert result["receipt"]["mechanism"] == float_cells.charged.to_spec()
+    assert float_cells.charged.rho > DISCRETE_Z4.rho  # four float cells pay for snapping
+    assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(float_cells.charged), rel=1e-12)
     assert ledger.verify().ok  # the recorded mechanism is the one charged
+
+
+def test_an_answer_with_more_cells_than_declared_fails_charged_without_release(ledger, tmp_path):
+    """cells defaults to 1: a 2 x 2 answer fails after the reservation, before any noise."""
+    dag_run, result, ran = run_release(tmp_path, body="return [[0.5, 1.5], [2.5, 3.5]]", declare="")
+    assert ran and task_states(dag_run)["release"] == "failed"
+    assert result is None  # no release reached the downstream task
+    receipt = stored_xcom(dag_run, "release", "dp_budget_receipt")
+    assert receipt["mechanism"] == DISCRETE_Z4.to_spec()  # a scalar's charge, as declared
+    assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(DISCRETE_Z4), rel=1e-12)
+    assert [e["action"] for e in ledger.history(KEY)] == ["reserve", "commit"]
+    assert ledger.verify().ok  # the recorded mechanism is what was charged
 
 
 def test_unsafe_float_noise_is_charged_as_the_continuous_gaussian(ledger, tmp_path):
