@@ -21,6 +21,7 @@ Run ``python bench/noise.py``; other scripts can call ``run_noise_benchmark()``.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from fractions import Fraction
@@ -30,8 +31,9 @@ import numpy as np
 
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
 from dp_budget_provider.accounting import noise as samplers
+from dp_budget_provider.accounting.answer_rule import AnswerRule
 from dp_budget_provider.accounting.cdf_sampler import sampler_for
-from dp_budget_provider.accounting.release import plan_noise
+from dp_budget_provider.accounting.release import NoisePlan, plan_noise
 
 SHAPE = (1000, 1000)
 PARAMS = (5, 50)
@@ -59,10 +61,18 @@ def _rejection_only(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
     return run
 
 
+def _lattice_plans(param: float, cells: int) -> tuple[NoisePlan, NoisePlan]:
+    """The operator's default plans for the counts (integer cells, sensitivity 1)."""
+    rule = AnswerRule(cells=cells, integer=True)
+    return (
+        plan_noise(GaussianMechanism(param), l2_sensitivity=1.0, rule=rule),
+        plan_noise(LaplaceMechanism(1.0 / param), l1_sensitivity=1.0, rule=rule),
+    )
+
+
 def _cases(counts: np.ndarray, param: float) -> list[tuple[str, Callable[[], Any], str]]:
     rng = np.random.default_rng()
-    gauss = plan_noise(GaussianMechanism(param), l2_sensitivity=1.0)
-    lap = plan_noise(LaplaceMechanism(1.0 / param), l1_sensitivity=1.0)
+    gauss, lap = _lattice_plans(param, counts.size)
     return [
         ("numpy normal", lambda: counts + rng.normal(0.0, param, SHAPE), "numpy normal"),
         ("numpy laplace", lambda: counts + rng.laplace(0.0, param, SHAPE), "numpy laplace"),
@@ -104,10 +114,8 @@ def _cases(counts: np.ndarray, param: float) -> list[tuple[str, Callable[[], Any
 def table_build_seconds(param: float) -> dict[str, float]:
     """Cold build time of the tables the lattice releases at ``param`` use."""
     out = {}
-    for name, plan, kind in (
-        ("gaussian", plan_noise(GaussianMechanism(param), l2_sensitivity=1.0), "gaussian"),
-        ("laplace", plan_noise(LaplaceMechanism(1.0 / param), l1_sensitivity=1.0), "laplace"),
-    ):
+    gauss, lap = _lattice_plans(param, math.prod(SHAPE))
+    for name, plan, kind in (("gaussian", gauss, "gaussian"), ("laplace", lap, "laplace")):
         spread = plan.lattice.in_units(plan.spread)  # type: ignore[union-attr]
         parameter = spread * spread if kind == "gaussian" else Fraction(spread)
         sampler_for.cache_clear()

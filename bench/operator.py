@@ -58,6 +58,7 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, chain
 
 from dp_budget_provider.accounting import GaussianMechanism
+from dp_budget_provider.accounting.answer_rule import AnswerRule
 from dp_budget_provider.accounting.release import plan_noise
 from dp_budget_provider.operators.release import DPReleaseOperator
 
@@ -65,11 +66,12 @@ SIGMA = {sigma!r}
 
 
 def answer():
-    return np.arange(1024, dtype=np.float64).reshape(32, 32)
+    return np.arange(1024, dtype=np.int64).reshape(32, 32)  # counts: integer cells
 
 
 def answer_with_noise():
-    return plan_noise(GaussianMechanism(SIGMA), l2_sensitivity=1.0).add_noise(answer())
+    rule = AnswerRule(cells=1024, integer=True)
+    return plan_noise(GaussianMechanism(SIGMA), l2_sensitivity=1.0, rule=rule).add_noise(answer())
 
 
 def task(i):
@@ -79,6 +81,8 @@ def task(i):
             python_callable=answer,
             mechanism=GaussianMechanism(SIGMA),
             l2_sensitivity=1.0,
+            cells=1024,
+            integer=True,
             subject="city:bench",
             query_type="heatmap",
         )

@@ -2,7 +2,9 @@
 
 Counts are integers, so the release declares granularity 1: the noise is exact discrete
 Laplace noise on the integers (no floating point, so no low bits to attack), the outputs
-stay integers and the release is charged as pure eps0-DP. Each subject is
+stay integers and the release is charged as pure eps0-DP. It declares ``cells=6`` (the
+districts) and ``integer=True``: counts are on the lattice, so snapping moves nothing and
+nothing is charged for it. Each subject is
 counted at most once per district (L1 sensitivity = number of districts a subject may
 appear in, here 1 after clipping).
 """
@@ -35,6 +37,8 @@ with DAG(
         mechanism={"kind": "laplace", "epsilon0": 0.5},
         l1_sensitivity=1.0,
         granularity=1,
+        cells=6,
+        integer=True,
         bounds=(0, 10_000),
         subject="city:metropolis",
         query_type="district-counts",
