@@ -5,9 +5,10 @@ Run: ``.venv/bin/python bench/operator.py`` (``--rounds``, ``--tasks``, ``--keep
 Both DAGs run under ``dag.test()`` on a throw-away Airflow home (SQLite metadata DB,
 migrated first) with the embedded SQLite ledger (a fresh file, created with a cap no run
 can reach). Each DAG is a chain of ``--tasks`` sequential tasks that all do the same work:
-build the same 32x32 answer, add Gaussian noise with ``gaussian_noise`` at the same sigma,
-return it as lists (XCom). The PythonOperator does only that; DPReleaseOperator also opens
-the ledger through the hook, reserves, commits and pushes its receipt.
+build the same 32x32 answer, add the operator's default noise (lattice, ``plan_noise``)
+at the same noise multiplier, return it as lists (XCom). The PythonOperator does only
+that; DPReleaseOperator also opens the ledger through the hook, reserves, commits and
+pushes its receipt.
 
 Why a chain of tasks per run rather than one task per run: ``dag.test()`` has a fixed
 cost per run (syncing the DAG, creating the run) that is the same for both DAGs and would
@@ -56,18 +57,21 @@ import numpy as np
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, chain
 
-from dp_budget_provider.accounting import GaussianMechanism, gaussian_noise
+from dp_budget_provider.accounting import GaussianMechanism
+from dp_budget_provider.accounting.answer_rule import AnswerRule
+from dp_budget_provider.accounting.release import plan_noise
 from dp_budget_provider.operators.release import DPReleaseOperator
 
 SIGMA = {sigma!r}
 
 
 def answer():
-    return np.arange(1024, dtype=np.float64).reshape(32, 32)
+    return np.arange(1024, dtype=np.int64).reshape(32, 32)  # counts: integer cells
 
 
 def answer_with_noise():
-    return gaussian_noise(answer(), SIGMA).tolist()
+    rule = AnswerRule(cells=1024, integer=True)
+    return plan_noise(GaussianMechanism(SIGMA), l2_sensitivity=1.0, rule=rule).add_noise(answer())
 
 
 def task(i):
@@ -77,6 +81,8 @@ def task(i):
             python_callable=answer,
             mechanism=GaussianMechanism(SIGMA),
             l2_sensitivity=1.0,
+            cells=1024,
+            integer=True,
             subject="city:bench",
             query_type="heatmap",
         )

@@ -15,12 +15,15 @@ The history is written through the public API only (``spend``, ``reserve`` + ``c
 or ``release``, ``correct``), since its chain and payloads are the ledger's own business
 and change with it: ``--workers`` processes, each on its own subjects, run a mix of
 one-key Gaussian releases, one in ten Laplace (a curve that is not zCDP-linear), one in
-a hundred over a cohort of 100 subjects, one in fifty reserved then released, one in a
-thousand a correction, and each leaves one reservation open for the audit to find. Each
-release writes two history rows (reserve, commit) whatever its number of keys, so 10^6
-rows take 5 * 10^5 releases: at the ledger's 80-150 operations/s on this 2-core machine
-(each costs 4-8 ms of client CPU, plus the server's) that fill dominates the run, one to
-two hours for 10^6 rows; the measurements after it take minutes. The fill runs with
+``--cohort-every`` (default 100) over a cohort of ``--cohort`` subjects (default 100;
+each writes that many reservation key rows, which verify replays too), one in fifty
+reserved then released, one in a thousand a correction, and each leaves one reservation
+open for the audit to find. Each release writes two history rows (reserve, commit)
+whatever its number of keys, so 10^6 rows take 5 * 10^5 releases: at the ledger's 80-150
+operations/s on this 2-core machine (each costs 4-8 ms of client CPU, plus the server's)
+that fill dominates the run, one to two hours for 10^6 rows. A history of 10^6 rows of
+both kinds fills in minutes with larger cohorts (e.g. ``--rows 100000 --cohort 200
+--cohort-every 10``: 10^5 entries and 10^6 key rows). The fill runs with
 ``synchronous_commit = off`` on the scratch database (the same rows, only not flushed
 per commit), reset to the server's default before anything is measured. This server runs
 with ``autovacuum = off``, so the fill vacuums and analyses the database as autovacuum
@@ -31,8 +34,8 @@ its own ``VmHWM`` (``/proc/self/status``) and exits. (Not ``ru_maxrss``: Linux c
 child's peak across fork and exec, so every child would report at least this process's.)
 
 * verify: opens the ledger and runs ``verify()`` (which must report ``ok``), vs a child
-  that streams ``SELECT * FROM dp_history ORDER BY seq`` through a server-side cursor and
-  discards the rows (what a streaming audit needs at least). Also shown: verify's memory
+  that streams ``dp_history`` and ``dp_reservation_keys`` through server-side cursors
+  and discards the rows (what a streaming audit needs at least). Also shown: verify's memory
   above a child that only opens the ledger, vs the raw rows' memory (a child that fetches
   them whole with a client-side cursor, above the streaming one).
 * verify time: the wall time of ``verify()`` in its child vs the stream's.
@@ -76,7 +79,6 @@ from tests.scratch_postgres import PG_ADMIN_DSN, dsn_part, scratch_database  # n
 WINDOW = "2026-w45"
 QUERY_TYPE = "count"
 MANY = 10**4
-COHORT = 100
 SINGLE_PER_ROUND = 20  # one-key releases per round (each timed on its own)
 STREAM_BATCH = 5000
 SPAWN = multiprocessing.get_context("spawn")
@@ -131,8 +133,18 @@ def ledger_objects() -> dict[str, Any]:
     }
 
 
-def fill_worker(url: str, worker: int, workers: int, keys: int, quota: int, done, results) -> None:
-    """Write ``quota`` history rows through the public API on this worker's own subjects."""
+def fill_worker(
+    url: str,
+    worker: int,
+    workers: int,
+    keys: int,
+    cohort: tuple[int, int],
+    quota: int,
+    done,
+    results,
+) -> None:
+    """Write ``quota`` history rows through the public API on this worker's own subjects;
+    ``cohort`` = (size, every): one release in ``every`` is over ``size`` of them."""
     objects = ledger_objects()
     ledger = objects["ledger"](url=url)
     gaussian, laplace = objects["gaussian"], objects["laplace"]
@@ -143,9 +155,9 @@ def fill_worker(url: str, worker: int, workers: int, keys: int, quota: int, done
     while rows < quota - 1:  # the last row: a reservation left open
         attempt = f"bench/verify/w{worker}/{step}"
         mechanism = laplace if step % 10 == 3 else gaussian
-        if step % 100 == 99:
-            cohort = rng.sample(own, min(COHORT, len(own)))
-            ledger.commit(ledger.reserve(cohort, gaussian, attempt=attempt))
+        if step % cohort[1] == cohort[1] - 1:
+            members = rng.sample(own, min(cohort[0], len(own)))
+            ledger.commit(ledger.reserve(members, gaussian, attempt=attempt))
             rows += 2
         elif step % 50 == 25:
             reservation = ledger.reserve(rng.choice(own), mechanism, attempt=attempt)
@@ -166,7 +178,9 @@ def fill_worker(url: str, worker: int, workers: int, keys: int, quota: int, done
     ledger.close()
 
 
-def fill(name: str, url: str, rows: int, keys: int, workers: int) -> dict[str, float]:
+def fill(
+    name: str, url: str, rows: int, keys: int, workers: int, cohort: tuple[int, int]
+) -> dict[str, float]:
     """A ledger of ``rows`` history rows over ``keys`` subjects, written by ``workers``.
 
     Vacuums and analyses the database each time the operations grow by a tenth (and at
@@ -183,7 +197,7 @@ def fill(name: str, url: str, rows: int, keys: int, workers: int) -> dict[str, f
     processes = [
         SPAWN.Process(
             target=fill_worker,
-            args=(url, w, workers, keys, share + (w < extra), done, results),
+            args=(url, w, workers, keys, cohort, share + (w < extra), done, results),
         )
         for w in range(workers)
     ]
@@ -253,25 +267,35 @@ def peak_kib_reported() -> int:
     return 0
 
 
+# What a streaming audit must read at least: the history and its reservations' key rows.
+RAW_READS = (
+    "SELECT * FROM dp_history ORDER BY seq",
+    "SELECT * FROM dp_reservation_keys ORDER BY reservation_id, position",
+)
+
+
 def child_main(mode: str, database: str) -> None:
     """One measurement in this fresh process; prints its result as one JSON line."""
     result: dict[str, Any] = {}
     if mode in ("stream", "fetchall"):
         connection = connect(database)
         start = time.perf_counter()
-        if mode == "stream":
-            cursor = connection.cursor(name="bench_stream")  # server-side
-            cursor.itersize = STREAM_BATCH
-            cursor.execute("SELECT * FROM dp_history ORDER BY seq")
-            rows = sum(1 for _ in cursor)
-        else:
-            cursor = connection.cursor()
-            cursor.execute("SELECT * FROM dp_history ORDER BY seq")
-            held = cursor.fetchall()
-            rows = len(held)
+        rows = 0
+        for number, query in enumerate(RAW_READS):
+            if mode == "stream":
+                cursor = connection.cursor(name=f"bench_stream_{number}")  # server-side
+                cursor.itersize = STREAM_BATCH
+                cursor.execute(query)
+                count = sum(1 for _ in cursor)
+            else:
+                cursor = connection.cursor()
+                cursor.execute(query)
+                held = cursor.fetchall()
+                count = len(held)
+            rows = rows or count  # the history's entries (the first read)
+            cursor.close()
         result["seconds"] = time.perf_counter() - start
         result["rows"] = rows
-        cursor.close()
         connection.close()
     else:
         import dp_budget_provider
@@ -323,16 +347,18 @@ def bench_verify(name: str) -> list[tuple]:
         raise AssertionError(f"verify found problems on a healthy ledger: {verified['problems']}")
     assert verified["entries"] == stream["rows"], (verified["entries"], stream["rows"])
     print(f"  verify's package: {verified['package']}", file=sys.stderr)
+    key_rows = scalar(name, "SELECT count(*) FROM dp_reservation_keys")
     verify_rss, stream_rss = verified["vmhwm_kib"], stream["vmhwm_kib"]
     above_open = verify_rss - opened["vmhwm_kib"]
     raw_rows = fetched["vmhwm_kib"] - stream_rss
     return [
         (
-            f"verify peak RSS ({verified['entries']} entries, {verified['accounts']} accounts)",
+            f"verify peak RSS ({verified['entries']} entries, {key_rows} reservation key rows, "
+            f"{verified['accounts']} accounts)",
             mib(verify_rss),
             "MiB",
             mib(stream_rss),
-            "stream dp_history, server-side cursor, MiB",
+            "stream history and key rows, server-side cursors, MiB",
             verify_rss / stream_rss,
             "(info)",
         ),
@@ -350,7 +376,7 @@ def bench_verify(name: str) -> list[tuple]:
             verified["seconds"],
             "s",
             stream["seconds"],
-            "stream dp_history s",
+            "stream history and key rows s",
             verified["seconds"] / stream["seconds"],
             "(info)",
         ),
@@ -610,6 +636,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10**6, help="history rows (default 10^6)")
     parser.add_argument("--keys", type=int, default=10**4, help="subjects the history is over")
+    parser.add_argument("--cohort", type=int, default=100, help="subjects of a cohort release")
+    parser.add_argument(
+        "--cohort-every", type=int, default=100, help="one release in this many is a cohort's"
+    )
     parser.add_argument("--workers", type=int, default=2, help="processes writing the history")
     parser.add_argument(
         "--rounds", type=int, default=5, help="alternating runs of ours and the baseline"
@@ -634,7 +664,8 @@ def main() -> None:
     rows: list[tuple] = []
     with scratch_database("dpb_bench_verify") as (name, url):
         print(f"filling: {arguments.rows} history rows", file=sys.stderr)
-        filled = fill(name, url, arguments.rows, arguments.keys, arguments.workers)
+        cohort = (arguments.cohort, arguments.cohort_every)
+        filled = fill(name, url, arguments.rows, arguments.keys, arguments.workers, cohort)
         benchmarks = {
             "verify": ("verify", lambda: bench_verify(name)),
             "release": ("release", lambda: bench_release(name, url, arguments.rounds)),
@@ -646,7 +677,8 @@ def main() -> None:
             print(f"  done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print(
         f"package {dp_budget_provider.__file__} at {revision()}; {arguments.rows} history rows "
-        f"over {arguments.keys} subjects, written by {arguments.workers} processes in "
+        f"over {arguments.keys} subjects (one release in {arguments.cohort_every} over "
+        f"{arguments.cohort}), written by {arguments.workers} processes in "
         f"{filled['seconds']:.0f} s ({filled['operations'] / filled['seconds']:.0f} "
         f"operations/s); {os.cpu_count()} cores; whole run {time.perf_counter() - started:.0f} s"
     )

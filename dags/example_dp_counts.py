@@ -1,7 +1,10 @@
 """Example: daily visit counts per district with exact discrete Laplace noise.
 
-Counts are integers, so the noise is discrete (Canonne-Kamath-Steinke samplers, immune
-to floating-point attacks) and the release is charged as pure eps0-DP. Each subject is
+Counts are integers, so the release declares granularity 1: the noise is exact discrete
+Laplace noise on the integers (no floating point, so no low bits to attack), the outputs
+stay integers and the release is charged as pure eps0-DP. It declares ``cells=6`` (the
+districts) and ``integer=True``: counts are on the lattice, so snapping moves nothing and
+nothing is charged for it. Each subject is
 counted at most once per district (L1 sensitivity = number of districts a subject may
 appear in, here 1 after clipping).
 """
@@ -33,7 +36,10 @@ with DAG(
         python_callable=district_counts,
         mechanism={"kind": "laplace", "epsilon0": 0.5},
         l1_sensitivity=1.0,
-        noise="discrete",
+        granularity=1,
+        cells=6,
+        integer=True,
+        bounds=(0, 10_000),
         subject="city:metropolis",
         query_type="district-counts",
         tenant="acme",

@@ -1,8 +1,13 @@
 """Example: a weekly Gaussian heatmap released over many subjects, gated by the budget ledger.
 
 Each subject contributes at most one (clipped) visit per week, so the heatmap of counts
-has L2 sensitivity 1 under add/remove-one-subject adjacency. Every subject in the data
-is charged: one release over many subjects.
+has L2 sensitivity 1 under add/remove-one-subject adjacency. The counts are integers, so
+the release declares granularity 1: exact discrete Gaussian noise, integer outputs. It
+declares its shape too: ``cells=16`` (the 4 x 4 grid) and ``integer=True`` (an integer
+answer, which snapping to the lattice leaves unchanged, so the charge is that of
+sensitivity 1; a float heatmap would pay for snapping each cell). An answer with more
+cells, or of a float dtype, would fail before noise, charged. Every subject in the data is
+charged: one release over many subjects.
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ with DAG(
         python_callable=weekly_heatmap,
         mechanism={"kind": "gaussian", "noise_multiplier": 4.0},
         l2_sensitivity=1.0,
+        granularity=1,
+        cells=16,
+        integer=True,
         subjects=SUBJECTS,
         query_type="heatmap",
         tenant="{{ params.tenant }}",

@@ -1,13 +1,14 @@
 """``dp-budget``: create, inspect, audit and maintain a privacy budget ledger from a shell.
 
 The ledger database comes from ``--url`` or the ``DP_BUDGET_URL`` environment variable
-(``sqlite:////path/ledger.db`` or ``postgresql+psycopg2://user@host/db``), its chain key
+(``sqlite:////path/ledger.db`` or ``postgresql://user@host/db``), its chain key
 (the secret its history is linked with) from ``DP_BUDGET_CHAIN_KEY``. Every command goes
 through the same :mod:`dp_budget_provider.ledger` API the Airflow operators use, and
 none imports Airflow.
 
 Exit codes: 0 success; 1 the ledger refused or failed (one ``dp-budget: error:`` line on
-stderr), or ``verify`` found problems; 2 a usage error (bad arguments, no ledger URL).
+stderr), or ``verify`` found problems; 2 a usage error (bad arguments or values, no ledger
+URL).
 
 Commands::
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import sys
@@ -42,9 +44,9 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from dp_budget_provider import __version__
 from dp_budget_provider.accounting import CONVERSIONS
 from dp_budget_provider.ledger import (
     ANY,
@@ -59,7 +61,7 @@ from dp_budget_provider.ledger import (
     report,
 )
 from dp_budget_provider.ledger.checkpoints import CheckpointFile
-from dp_budget_provider.ledger.keys import canonical_part
+from dp_budget_provider.ledger.keys import MAX_STORED_INT, canonical_part
 from dp_budget_provider.ledger.policy import DEFAULT_GRACE, DEFAULT_MIN_WINDOW
 from dp_budget_provider.ledger.schema import LedgerConfig
 from dp_budget_provider.ledger.windows import CALENDAR_KINDS
@@ -91,6 +93,10 @@ def parse_duration(text: str) -> timedelta:
             f"invalid duration {text!r}: use a number and a unit s, m, h, d or w (e.g. 2h, 30m)"
         )
     seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(compact))
+    if not seconds <= timedelta.max.total_seconds():
+        raise argparse.ArgumentTypeError(
+            f"duration {text!r} is too long: at most {timedelta.max.days} days"
+        )
     return timedelta(seconds=seconds)
 
 
@@ -115,14 +121,26 @@ def _count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    if value > MAX_STORED_INT:
+        raise argparse.ArgumentTypeError(f"expected a number up to {MAX_STORED_INT}, got {text!r}")
     return value
 
 
 def _number(text: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _number(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
 
 
 # ---------------------------------------------------------------------- opening the ledger
@@ -135,15 +153,27 @@ def _url(args: argparse.Namespace) -> str:
     return url
 
 
+def _sqlite_file(url: str) -> Path | None:
+    parsed = database.parse_url(url)
+    return database.sqlite_path(parsed) if parsed.get_backend_name() == "sqlite" else None
+
+
 def _refuse_missing_sqlite_file(url: str) -> None:
     """Reading commands must not create an empty SQLite file at a mistyped path."""
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return
-    if not Path(parsed.database).exists():
+    path = _sqlite_file(url)
+    if path is not None and not path.exists():
+        missing = "" if path.parent.is_dir() else f" (its folder {path.parent} does not exist)"
         raise CommandError(
-            f"no ledger database file {parsed.database}: create one with `dp-budget init`"
+            f"no ledger database file {path}{missing}: create one with `dp-budget init`"
         )
+
+
+def _make_sqlite_folder(url: str) -> None:
+    """The commands that create a ledger create its SQLite file's folder, and say so."""
+    path = _sqlite_file(url)
+    if path is not None and not path.parent.is_dir():
+        path.parent.mkdir(parents=True)
+        print(f"created folder {path.parent}")
 
 
 def open_ledger(url: str, *, keyed: bool = True) -> PrivacyBudgetLedger:
@@ -263,6 +293,7 @@ def _history_lines(ledger: PrivacyBudgetLedger, entries: Sequence[dict[str, Any]
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
     """Create or upgrade the ledger schema (Alembic)."""
+    _make_sqlite_folder(_url(args))
     engine = database.make_engine(_url(args))
     try:
         revision = database.upgrade(engine)
@@ -276,6 +307,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     """Create a ledger with its default cap, fixed delta and conversion."""
     url = _url(args)
     cap = BudgetCap(args.epsilon, args.delta, args.warn_fraction)
+    _make_sqlite_folder(url)
     existed = _is_initialised(url)
     ledger = PrivacyBudgetLedger(cap, url=url, conversion=args.conversion, chain_key=_chain_key())
     try:
@@ -328,7 +360,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     _pct(s.fraction),
                     s.open_reservations,
                     s.releases,
-                    report.account_state(s),
+                    s.state,
                 )
                 for s in statuses
             ]
@@ -342,7 +374,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "not shown (--offset N for the next page, --limit 0 for all)"
             )
         elif statuses:
-            print(f"{total} account(s)")
+            first = "" if args.offset == 0 else f"showing {args.offset + 1}-{shown} of "
+            print(f"{first}{total} account(s)")
     return 0
 
 
@@ -364,13 +397,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             lines.append("state     no live account (window reset or account rescoped)")
         else:
             receipt = ledger.receipt(key)
-            state = report.STATE_OK
-            if receipt.epsilon >= receipt.cap_epsilon:
-                state = report.STATE_EXHAUSTED
-            elif receipt.warned:
-                state = report.STATE_WARNING
             lines += [
-                f"state     {state}",
+                f"state     {policy.state_at(receipt.epsilon)}",
                 f"epsilon   {receipt.epsilon:.6g} at delta {_g(ledger.delta)} ({receipt.method})",
                 f"cap       {_g(receipt.cap_epsilon)}: remaining {receipt.remaining:.6g}, "
                 f"{_pct(receipt.fraction)} used",
@@ -604,6 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"The ledger URL comes from --url or ${URL_ENV}.",
     )
     parser.add_argument("--url", default=None, help=url_help)
+    parser.add_argument("--version", action="version", version=f"dp-budget {__version__}")
     # --url is accepted after the command too; SUPPRESS keeps a global one from being reset.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
@@ -629,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     init = command(commands, "init", cmd_init, "create a ledger with its default cap")
-    init.add_argument("--epsilon", type=_number, required=True, help="default cap per account")
+    init.add_argument("--epsilon", type=_positive, required=True, help="default cap per account")
     init.add_argument(
         "--delta", type=_number, required=True, help="the ledger's fixed delta (never changes)"
     )
@@ -730,7 +759,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     policy_set.add_argument("--tenant", default=ANY, help="default '*' (any)")
     policy_set.add_argument("--query-type", default=ANY, help="default '*' (any)")
-    policy_set.add_argument("--epsilon", type=_number, required=True, help="cap per account")
+    policy_set.add_argument("--epsilon", type=_positive, required=True, help="cap per account")
     policy_set.add_argument("--warn-fraction", type=_number, default=None)
     policy_set.add_argument("--calendar", choices=CALENDAR_KINDS, default=None)
     policy_set.add_argument(
@@ -770,7 +799,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as error:
         print(f"dp-budget: error: {error}", file=sys.stderr)
         return 2
-    except (CommandError, LedgerError, ValueError) as error:
+    except ValueError as error:  # a value the ledger refuses to take: a usage error too
+        print(f"dp-budget: error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except (CommandError, LedgerError) as error:
         print(f"dp-budget: error: {_one_line(error)}", file=sys.stderr)
         return 1
     except SQLAlchemyError as error:

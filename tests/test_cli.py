@@ -157,6 +157,26 @@ def test_db_upgrade_then_init_on_an_empty_database(ledger_url):
     ledger.close()
 
 
+def test_a_sqlite_ledger_in_a_missing_folder_is_named_then_created_by_init(tmp_path, capsys):
+    folder = tmp_path / "ledgers" / "prod"
+    url = f"sqlite:///{folder / 'ledger.db'}"
+    code, _, err = call(capsys, "--url", url, "status")
+    assert code == 1 and f"its folder {folder} does not exist" in err and "dp-budget init" in err
+    assert not folder.exists()  # reading never creates anything
+    code, out, err = call(capsys, "--url", url, "init", "--epsilon", "3", "--delta", "1e-5")
+    assert code == 0, err
+    assert f"created folder {folder}" in out and "created:" in out
+    assert call(capsys, "--url", url, "status")[0] == 0
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres"])
+def test_plain_postgresql_urls_work_in_the_cli(postgres_url, scheme):
+    url = f"{scheme}://{postgres_url.split('://', 1)[1]}"
+    created = run("init", "--epsilon", "3", "--delta", "1e-5", url=url)
+    assert created.returncode == 0, created.stderr
+    assert run("status", url=url).returncode == 0
+
+
 def test_init_is_idempotent_and_refuses_another_configuration(sqlite_url, capsys):
     code, out, _ = call(capsys, "--url", sqlite_url, "init", "--epsilon", "3", "--delta", "1e-6")
     assert code == 0 and "created" in out
@@ -193,7 +213,13 @@ def test_a_classic_ledger_opens_with_its_own_conversion(sqlite_url, capsys):
     ],
 )
 def test_init_rejects_invalid_caps(sqlite_url, args):
-    assert_one_line_error(run("init", *args, url=sqlite_url))
+    result = run("init", *args, url=sqlite_url)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(("dp-budget: error:", "dp-budget init: error:"))
+    )
 
 
 # ---------------------------------------------------------------------- status
@@ -546,6 +572,43 @@ def test_bad_now_is_a_usage_error(seeded):
     assert "invalid time" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("status", "--offset", "1e30"), "--offset: expected a whole number"),
+        (("status", "--limit", "99999999999999999999"), "--limit: expected a number up to"),
+        (("history", "--after", "99999999999999999999"), "--after: expected a number up to"),
+        (("reap", "--older-than", "99999999999999d"), "is too long"),
+        (("policy", "set", "--epsilon", "-1"), "--epsilon: expected a number > 0"),
+        (("policy", "set", "--epsilon", "nan"), "--epsilon: expected a finite number"),
+        (("policy", "set", "--epsilon", "2", "--grace", "99999999999999d"), "is too long"),
+        (("init", "--epsilon", "inf", "--delta", "1e-5"), "--epsilon: expected a finite"),
+    ],
+)
+def test_out_of_range_values_are_usage_errors_naming_the_option(seeded, capsys, args, says):
+    code, out, err = call(capsys, "--url", seeded, *args)
+    assert code == 2 and says in err and "Traceback" not in err, (code, err)
+
+
+def test_a_reap_cutoff_before_the_first_moment_reaps_nothing(seeded, capsys):
+    code, out, err = call(
+        capsys, "--url", seeded, "reap", "--older-than", "1h", "--now", "0001-01-01T00:00:00Z"
+    )
+    assert code == 0, err
+    assert "no reservation has been open longer" in out
+
+
+def test_version(capsys):
+    code, out, _ = call(capsys, "--version")
+    assert code == 0 and out.strip() == f"dp-budget {__version__}"
+
+
+def test_the_last_page_of_status_says_which_rows_it_shows(seeded, capsys):
+    code, out, _ = call(capsys, "--url", seeded, "status", "--limit", "2", "--offset", "2")
+    assert code == 0
+    assert out.splitlines()[-1] == "showing 3-4 of 4 account(s)"
+
+
 def test_duration_and_moment_parsing():
     assert parse_duration("2h") == timedelta(hours=2)
     assert parse_duration("30m") == timedelta(minutes=30)
@@ -612,15 +675,15 @@ def test_policy_set_keeps_what_is_not_given(seeded, capsys):
     [
         ("--epsilon", "2", "--calendar", "fixed"),  # no length
         ("--epsilon", "2", "--calendar", "fixed", "--length-seconds", "3600"),  # < min window
-        (
-            "--epsilon",
-            "-1",
-        ),
         ("--epsilon", "2", "--tenant", " "),
     ],
 )
 def test_policy_set_rejects_invalid_policies(seeded, args):
-    assert_one_line_error(run("policy", "set", *args, url=seeded))
+    """Values only the policy can judge: one error line, exit 2 (--epsilon -1 is refused
+    by the parser, in test_out_of_range_values_are_usage_errors_naming_the_option)."""
+    result = run("policy", "set", *args, url=seeded)
+    assert_one_line_error(result)
+    assert result.returncode == 2
 
 
 def test_policy_set_fixed_calendar(seeded, capsys):

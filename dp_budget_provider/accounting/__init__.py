@@ -15,7 +15,11 @@ from dp_budget_provider.accounting.analytic_gaussian import (
     gaussian_delta,
     gaussian_epsilon,
 )
-from dp_budget_provider.accounting.calibration import CalibrationInfeasible, plan_noise_multiplier
+from dp_budget_provider.accounting.calibration import (
+    CalibrationInfeasible,
+    plan_noise_multiplier,
+    plan_noise_multiplier_for,
+)
 from dp_budget_provider.accounting.conversion import (
     CONVERSIONS,
     Conversion,
@@ -36,10 +40,10 @@ from dp_budget_provider.accounting.mechanisms import (
 from dp_budget_provider.accounting.noise import (
     discrete_gaussian_noise,
     discrete_laplace_noise,
-    gaussian_noise,
-    laplace_noise,
     sample_discrete_gaussian,
     sample_discrete_laplace,
+    unsafe_float_gaussian_noise,
+    unsafe_float_laplace_noise,
 )
 from dp_budget_provider.accounting.orders import DEFAULT_ORDERS
 
@@ -66,11 +70,12 @@ __all__ = [
     "epsilon_bound",
     "gaussian_delta",
     "gaussian_epsilon",
-    "gaussian_noise",
-    "laplace_noise",
     "plan_noise_multiplier",
+    "plan_noise_multiplier_for",
     "rdp_to_epsilon",
     "sample_discrete_gaussian",
     "sample_discrete_laplace",
+    "unsafe_float_gaussian_noise",
+    "unsafe_float_laplace_noise",
     "zcdp_to_dp",
 ]

@@ -3,13 +3,18 @@
 This is what ``noise_multiplier="auto"`` in the operator runs: given what an account
 has already spent (an accountant) and a target epsilon at the ledger's delta, find the
 least noise for ``count`` more Gaussian releases. The search keeps the feasible end of
-its bracket, so the answer never overspends.
+its bracket and returns only a noise multiplier it checked, so the answer never
+overspends, even when the charge is not monotone in z (lattice noise: the derived
+granularity halves as z grows, and the sensitivity rounded up to lattice units jumps).
+Then the answer may not be the least feasible z, only a feasible one. Several accounts
+are checked together (``plan_noise_multiplier_for``): with a non-monotone charge the
+largest of their separate answers need not fit them all.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.accountant import RDPAccountant
@@ -17,7 +22,12 @@ from dp_budget_provider.accounting.analytic_gaussian import calibrate_analytic_g
 from dp_budget_provider.accounting.conversion import Conversion, check_conversion
 from dp_budget_provider.accounting.mechanisms import GaussianMechanism, Mechanism
 
-__all__ = ["CalibrationInfeasible", "calibrate_analytic_gaussian", "plan_noise_multiplier"]
+__all__ = [
+    "CalibrationInfeasible",
+    "calibrate_analytic_gaussian",
+    "plan_noise_multiplier",
+    "plan_noise_multiplier_for",
+]
 
 _MAX_NOISE_MULTIPLIER = 1e8
 _RELATIVE_TOLERANCE = 1e-10
@@ -41,25 +51,54 @@ def plan_noise_multiplier(
     is charged as zCDP, not as a continuous Gaussian). ``spent`` is not modified.
     Raises :class:`CalibrationInfeasible` when even z = 1e8 does not fit.
     """
-    target_epsilon = check.positive("target_epsilon", target_epsilon)
+    return plan_noise_multiplier_for(
+        [(spent, target_epsilon)], delta, count, conversion, mechanism_for
+    )
+
+
+def plan_noise_multiplier_for(
+    budgets: Sequence[tuple[RDPAccountant, float]],
+    delta: float,
+    count: int = 1,
+    conversion: Conversion = "improved",
+    mechanism_for: Callable[[float], Mechanism] = GaussianMechanism,
+) -> float:
+    """A least z with which ``count`` releases fit every ``(spent, target_epsilon)`` budget.
+
+    The returned z was checked against every budget (see the module docstring: the
+    charge need not be monotone in z, so no z is assumed to fit unchecked).
+    """
+    if not budgets:
+        raise ValueError("budgets must name at least one (accountant, target_epsilon)")
+    targets = [check.positive("target_epsilon", target) for _, target in budgets]
     delta = check.open_unit("delta", delta)
     count = check.count("count", count)
     conversion = check_conversion(conversion)
 
     def fits(noise_multiplier: float) -> bool:
-        trial = spent.copy()
-        trial.compose(mechanism_for(noise_multiplier), count)
-        return trial.get_epsilon(delta, conversion)[0] <= target_epsilon
+        mechanism = mechanism_for(noise_multiplier)
+        for (spent, _), target in zip(budgets, targets, strict=True):
+            trial = spent.copy()
+            trial.compose(mechanism, count)
+            if trial.get_epsilon(delta, conversion)[0] > target:
+                return False
+        return True
 
     if not fits(_MAX_NOISE_MULTIPLIER):
-        spent_epsilon = spent.get_epsilon(delta, conversion)[0]
+        spent_epsilon = max(spent.get_epsilon(delta, conversion)[0] for spent, _ in budgets)
         raise CalibrationInfeasible(
             f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} keeps {count} more release(s)"
-            f" within eps={target_epsilon} at delta={delta}: already spent eps={spent_epsilon}"
+            f" within eps={min(targets)} at delta={delta}: already spent eps={spent_epsilon}"
         )
+    return _least_fitting(fits, _MAX_NOISE_MULTIPLIER)
+
+
+def _least_fitting(fits: Callable[[float], bool], ceiling: float) -> float:
+    """Bisect for a small z with ``fits(z)``, given ``fits(ceiling)``; only a z known to fit
+    is returned (with a non-monotone ``fits`` the doubling must stop at the ceiling)."""
     lo, hi = 1e-3, 1.0  # invariant once set up: fits(hi) and not fits(lo)
-    while not fits(hi):
-        lo, hi = hi, hi * 2.0
+    while hi < ceiling and not fits(hi):
+        lo, hi = hi, min(hi * 2.0, ceiling)
     if fits(lo):
         return lo
     while hi - lo > _RELATIVE_TOLERANCE * hi:

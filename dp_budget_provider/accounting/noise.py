@@ -40,24 +40,28 @@ How to account for each mechanism
   response), so its Renyi divergence is *larger* than the continuous Laplace's at every
   order and the continuous formula under-reports the loss.  Use the pure-DP ``eps0``
   (or RDP/zCDP conversions that are valid for any ``eps0``-DP mechanism).
-* ``gaussian_noise`` / ``laplace_noise`` are floating-point mechanisms and are exposed for
-  real-valued statistics only; they carry the floating-point caveats above.
+* ``unsafe_float_gaussian_noise`` / ``unsafe_float_laplace_noise`` are floating-point
+  mechanisms, kept under names that say what they are: their low bits depend on the data
+  (the attacks above), so no privacy guarantee holds for them as implemented.
+
+Which sampler runs
+------------------
+A parameter whose certified CDF table is small enough (sigma up to about 2.8e4, scale up
+to about 6e3) is sampled by exact inverse CDF from that table (``cdf_sampler``), about one
+32-bit random word per cell.  Larger parameters use the CKS rejection samplers below,
+vectorised over the batch of still-pending cells as numpy int64 arrays; only numbers that
+would not fit int64 go through the per-element Python-int fallback.  Both produce exactly
+the stated distribution.
 
 Randomness
 ----------
-Every public function creates a fresh ``numpy.random.default_rng(seed)`` per call.  With the
-default ``seed=None`` that generator is seeded from OS entropy, so every release draws new
-noise.  A fixed seed exists for tests only: it makes the noise reproducible and therefore
-NOT private.
+All noise is driven by the OS's cryptographically secure generator (``os.urandom``, see
+``secure_random``).  A fixed ``seed`` exists for tests only: it switches to a seeded PCG64
+byte stream, reproducible and therefore NOT private.
 
-Timing: the discrete samplers are rejection samplers, so their running time depends on the
-noise drawn (never on the data).  They process whole batches, so only the aggregate batch
-time -- not any single cell's -- is observable.
-
-Performance: on a 10**6-cell release the discrete samplers take a few hundred ns per cell
-(see ``bench/noise.py``), because every rejection loop runs over the whole batch of
-still-pending cells as numpy int64 arrays; only numbers that would not fit int64 (huge
-sigma, or astronomically rare proposals) go through the per-element Python-int fallback.
+Timing: the samplers' running time depends on the random bits drawn (never on the data).
+They process whole batches, so only the aggregate batch time -- not any single cell's --
+is observable.
 
 Layering: this module imports only the standard library and numpy.
 """
@@ -66,11 +70,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+from dp_budget_provider.accounting.cdf_sampler import Kind, sampler_for
+from dp_budget_provider.accounting.secure_random import SecureRandom, random_source
 
 __all__ = [
     "MAX_DISCRETE_PARAMETER",
@@ -78,10 +84,10 @@ __all__ = [
     "discrete_laplace_noise",
     "effective_discrete_gaussian_sigma2",
     "effective_discrete_laplace_scale",
-    "gaussian_noise",
-    "laplace_noise",
     "sample_discrete_gaussian",
     "sample_discrete_laplace",
+    "unsafe_float_gaussian_noise",
+    "unsafe_float_laplace_noise",
 ]
 
 #: Largest sigma / scale accepted by the discrete samplers.  Outputs are int64; capping the
@@ -228,15 +234,6 @@ def _shape_from_size(size: object) -> tuple[int, ...]:
     return (_one(size),)
 
 
-def _rng(seed: int | None) -> np.random.Generator:
-    """A fresh generator per call: OS entropy when ``seed`` is None (see module docstring)."""
-    if seed is not None and (
-        isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral)
-    ):
-        raise ValueError(f"seed must be an int or None, got {seed!r}")
-    return np.random.default_rng(None if seed is None else int(seed))
-
-
 # --------------------------------------------------------------------------------------
 # Rational representation of the parameters
 # --------------------------------------------------------------------------------------
@@ -297,20 +294,26 @@ def _gaussian_rational(sigma: Fraction) -> tuple[int, int, int]:
 def effective_discrete_laplace_scale(scale: float | int | Fraction) -> Fraction:
     """The exact scale the discrete Laplace sampler uses for a requested ``scale``.
 
-    Exposed so accountants and audits can see the real mechanism: it is always >= ``scale``
-    and exceeds it by a relative amount < 2**-51.
+    Exposed so accountants and audits can see the real mechanism: ``scale`` itself on the
+    table path, else (rejection path) rounded up by a relative amount < 2**-51.
     """
-    t, s = _laplace_rational(_discrete_positive("scale", scale))
+    exact = _discrete_positive("scale", scale)
+    if sampler_for("laplace", exact) is not None:
+        return exact
+    t, s = _laplace_rational(exact)
     return Fraction(t, s)
 
 
 def effective_discrete_gaussian_sigma2(sigma: float | int | Fraction) -> Fraction:
     """The exact variance parameter sigma~^2 the discrete Gaussian sampler uses.
 
-    Always >= ``sigma**2``; the relative excess is < 2**-25 * ((floor(sigma)+1)/sigma)**2,
-    which is < 2**-23 for sigma >= 0.5.
+    ``sigma**2`` itself on the table path; on the rejection path (large sigma) it exceeds
+    it by a relative < 2**-25 * ((floor(sigma)+1)/sigma)**2 (< 2**-23 for sigma >= 0.5).
     """
-    t, a, b = _gaussian_rational(_discrete_positive("sigma", sigma))
+    exact = _discrete_positive("sigma", sigma)
+    if sampler_for("gaussian", exact * exact) is not None:
+        return exact * exact
+    t, a, b = _gaussian_rational(exact)
     return Fraction(t * a, b)
 
 
@@ -320,7 +323,7 @@ def effective_discrete_gaussian_sigma2(sigma: float | int | Fraction) -> Fractio
 # --------------------------------------------------------------------------------------
 
 
-def _py_uniform(rng: np.random.Generator, n: int) -> int:
+def _py_uniform(rng: SecureRandom, n: int) -> int:
     """Exact uniform integer in [0, n) for any positive Python int ``n``.
 
     Small bounds use ``Generator.integers`` (exact); large ones use rejection sampling on
@@ -337,7 +340,7 @@ def _py_uniform(rng: np.random.Generator, n: int) -> int:
             return u
 
 
-def _py_bernoulli_exp_unit(rng: np.random.Generator, num: int, den: int) -> bool:
+def _py_bernoulli_exp_unit(rng: SecureRandom, num: int, den: int) -> bool:
     """CKS Algorithm 1, gamma = num/den in [0, 1]: Bernoulli(exp(-gamma)), exact.
 
     Draw A_K ~ Bernoulli(gamma/K) for K = 1, 2, ... until the first 0; return 1 iff the
@@ -349,7 +352,7 @@ def _py_bernoulli_exp_unit(rng: np.random.Generator, num: int, den: int) -> bool
     return k % 2 == 1
 
 
-def _py_bernoulli_exp(rng: np.random.Generator, num: int, den: int) -> bool:
+def _py_bernoulli_exp(rng: SecureRandom, num: int, den: int) -> bool:
     """CKS Algorithm 1 for any rational gamma = num/den >= 0, exact.
 
     exp(-gamma) = exp(-1)**floor(gamma) * exp(-frac(gamma)); each factor is an independent
@@ -375,7 +378,7 @@ def _py_laplace_magnitude(u: int, v: int, t: int, s: int) -> int:
     return _checked_int64((u + t * v) // s)
 
 
-def _py_discrete_laplace(rng: np.random.Generator, t: int, s: int) -> int:
+def _py_discrete_laplace(rng: SecureRandom, t: int, s: int) -> int:
     """CKS Algorithm 2 in Python ints: one exact sample with P[Z=z] ∝ exp(-|z| s / t)."""
     while True:
         u = _py_uniform(rng, t)
@@ -391,7 +394,7 @@ def _py_discrete_laplace(rng: np.random.Generator, t: int, s: int) -> int:
         return _checked_int64(-y if negative else y)
 
 
-def _py_gaussian_accept(rng: np.random.Generator, y_abs: int, a: int, b: int, t: int) -> bool:
+def _py_gaussian_accept(rng: SecureRandom, y_abs: int, a: int, b: int, t: int) -> bool:
     """CKS Algorithm 3 acceptance, Bernoulli(exp(-(|Y| b - a)^2 / (2 a b t))), in Python ints."""
     c = y_abs * b - a
     return _py_bernoulli_exp(rng, c * c, 2 * a * b * t)
@@ -402,9 +405,7 @@ def _py_gaussian_accept(rng: np.random.Generator, y_abs: int, a: int, b: int, t:
 # --------------------------------------------------------------------------------------
 
 
-def _bernoulli_exp_unit(
-    rng: np.random.Generator, num: NDArray[np.int64], den: int
-) -> NDArray[np.bool_]:
+def _bernoulli_exp_unit(rng: SecureRandom, num: NDArray[np.int64], den: int) -> NDArray[np.bool_]:
     """Vectorised CKS Algorithm 1 for gamma_i = num_i / den in [0, 1].
 
     All still-running elements share the same loop counter K, so round K draws one exact
@@ -423,7 +424,7 @@ def _bernoulli_exp_unit(
     return out
 
 
-def _bernoulli_exp_minus_one(rng: np.random.Generator, m: int) -> NDArray[np.bool_]:
+def _bernoulli_exp_minus_one(rng: SecureRandom, m: int) -> NDArray[np.bool_]:
     """m exact Bernoulli(exp(-1)) draws: Algorithm 1 with gamma = 1/1.
 
     Round K = 1 is Bernoulli(1/1) == 1 for certain, so it is skipped without drawing.
@@ -434,7 +435,7 @@ def _bernoulli_exp_minus_one(rng: np.random.Generator, m: int) -> NDArray[np.boo
 
 
 def _alg1_rounds(
-    rng: np.random.Generator,
+    rng: SecureRandom,
     out: NDArray[np.bool_],
     idx: NDArray[np.intp],
     cur: NDArray[np.int64],
@@ -461,14 +462,14 @@ def _alg1_rounds(
         k += 1
 
 
-def _bernoulli_one_over(rng: np.random.Generator, k: int, m: int) -> NDArray[np.bool_]:
+def _bernoulli_one_over(rng: SecureRandom, k: int, m: int) -> NDArray[np.bool_]:
     """m exact Bernoulli(1/k) draws (k may exceed int64 only in absurd, forced cases)."""
     if k <= _INT64_BUDGET:
         return rng.integers(0, k, size=m, dtype=np.int64) == 0
     return np.array([_py_uniform(rng, k) == 0 for _ in range(m)], dtype=np.bool_)
 
 
-def _bernoulli_exp(rng: np.random.Generator, num: NDArray[np.int64], den: int) -> NDArray[np.bool_]:
+def _bernoulli_exp(rng: SecureRandom, num: NDArray[np.int64], den: int) -> NDArray[np.bool_]:
     """Vectorised CKS Algorithm 1 for any gamma_i = num_i / den >= 0 (den <= budget)."""
     whole = num // den
     frac = num - whole * den
@@ -486,7 +487,7 @@ def _bernoulli_exp(rng: np.random.Generator, num: NDArray[np.int64], den: int) -
     return res
 
 
-def _geometric_exp1(rng: np.random.Generator, m: int) -> NDArray[np.int64]:
+def _geometric_exp1(rng: SecureRandom, m: int) -> NDArray[np.int64]:
     """V with P[V >= v] = exp(-v): count successes of Bernoulli(exp(-1)) until a failure."""
     v = np.zeros(m, dtype=np.int64)
     active = np.arange(m)
@@ -497,7 +498,7 @@ def _geometric_exp1(rng: np.random.Generator, m: int) -> NDArray[np.int64]:
     return v
 
 
-def _discrete_laplace_batch(rng: np.random.Generator, t: int, s: int, count: int) -> np.ndarray:
+def _discrete_laplace_batch(rng: SecureRandom, t: int, s: int, count: int) -> np.ndarray:
     """``count`` exact samples of CKS Algorithm 2, P[Z=z] ∝ exp(-|z| s / t), as int64."""
     out = np.empty(count, dtype=np.int64)
     if t > _INT64_BUDGET:  # numbers do not fit: whole algorithm in Python ints
@@ -529,9 +530,7 @@ def _discrete_laplace_batch(rng: np.random.Generator, t: int, s: int, count: int
     return out
 
 
-def _discrete_gaussian_batch(
-    rng: np.random.Generator, t: int, a: int, b: int, count: int
-) -> np.ndarray:
+def _discrete_gaussian_batch(rng: SecureRandom, t: int, a: int, b: int, count: int) -> np.ndarray:
     """``count`` exact samples of CKS Algorithm 3 with sigma~^2 = t a / b, as int64.
 
     Proposals Y ~ DLap(t) are accepted with probability exp(-(|Y| b - a)^2 / (2 a b t)).
@@ -564,23 +563,33 @@ def _discrete_gaussian_batch(
 # --------------------------------------------------------------------------------------
 
 
+def _draw(kind: Kind, exact: Fraction, count: int, rng: SecureRandom) -> NDArray[np.int64]:
+    """``count`` exact samples: from the certified CDF table when it is short enough, else CKS."""
+    table = sampler_for(kind, exact * exact if kind == "gaussian" else exact)
+    if table is not None:
+        return table.sample(count, rng)
+    if kind == "gaussian":
+        t, a, b = _gaussian_rational(exact)
+        return _discrete_gaussian_batch(rng, t, a, b, count)
+    t, s = _laplace_rational(exact)
+    return _discrete_laplace_batch(rng, t, s, count)
+
+
 def sample_discrete_laplace(
     scale: float | int | Fraction, size: int | tuple[int, ...], *, seed: int | None = None
 ) -> np.ndarray:
     """Exact i.i.d. discrete Laplace noise, P[Y=y] ∝ exp(-|y|/scale), as an int64 array.
 
-    ``scale`` is represented as ``t/s`` rounded UP by < 2**-51 relative (see
-    ``effective_discrete_laplace_scale``).  Adding this noise to an integer query of L1
-    sensitivity Delta is pure (Delta/scale)-DP -- do not use continuous-Laplace RDP.
+    The scale used is ``effective_discrete_laplace_scale(scale)`` (>= ``scale``).  Adding
+    this noise to an integer query of L1 sensitivity Delta is pure (Delta/scale)-DP -- do
+    not use continuous-Laplace RDP.
 
     ``seed``: for tests only: a fixed seed makes the noise reproducible and therefore NOT
-    private; production calls leave it None so every release draws fresh OS entropy.
+    private; production calls leave it None so every release reads the OS's CSPRNG.
     """
     exact = _discrete_positive("scale", scale)
     shape = _shape_from_size(size)
-    rng = _rng(seed)
-    t, s = _laplace_rational(exact)
-    return _discrete_laplace_batch(rng, t, s, math.prod(shape)).reshape(shape)
+    return _draw("laplace", exact, math.prod(shape), random_source(seed)).reshape(shape)
 
 
 def sample_discrete_gaussian(
@@ -588,18 +597,15 @@ def sample_discrete_gaussian(
 ) -> np.ndarray:
     """Exact i.i.d. discrete Gaussian noise, P[Y=y] ∝ exp(-y^2/(2 sigma~^2)), int64 array.
 
-    sigma~^2 >= sigma^2 with relative excess < 2**-23 for sigma >= 0.5 (see
-    ``effective_discrete_gaussian_sigma2``).  Adding this noise to an integer query of L2
-    sensitivity Delta is rho-zCDP with rho = Delta^2 / (2 sigma^2).
+    sigma~^2 = ``effective_discrete_gaussian_sigma2(sigma)`` >= sigma^2.  Adding this noise
+    to an integer query of L2 sensitivity Delta is rho-zCDP with rho = Delta^2/(2 sigma^2).
 
     ``seed``: for tests only: a fixed seed makes the noise reproducible and therefore NOT
-    private; production calls leave it None so every release draws fresh OS entropy.
+    private; production calls leave it None so every release reads the OS's CSPRNG.
     """
     exact = _discrete_positive("sigma", sigma)
     shape = _shape_from_size(size)
-    rng = _rng(seed)
-    t, a, b = _gaussian_rational(exact)
-    return _discrete_gaussian_batch(rng, t, a, b, math.prod(shape)).reshape(shape)
+    return _draw("gaussian", exact, math.prod(shape), random_source(seed)).reshape(shape)
 
 
 def _add_int64_checked(values: NDArray[np.int64], noise: NDArray[np.int64]) -> np.ndarray:
@@ -622,13 +628,11 @@ def discrete_laplace_noise(
     never modified.  Account as pure eps0 = Delta_1/scale DP (see module docstring).
 
     ``seed``: for tests only: a fixed seed makes the noise reproducible and therefore NOT
-    private; production calls leave it None so every release draws fresh OS entropy.
+    private; production calls leave it None so every release reads the OS's CSPRNG.
     """
     exact = _discrete_positive("scale", scale)
     ints = _integer_values(values)
-    rng = _rng(seed)
-    t, s = _laplace_rational(exact)
-    noise = _discrete_laplace_batch(rng, t, s, ints.size)
+    noise = _draw("laplace", exact, ints.size, random_source(seed))
     return _add_int64_checked(ints, noise.reshape(ints.shape))
 
 
@@ -639,59 +643,58 @@ def discrete_gaussian_noise(
 
     ``values`` must be integer-valued (int dtype, or floats that are exact integers); the
     result is an int64 array of the same shape (a scalar gives a 0-d array).  The input is
-    never modified.  The sampler's variance parameter may exceed sigma^2 by < 2**-23
-    relative (never less), so rho = Delta_2^2/(2 sigma^2) zCDP is a valid charge.
+    never modified.  The sampler's variance parameter is never below sigma^2, so
+    rho = Delta_2^2/(2 sigma^2) zCDP is a valid charge.
 
     ``seed``: for tests only: a fixed seed makes the noise reproducible and therefore NOT
-    private; production calls leave it None so every release draws fresh OS entropy.
+    private; production calls leave it None so every release reads the OS's CSPRNG.
     """
     exact = _discrete_positive("sigma", sigma)
     ints = _integer_values(values)
-    rng = _rng(seed)
-    t, a, b = _gaussian_rational(exact)
-    noise = _discrete_gaussian_batch(rng, t, a, b, ints.size)
+    noise = _draw("gaussian", exact, ints.size, random_source(seed))
     return _add_int64_checked(ints, noise.reshape(ints.shape))
 
 
-def gaussian_noise(
+def _open_unit_doubles(rng: SecureRandom, count: int) -> NDArray[np.float64]:
+    """Uniform doubles (k + 1/2) 2**-53 in (0, 1) from 53 random bits each."""
+    top = (rng.words64(count) >> np.uint64(11)).astype(np.float64)
+    return (top + 0.5) * 2.0**-53
+
+
+def unsafe_float_gaussian_noise(
     values: ArrayLike, sigma: float | int | Fraction, *, seed: int | None = None
 ) -> np.ndarray:
-    """Return ``values + N(0, sigma^2)`` elementwise as a float64 array of the same shape.
+    """Return ``values + N(0, sigma^2)`` in floating point (Box-Muller), float64 array.
 
-    A scalar input gives a 0-d array.  The input is never modified.  This is a
-    floating-point mechanism (see the module docstring's Mironov caveat); integer-valued
-    releases should use ``discrete_gaussian_noise``.
+    UNSAFE: the set of doubles this can output depends on ``values`` (Mironov 2012), so the
+    low bits of a release identify its input; no differential-privacy guarantee holds for
+    it as implemented.  Use ``discrete_gaussian_noise`` on a lattice instead.
 
-    ``seed``: for tests only: a fixed seed makes the noise reproducible and therefore NOT
-    private; production calls leave it None so every release draws fresh OS entropy.
+    ``seed``: for tests only (reproducible, NOT private).
     """
-    return _add_float_noise(values, "sigma", sigma, seed, np.random.Generator.normal)
+    spread = _float_positive("sigma", sigma)
+    out = _float_values(values)
+    rng = random_source(seed)
+    radius = np.sqrt(-2.0 * np.log(_open_unit_doubles(rng, out.size)))
+    angle = (2.0 * np.pi) * _open_unit_doubles(rng, out.size)
+    out += (spread * radius * np.cos(angle)).reshape(out.shape)
+    return out
 
 
-def laplace_noise(
+def unsafe_float_laplace_noise(
     values: ArrayLike, scale: float | int | Fraction, *, seed: int | None = None
 ) -> np.ndarray:
-    """Return ``values + Laplace(0, scale)`` elementwise as a float64 array of the same shape.
+    """Return ``values + Laplace(0, scale)`` in floating point (log of a uniform), float64.
 
-    A scalar input gives a 0-d array.  The input is never modified.  This is a
-    floating-point mechanism, exactly the construction Mironov (2012) attacked; integer
-    releases should use ``discrete_laplace_noise``.
+    UNSAFE: exactly the construction Mironov (2012) attacked -- the low bits of the output
+    reveal the input.  Use ``discrete_laplace_noise`` on a lattice instead.
 
-    ``seed``: for tests only: a fixed seed makes the noise reproducible and therefore NOT
-    private; production calls leave it None so every release draws fresh OS entropy.
+    ``seed``: for tests only (reproducible, NOT private).
     """
-    return _add_float_noise(values, "scale", scale, seed, np.random.Generator.laplace)
-
-
-def _add_float_noise(
-    values: ArrayLike,
-    name: str,
-    parameter: object,
-    seed: int | None,
-    draw: Callable[..., np.ndarray],
-) -> np.ndarray:
-    """Validate, copy to float64 and add ``draw(rng, 0.0, parameter, size=shape)``."""
-    spread = _float_positive(name, parameter)
+    spread = _float_positive("scale", scale)
     out = _float_values(values)
-    out += draw(_rng(seed), 0.0, spread, size=out.shape)
+    rng = random_source(seed)
+    magnitude = -spread * np.log(_open_unit_doubles(rng, out.size))
+    negative = (rng.words32(out.size) & np.uint32(1)).astype(np.bool_)
+    out += np.where(negative, -magnitude, magnitude).reshape(out.shape)
     return out

@@ -1,7 +1,8 @@
 """``@task.dp_release``: DPReleaseOperator as a TaskFlow decorator.
 
 The decorated function returns the exact, clipped answer; the task returns the noisy
-release, charged to the ledger exactly like the operator.
+release, charged to the ledger exactly like the operator; declare a vector answer's
+shape the same way (``cells=16``, and ``integer=True`` for counts).
 """
 
 from __future__ import annotations

@@ -27,9 +27,11 @@ from sqlalchemy.engine import URL
 
 from dp_budget_provider.ledger import (
     BudgetCap,
+    LedgerConfigMismatch,
     PrivacyBudgetLedger,
     VerifyReport,
     WindowCalendar,
+    database,
     history,
 )
 from dp_budget_provider.ledger.checkpoints import (
@@ -137,7 +139,7 @@ class DPBudgetHook(BaseHook):
                 f"connection {self.dp_budget_conn_id!r} has neither extra.url nor a host"
             )
         return URL.create(
-            "postgresql+psycopg2",
+            database.POSTGRES_DRIVER,
             username=connection.login or None,
             password=connection.password or None,
             host=connection.host,
@@ -178,13 +180,20 @@ class DPBudgetHook(BaseHook):
                 "chain_key (or $%s).",
                 history.CHAIN_KEY_ENV,
             )
-        return PrivacyBudgetLedger(
-            url=url,
-            if_new=default_cap(),
-            calendar=calendar,
-            actor="airflow",
-            chain_key=key,
-        )
+        cap = default_cap()
+        try:
+            return PrivacyBudgetLedger(
+                url=url,
+                if_new=cap,
+                calendar=calendar,
+                actor="airflow",
+                chain_key=key,
+            )
+        except LedgerConfigMismatch as error:
+            raise LedgerConfigMismatch(
+                f"connection {self.dp_budget_conn_id!r}: {error} (Airflow opens it with "
+                f"[dp_budget] delta = {cap.delta!r} and the connection's chain_key)"
+            ) from error
 
     def get_ledger(self) -> PrivacyBudgetLedger:
         """The ledger this hook points at."""

@@ -40,6 +40,49 @@ _WRITE = "dp_budget_write"
 Transaction = Callable[[], contextlib.AbstractContextManager[Connection]]
 
 
+# Every usual spelling of a PostgreSQL URL. The ledger's pipeline speaks psycopg2 (the
+# driver the package installs), so each of them is opened with it; SQLAlchemy alone would
+# map ``postgresql://`` to psycopg 3, which the package does not install.
+_POSTGRES_SCHEMES = ("postgres", "postgresql", "postgresql+psycopg2", "postgresql+psycopg")
+POSTGRES_DRIVER = "postgresql+psycopg2"
+_URL_FORMS = "sqlite:////abs/path/ledger.db or postgresql://user:password@host:5432/database"
+
+
+def parse_url(url: str) -> URL:
+    """The ledger database's URL, parsed: PostgreSQL's spellings opened with psycopg2,
+    a relative SQLite path made absolute; ValueError naming the accepted forms otherwise."""
+    scheme, separator, rest = str(url).partition("://")
+    if not separator or not scheme:
+        raise ValueError(f"not a database URL: {url!r} (expected {_URL_FORMS})")
+    if scheme.lower() in _POSTGRES_SCHEMES:
+        if scheme.lower() not in ("postgresql", POSTGRES_DRIVER):
+            logging.getLogger(__name__).info(
+                "ledger URL scheme %r opened with %s (the driver the ledger speaks)",
+                scheme,
+                POSTGRES_DRIVER,
+            )
+        url = f"{POSTGRES_DRIVER}://{rest}"
+    elif scheme.lower().startswith("postgresql+"):
+        raise ValueError(
+            f"the ledger speaks to PostgreSQL through psycopg2, not {scheme.split('+', 1)[1]!r}: "
+            "write the URL as postgresql://user:password@host:5432/database"
+        )
+    try:
+        parsed = make_url(url)
+    except exc.ArgumentError as error:
+        raise ValueError(f"not a database URL: {error} (expected {_URL_FORMS})") from None
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        raise ValueError(f"unsupported ledger database {backend!r}: use sqlite or postgresql")
+    try:
+        parsed.get_dialect()
+    except exc.NoSuchModuleError:
+        raise ValueError(
+            f"not a database URL: no driver {parsed.drivername!r} (expected {_URL_FORMS})"
+        ) from None
+    return _absolute_sqlite(parsed) if backend == "sqlite" else parsed
+
+
 def make_engine(url: str | None) -> Engine:
     """An engine for ``url``; ``None`` is a private in-memory SQLite ledger."""
     if url is None:
@@ -47,42 +90,52 @@ def make_engine(url: str | None) -> Engine:
             "sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False}
         )
     else:
-        parsed = make_url(url)
+        parsed = parse_url(url)
         if parsed.get_backend_name() == "sqlite":
-            parsed = _absolute_sqlite(parsed)
+            _require_folder(parsed)
             engine = create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
             _one_process_per_connection(engine)
-        elif parsed.get_backend_name() == "postgresql":
+        else:
             engine = create_engine(
-                url,
+                parsed,
                 connect_args={"connect_timeout": 10, "application_name": "dp-budget-ledger"},
             )
             _one_process_per_connection(engine)
             _ping_idle_connections(engine)
-        else:
-            raise ValueError(
-                f"unsupported ledger database {parsed.get_backend_name()!r}: use sqlite or "
-                "postgresql"
-            )
     if engine.dialect.name == "sqlite":
         _configure_sqlite(engine)
     return engine
 
 
+def sqlite_path(url: URL) -> Path | None:
+    """The file of a SQLite ledger URL; None for an in-memory or ``file:`` URI database."""
+    database = url.database or ""
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def _require_folder(url: URL) -> None:
+    """SQLite cannot create a file in a folder that does not exist: say so, by name."""
+    path = sqlite_path(url)
+    if path is not None and not path.parent.is_dir():
+        raise LedgerUnavailable(
+            f"the folder {path.parent} of the SQLite ledger {path} does not exist "
+            "(`dp-budget init` creates it)"
+        )
+
+
 def _absolute_sqlite(url: URL) -> URL:
     """A SQLite URL with an absolute path: ``sqlite:///ledger.db`` opened from two folders
     would be two ledgers, each with a full budget. The resolved path is logged."""
-    database = url.database or ""
-    if database in ("", ":memory:") or database.startswith("file:"):
-        return url
-    path = Path(database)
-    if path.is_absolute():
+    path = sqlite_path(url)
+    if path is None or path.is_absolute():
         return url
     resolved = path.resolve()
     logging.getLogger(__name__).warning(
         "relative SQLite ledger path %r resolved to %s (give an absolute path: "
         "sqlite:////abs/path/ledger.db)",
-        database,
+        str(path),
         resolved,
     )
     return url.set(database=str(resolved))

@@ -74,6 +74,18 @@ def plain_text(name: str, value: object, limit: int = MAX_PART_LENGTH) -> str:
     return value
 
 
+# The largest value of a 64-bit database integer: every count, offset and sequence number.
+MAX_STORED_INT = 2**63 - 1
+
+
+def whole_number(name: str, value: object) -> int:
+    """A non-negative integer a 64-bit database column can hold (a limit, an offset, a
+    sequence number); ValueError naming it otherwise, before any query is made."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STORED_INT:
+        raise ValueError(f"{name} must be an integer in [0, {MAX_STORED_INT}], got {value!r}")
+    return value
+
+
 def canonical_part(name: str, value: object) -> str:
     """Canonical form of one key part, or ValueError naming the part."""
     if not isinstance(value, str):

@@ -65,7 +65,7 @@ from dp_budget_provider.ledger.errors import (
     ReservationStateError,
     WindowSealed,
 )
-from dp_budget_provider.ledger.keys import LedgerKey, canonical_part, plain_text
+from dp_budget_provider.ledger.keys import LedgerKey, canonical_part, plain_text, whole_number
 from dp_budget_provider.ledger.opening import NewLedger, open_ledger
 from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
 from dp_budget_provider.ledger.policy_store import (
@@ -157,8 +157,9 @@ class PrivacyBudgetLedger:
     file, ``postgresql+psycopg2://...`` production. A new database is created with
     ``cap`` as its default policy and with the given delta, grid and conversion; an
     existing one must be opened with the same (``cap`` may be omitted to take what is
-    stored), otherwise :class:`LedgerConfigMismatch`. ``if_new`` (and ``calendar``) only
-    apply when the database is new: open what exists, else create with these.
+    stored), otherwise :class:`LedgerConfigMismatch`. ``if_new``'s default cap (and
+    ``calendar``) only apply when the database is new: open what exists, else create with
+    these; its delta must match an existing ledger's all the same.
 
     ``chain_key`` (at least 16 bytes, kept outside the ledger database) makes every
     history link an HMAC under it: a ledger created with a key can only be opened with
@@ -1029,7 +1030,10 @@ class PrivacyBudgetLedger:
         """
         if not isinstance(older_than, timedelta) or older_than < timedelta(0):
             raise ValueError(f"older_than must be a non-negative timedelta, got {older_than!r}")
-        cutoff = _stamp((now or _now()) - older_than)
+        try:
+            cutoff = _stamp((now or _now()) - older_than)
+        except OverflowError:  # before the first representable moment: nothing is that old
+            return []
         with self.reading() as connection:
             stale = list(
                 connection.execute(
@@ -1135,13 +1139,13 @@ class PrivacyBudgetLedger:
         offset: int = 0,
     ) -> list[AccountStatus]:
         """Live accounts in key order, optionally filtered, with their status."""
-        query = select(Account).order_by(*_KEY_COLUMNS).offset(offset)
+        query = select(Account).order_by(*_KEY_COLUMNS).offset(whole_number("offset", offset))
         if window is not None:
             query = query.where(Account.window == canonical_part("window", window))
         if tenant is not None:
             query = query.where(Account.tenant == canonical_part("tenant", tenant))
         if limit is not None:
-            query = query.limit(limit)
+            query = query.limit(whole_number("limit", limit))
         size = self._orders.size
         with self.reading() as connection:
             rows = list(connection.execute(query))
@@ -1162,6 +1166,9 @@ class PrivacyBudgetLedger:
         are returned (see :func:`history.settled_seq`), so one numbered below the last
         entry returned cannot appear later.
         """
+        after_seq = whole_number("after_seq", after_seq)
+        if limit is not None:
+            limit = whole_number("limit", limit)
         settled = history.settled_seq(self._pool())
         query = select(HistoryEntry).where(HistoryEntry.seq > after_seq).order_by(HistoryEntry.seq)
         if settled is not None:

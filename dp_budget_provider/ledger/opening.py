@@ -56,14 +56,15 @@ def open_ledger(
 ) -> Settings:
     """Open the ledger, creating schema and configuration if the database has none.
 
-    ``cap`` must match what is stored (delta and default cap); ``if_new`` only applies
-    to a new ledger. The grid and conversion must always match.
+    ``cap`` must match what is stored (delta and default cap); ``if_new``'s default cap
+    only applies to a new ledger, but its delta must match too: every eps the caller
+    reads is at that delta. The grid and conversion must always match.
     """
     with reading() as connection:
         if not database.is_empty(connection):
             database.check_schema(connection)
             if database.is_initialised(connection):
-                return _check(connection, policies, new, cap)
+                return _check(connection, policies, new, cap, if_new)
     with writing() as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(text(f"SELECT pg_advisory_xact_lock({_CREATE_LOCK})"))
@@ -71,7 +72,7 @@ def open_ledger(
             database.create_schema(connection)
         database.check_schema(connection)
         if database.is_initialised(connection):
-            return _check(connection, policies, new, cap)
+            return _check(connection, policies, new, cap, if_new)
         if connection.execute(text("SELECT count(*) FROM dp_history")).scalar_one():
             raise LedgerCorrupt(
                 "dp_ledger_config is empty but the history has entries: the configuration "
@@ -149,7 +150,11 @@ def _check_key(stored: str | None, key: history.ChainKey) -> None:
 
 
 def _check(
-    connection: Connection, policies: PolicyStore, new: NewLedger, cap: BudgetCap | None
+    connection: Connection,
+    policies: PolicyStore,
+    new: NewLedger,
+    cap: BudgetCap | None,
+    if_new: BudgetCap | None,
 ) -> Settings:
     """Refuse another grid, conversion, delta or default cap; return what is stored."""
     config = connection.execute(select(LedgerConfig).where(LedgerConfig.id == 1)).one_or_none()
@@ -169,11 +174,13 @@ def _check(
         raise LedgerConfigMismatch(
             f"ledger was created with conversion {config.conversion!r}, not {new.conversion!r}"
         )
+    asked = cap or if_new
+    if asked is not None and asked.delta != config.delta:
+        raise LedgerConfigMismatch(
+            f"ledger delta is fixed at {config.delta!r} (since it was created); refusing to "
+            f"open it with delta={asked.delta!r}"
+        )
     if cap is not None:
-        if cap.delta != config.delta:
-            raise LedgerConfigMismatch(
-                f"ledger delta is fixed at {config.delta!r}; refusing delta={cap.delta!r}"
-            )
         held = policies.snapshot
         default = (held[1] if held else policies.read(connection))[(ANY, ANY)]
         if (cap.epsilon, cap.warn_fraction) != (default.cap_epsilon, default.warn_fraction):

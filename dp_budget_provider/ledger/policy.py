@@ -113,6 +113,21 @@ class Policy:
         """True once ``epsilon`` reaches the warning fraction of the cap."""
         return epsilon >= self.warn_fraction * self.cap_epsilon
 
+    def exhausts_at(self, epsilon: float) -> bool:
+        """True once ``epsilon`` reaches the cap."""
+        return epsilon >= self.cap_epsilon
+
+    def state_at(self, epsilon: float) -> str:
+        """The state an account at ``epsilon`` is shown in: ``ok``, ``WARNING`` (past the
+        warning fraction) or ``EXHAUSTED`` (at the cap)."""
+        if self.exhausts_at(epsilon):
+            return STATE_EXHAUSTED
+        return STATE_WARNING if self.warns_at(epsilon) else STATE_OK
+
+
+STATE_OK, STATE_WARNING, STATE_EXHAUSTED = "ok", "WARNING", "EXHAUSTED"
+STATE_RESCOPED = "RESCOPED"
+
 
 def lookup_order(tenant: str, query_type: str) -> list[tuple[str, str]]:
     """Policy scopes to try for a key, most specific first."""

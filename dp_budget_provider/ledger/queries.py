@@ -36,11 +36,21 @@ from sqlalchemy import (
 
 from dp_budget_provider.accounting import EpsilonBound
 from dp_budget_provider.ledger import history
-from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
+from dp_budget_provider.ledger.keys import (
+    MAX_PART_LENGTH,
+    LedgerKey,
+    canonical_part,
+    whole_number,
+)
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
-from dp_budget_provider.ledger.policy import Policy, lookup_order
+from dp_budget_provider.ledger.policy import (
+    STATE_EXHAUSTED,
+    STATE_OK,
+    STATE_WARNING,
+    Policy,
+    lookup_order,
+)
 from dp_budget_provider.ledger.records import COMMITTED, OPEN, REAPED, RELEASED, AccountStatus
-from dp_budget_provider.ledger.report import STATE_EXHAUSTED, STATE_OK, STATE_WARNING
 from dp_budget_provider.ledger.schema import (
     Account,
     HistoryEntry,
@@ -91,6 +101,11 @@ class AccountFilter:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ValueError(f"{name} filter must be a string, got {value!r}")
+            if value is not None and len(value) > MAX_PART_LENGTH:
+                raise ValueError(
+                    f"{name} filter is {len(value)} characters long; a {name} has at most "
+                    f"{MAX_PART_LENGTH}"
+                )
         if self.state is not None:
             wanted = str(self.state).strip().lower()
             match = next((s for s in STATES if s.lower() == wanted), None)
@@ -118,13 +133,6 @@ class SpendSeries:
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def account_state(epsilon: float, policy: Policy) -> str:
-    """``ok``, ``WARNING`` (past the warn fraction) or ``EXHAUSTED`` (at the cap)."""
-    if epsilon >= policy.cap_epsilon:
-        return STATE_EXHAUSTED
-    return STATE_WARNING if policy.warns_at(epsilon) else STATE_OK
 
 
 def _key_match(columns: Sequence[Any], key: LedgerKey) -> ColumnElement[bool]:
@@ -167,9 +175,7 @@ def _filtered(query: Select[Any], filters: AccountFilter) -> Select[Any]:
 def _page_bounds(limit: int, offset: int) -> tuple[int, int]:
     if not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be an integer in [1, {MAX_PAGE}], got {limit!r}")
-    if not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"offset must be a non-negative integer, got {offset!r}")
-    return limit, offset
+    return limit, whole_number("offset", offset)
 
 
 class _Epsilons:
@@ -324,7 +330,7 @@ def _groups(
                 int(row.count),
                 bound,
                 policy,
-                account_state(bound.epsilon, policy),
+                policy.state_at(bound.epsilon),
             )
         )
     return groups

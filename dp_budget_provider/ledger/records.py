@@ -7,7 +7,13 @@ from typing import Any
 
 from dp_budget_provider.accounting import EpsilonBound, Mechanism
 from dp_budget_provider.ledger.keys import LedgerKey
-from dp_budget_provider.ledger.policy import Policy
+from dp_budget_provider.ledger.policy import (
+    STATE_EXHAUSTED,
+    STATE_OK,
+    STATE_RESCOPED,
+    STATE_WARNING,
+    Policy,
+)
 
 OPEN, COMMITTED, RELEASED, REAPED = "open", "committed", "released", "reaped"
 
@@ -63,6 +69,16 @@ class AccountStatus:
     updated_at: str
     rescoped_to: str | None = None  # sealed: its spend moved to this query type
 
+    @property
+    def state(self) -> str:
+        """``ok``, ``WARNING``, ``EXHAUSTED`` (:meth:`Policy.state_at`) or ``RESCOPED``
+        (sealed: its spend moved to another query type)."""
+        if self.rescoped_to is not None:
+            return STATE_RESCOPED
+        if self.exhausted:
+            return STATE_EXHAUSTED
+        return STATE_WARNING if self.warned else STATE_OK
+
     @classmethod
     def of(cls, row: Any, bound: EpsilonBound, policy: Policy) -> AccountStatus:
         """The status of a stored account row, given its epsilon and its policy."""
@@ -73,7 +89,7 @@ class AccountStatus:
             remaining=max(0.0, policy.cap_epsilon - bound.epsilon),
             fraction=bound.epsilon / policy.cap_epsilon,
             warned=policy.warns_at(bound.epsilon),
-            exhausted=bound.epsilon >= policy.cap_epsilon,
+            exhausted=policy.exhausts_at(bound.epsilon),
             open_reservations=row.open_reservations,
             releases=row.releases,
             method=bound.method,

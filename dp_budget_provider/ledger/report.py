@@ -40,8 +40,6 @@ from dp_budget_provider.ledger.schema import Account, ReservationKey
 from dp_budget_provider.ledger.spend import Spend
 
 REPORT_FORMAT = 1
-STATE_OK, STATE_WARNING, STATE_EXHAUSTED = "ok", "WARNING", "EXHAUSTED"
-STATE_RESCOPED = "RESCOPED"
 SCHEDULE_ACTIONS = ("reserve", "commit", "release", "reap", "correction", "rescope", "reset")
 _CHUNK = 1000
 
@@ -146,16 +144,6 @@ _MECHANISM_MEANING = {
 # ---------------------------------------------------------------------- small pieces
 
 
-def account_state(status: AccountStatus) -> str:
-    """``ok``, ``WARNING`` (past the warn fraction), ``EXHAUSTED`` (at the cap) or
-    ``RESCOPED`` (sealed: its spend moved to another query type)."""
-    if status.rescoped_to is not None:
-        return STATE_RESCOPED
-    if status.exhausted:
-        return STATE_EXHAUSTED
-    return STATE_WARNING if status.warned else STATE_OK
-
-
 def account_record(status: AccountStatus, delta: float) -> dict[str, Any]:
     """One account as plain JSON values."""
     return {
@@ -165,7 +153,7 @@ def account_record(status: AccountStatus, delta: float) -> dict[str, Any]:
         "cap_epsilon": status.cap_epsilon,
         "remaining": status.remaining,
         "fraction": status.fraction,
-        "state": account_state(status),
+        "state": status.state,
         "releases": status.releases,
         "open_reservations": status.open_reservations,
         "method": status.method,

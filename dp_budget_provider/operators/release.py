@@ -3,8 +3,13 @@
 Flow: reserve (prospective check) -> run the callable -> add the noise -> commit ->
 return the noisy release. A refusal means no release at all: the callable never runs
 and nothing is written. Once the callable has started, the attempt is charged whatever
-happens next (an error that depends on the data is itself an observable output); a
-retry is a new attempt and is charged again.
+happens next; a retry is a new attempt and is charged again. Because an error that
+depends on the data would itself be an observable output, the exact answer goes through
+the release's declared rule (NaN -> ``nan_value``, clamp to ``bounds``) before the noise,
+so every answer of the declared type and shape ends in a noisy release. An answer of
+another shape or type (more than ``cells`` values, a float under ``integer=True``) fails
+before any noise is added, but after the callable ran: that attempt stays charged. Shape
+and dtype are the code's, not the data's, so such a failure says nothing about the data.
 """
 
 from __future__ import annotations
@@ -21,9 +26,14 @@ from dp_budget_provider.accounting import (
     GaussianMechanism,
     Mechanism,
     RDPAccountant,
-    plan_noise_multiplier,
+    plan_noise_multiplier_for,
 )
-from dp_budget_provider.accounting.release import NOISE_KINDS, charged_gaussian, plan_noise
+from dp_budget_provider.accounting.answer_rule import AnswerRule
+from dp_budget_provider.accounting.release import (
+    NoisePlan,
+    check_noise,
+    plan_noise,
+)
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 from dp_budget_provider.ledger import (
     BudgetExhausted,
@@ -87,7 +97,24 @@ class DPReleaseOperator(BaseOperator):
         window a :class:`BudgetSensor` found room in); default: every window the run's
         data interval overlaps under the policy calendar, each charged.
     :param count: how many invocations of the mechanism this release is.
-    :param noise: ``"float"`` or ``"discrete"`` (exact integer noise for counts).
+    :param noise: ``"lattice"`` (default): exact discrete Gaussian/Laplace noise on the
+        lattice ``granularity * Z`` from the OS's CSPRNG, charged as the discrete
+        mechanism with the sensitivity rounded up to lattice units; every output is a
+        multiple of the granularity. ``"unsafe_float"``: floating-point noise, charged as
+        the continuous mechanism but unsafe against floating-point attacks (Mironov 2012).
+    :param granularity: the lattice spacing, a power of two (``1`` for integer counts);
+        default: derived from the sensitivity, the noise spread and ``cells``.
+    :param cells: the most values the answer has (default 1, a scalar; a 4 x 4 heatmap
+        is 16). The charge covers what snapping each cell to the lattice adds to the
+        sensitivity; an answer with more cells fails before noise (and is charged).
+    :param integer: the answer has an integer (or bool) dtype, e.g. counts. On a lattice
+        that holds the integers (granularity <= 1) snapping leaves it unchanged, so no
+        snapping inflation is charged; a non-integer dtype then fails before noise (and is
+        charged). Needs integer ``bounds``.
+    :param bounds: ``(low, high)``: every value of the exact answer is clamped to it
+        before noise (infinities become bounds); default: the largest range the release
+        represents exactly.
+    :param nan_value: what a NaN in the exact answer becomes before noise (default 0).
     :param on_exhausted: ``"fail"`` (raise :class:`DPBudgetExhaustedError`) or ``"skip"``.
     :param on_budget_warning: a notifier called when a key passes its warning fraction.
     """
@@ -117,7 +144,12 @@ class DPReleaseOperator(BaseOperator):
         l2_sensitivity: float | None = None,
         l1_sensitivity: float | None = None,
         count: int = 1,
-        noise: str = "float",
+        noise: str = "lattice",
+        granularity: float | None = None,
+        bounds: tuple[float, float] | None = None,
+        nan_value: float = 0.0,
+        cells: int = 1,
+        integer: bool = False,
         on_exhausted: str = "fail",
         target_epsilon: float | None = None,
         op_args: Collection[Any] | None = None,
@@ -131,34 +163,28 @@ class DPReleaseOperator(BaseOperator):
             raise ValueError("python_callable must be callable")
         if (subject is None) == (subjects is None):
             raise ValueError("give exactly one of subject or subjects")
-        if noise not in NOISE_KINDS:
-            raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
+        self.noise = check_noise(noise)
+        self.granularity = granularity
+        self.rule = AnswerRule(nan_value, bounds, cells, integer)
         if on_exhausted not in ON_EXHAUSTED:
             raise ValueError(f"on_exhausted must be one of {ON_EXHAUSTED}, got {on_exhausted!r}")
         self.python_callable = python_callable
         self.mechanism = mechanism if isinstance(mechanism, Mechanism) else dict(mechanism)
         self._auto = self._is_auto(self.mechanism)
-        if not self._auto:
-            # Validate now, at parse time: a bad spec must never reach a run.
-            plan_noise(
-                self._fixed_mechanism(),
-                noise=noise,  # type: ignore[arg-type]
-                l2_sensitivity=l2_sensitivity,
-                l1_sensitivity=l1_sensitivity,
-            )
-        elif l2_sensitivity is None:
+        self.l2_sensitivity = l2_sensitivity
+        self.l1_sensitivity = l1_sensitivity
+        if self._auto and l2_sensitivity is None:
             raise ValueError(
                 'noise_multiplier="auto" is for Gaussian releases: give l2_sensitivity'
             )
+        # At parse time, so that a bad spec, sensitivity or granularity never reaches a run.
+        self._plan(GaussianMechanism(1.0) if self._auto else self._fixed_mechanism())
         self.subject = subject
         self.subjects = subjects
         self.tenant = tenant
         self.query_type = query_type
         self.window = window
-        self.l2_sensitivity = l2_sensitivity
-        self.l1_sensitivity = l1_sensitivity
         self.count = count
-        self.noise = noise
         self.on_exhausted = on_exhausted
         self.target_epsilon = target_epsilon
         self.op_args = list(op_args or [])
@@ -176,35 +202,38 @@ class DPReleaseOperator(BaseOperator):
             and mechanism.get("noise_multiplier") == "auto"
         )
 
+    def _plan(self, mechanism: Mechanism) -> NoisePlan:
+        return plan_noise(
+            mechanism,
+            noise=self.noise,
+            l2_sensitivity=self.l2_sensitivity,
+            l1_sensitivity=self.l1_sensitivity,
+            granularity=self.granularity,
+            rule=self.rule,
+        )
+
     def _fixed_mechanism(self) -> Mechanism:
         if isinstance(self.mechanism, Mechanism):
             return self.mechanism
         return Mechanism.from_spec(self.mechanism)
 
     def _auto_mechanism(self, ledger: PrivacyBudgetLedger, keys: list[LedgerKey]) -> Mechanism:
-        """The least noise that keeps every key within its target (the noisiest key decides)."""
-        needed = 0.0
-        seen: set[tuple[Any, ...]] = set()
+        """The least noise found that keeps every key within its target, checked on each."""
+        budgets: dict[tuple[Any, ...], tuple[RDPAccountant, float]] = {}
         for key in keys:
             accountant: RDPAccountant = ledger.prospective_accountant(key)
             state = accountant.state()
-            signature = (state.rho, state.residual, state.gaussian_mu_squared)
             cap = ledger.policy_for(key).cap_epsilon
             target = min(cap, self.target_epsilon) if self.target_epsilon else cap
-            if (signature, target) in seen:
-                continue
-            seen.add((signature, target))
-            needed = max(
-                needed,
-                plan_noise_multiplier(
-                    accountant,
-                    target,
-                    ledger.delta,
-                    self.count,
-                    ledger.conversion,
-                    mechanism_for=charged_gaussian(self.noise),  # type: ignore[arg-type]
-                ),
-            )
+            signature = (state.rho, state.residual, state.gaussian_mu_squared, target)
+            budgets.setdefault(signature, (accountant, target))
+        needed = plan_noise_multiplier_for(
+            list(budgets.values()),
+            ledger.delta,
+            self.count,
+            ledger.conversion,
+            mechanism_for=lambda z: self._plan(GaussianMechanism(z)).charged,
+        )
         self.log.info("noise_multiplier='auto' resolved to %.6g for %d key(s)", needed, len(keys))
         return GaussianMechanism(needed)
 
@@ -234,12 +263,7 @@ class DPReleaseOperator(BaseOperator):
         ledger = DPBudgetHook(dp_budget_conn_id=self.dp_budget_conn_id).get_ledger()
         keys = self._keys(ledger, context)
         mechanism = self._auto_mechanism(ledger, keys) if self._auto else self._fixed_mechanism()
-        plan = plan_noise(
-            mechanism,
-            noise=self.noise,  # type: ignore[arg-type]
-            l2_sensitivity=self.l2_sensitivity,
-            l1_sensitivity=self.l1_sensitivity,
-        )
+        plan = self._plan(mechanism)
         try:
             reservation = ledger.reserve(
                 keys, plan.charged, self.count, attempt=attempt_id(context)
@@ -285,19 +309,20 @@ class DPReleaseOperator(BaseOperator):
                 # Quarantined meanwhile: the release is withheld, its reservation stays
                 # open and is charged when reaped.
                 raise AirflowFailException(f"release withheld: {refusal}") from refusal
-            summary = self._summary(receipts, reservation.id, plan.charged)
+            summary = self._summary(receipts, reservation.id, plan)
             context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
         self._report(receipts, summary, context)
         return release
 
     @staticmethod
     def _summary(
-        receipts: list[SpendReceipt], reservation_id: str, charged: Mechanism
+        receipts: list[SpendReceipt], reservation_id: str, plan: NoisePlan
     ) -> dict[str, Any]:
         worst = max(receipts, key=lambda r: r.fraction)
         return {
             "reservation_id": reservation_id,
-            "mechanism": charged.to_spec(),
+            "mechanism": plan.charged.to_spec(),
+            "granularity": plan.granularity,
             "keys": len(receipts),
             "key": worst.key.as_dict(),
             "epsilon": worst.epsilon,

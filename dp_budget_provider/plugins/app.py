@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import dp_budget_provider
 from dp_budget_provider.ledger import LedgerError, LedgerKey, Policy, PrivacyBudgetLedger, queries
+from dp_budget_provider.ledger.keys import MAX_STORED_INT
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.report import (
     EpsilonAlone,
@@ -183,12 +184,6 @@ def _key(tenant: str, subject: str, query_type: str, window: str) -> LedgerKey:
         raise HTTPException(status_code=422, detail=str(error)) from error
 
 
-def _state(account: AccountStatus) -> str:
-    if account.exhausted:
-        return queries.STATE_EXHAUSTED
-    return queries.STATE_WARNING if account.warned else queries.STATE_OK
-
-
 def _info(ledger: PrivacyBudgetLedger) -> dict[str, Any]:
     """What every page's header says about the ledger, quarantine first."""
     return {
@@ -208,7 +203,7 @@ def _account_model(request: Request, account: AccountStatus, delta: float) -> sc
         cap_epsilon=account.cap_epsilon,
         remaining=account.remaining,
         fraction=account.fraction,
-        state=_state(account),
+        state=account.state,
         warned=account.warned,
         exhausted=account.exhausted,
         releases=account.releases,
@@ -348,7 +343,7 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         state: str | None = None,
         sort: str = "key",
         order: Literal["asc", "desc"] = "asc",
-        page: Annotated[int, Query(ge=1)] = 1,
+        page: Annotated[int, Query(ge=1, le=MAX_STORED_INT // 1000)] = 1,
         per_page: Annotated[int, Query(ge=1, le=500)] = 50,
     ) -> HTMLResponse:
         raw = {
@@ -407,7 +402,6 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
                 "page_link": page_link,
                 "sort_link": sort_link,
                 "account_link": lambda key: _account_url(request, key),
-                "state_of": _state,
             },
             status_code=200 if error is None else 422,
         )
@@ -421,8 +415,8 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         subject: str,
         query_type: str,
         window: str,
-        page: Annotated[int, Query(ge=1)] = 1,
-        rpage: Annotated[int, Query(ge=1)] = 1,
+        page: Annotated[int, Query(ge=1, le=MAX_STORED_INT // 1000)] = 1,
+        rpage: Annotated[int, Query(ge=1, le=MAX_STORED_INT // 1000)] = 1,
     ) -> HTMLResponse:
         key = _key(tenant, subject, query_type, window)
         account = queries.account_status(ledger, key)
@@ -452,7 +446,7 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
                 "user": _user_name(user),
                 "key": key,
                 "account": account,
-                "state": _state(account) if account else None,
+                "state": account.state if account else None,
                 "policy": policy,
                 "series": series,
                 "chart": build_chart(series.points, policy),
@@ -494,7 +488,7 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         sort: Annotated[str, Query(description=", ".join(queries.SORTS))] = "key",
         order: Literal["asc", "desc"] = "asc",
         limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=MAX_STORED_INT)] = 0,
     ) -> schemas.AccountsPage:
         """Live accounts matching the filters, one page, with the total count."""
         try:
@@ -554,7 +548,7 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         query_type: str,
         window: str,
         limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=MAX_STORED_INT)] = 0,
         order: Literal["newest", "oldest"] = "newest",
     ) -> schemas.HistoryPage:
         """History entries concerning one key (its own and its multi-key reservations')."""
@@ -584,7 +578,7 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         window: str,
         state: Annotated[list[str] | None, Query(description="open, committed, …")] = None,
         limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=MAX_STORED_INT)] = 0,
     ) -> schemas.ReservationsPage:
         """Reservations holding one key, newest first."""
         key = _key(tenant, subject, query_type, window)

@@ -162,8 +162,8 @@ _ACCOUNTS = """{% extends "base.html" %}
   <td class="num">{{ eps(a.epsilon) }}</td>
   <td class="num">{{ '%g' % a.cap_epsilon }}</td>
   <td class="num">{{ eps(a.remaining) }}</td>
-  <td class="nowrap">{{ bar(a.fraction, state_of(a)) }}</td>
-  <td>{{ badge(state_of(a)) }}</td>
+  <td class="nowrap">{{ bar(a.fraction, a.state) }}</td>
+  <td>{{ badge(a.state) }}</td>
   <td class="num">{% if a.open_reservations %}<span class="badge open">
     {{ a.open_reservations }} open</span>{% else %}0{% endif %}</td>
   <td class="num">{{ a.releases }}</td>

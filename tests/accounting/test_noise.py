@@ -109,6 +109,12 @@ def check_dlap(samples: np.ndarray, scale: float) -> None:
     assert_moments(samples, ys, p)
 
 
+@pytest.fixture
+def rejection_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Route every parameter to the CKS rejection samplers (no certified-table sampler)."""
+    monkeypatch.setattr(N, "sampler_for", lambda kind, parameter: None)
+
+
 class Spy:
     """Counts calls to a module function while delegating to the real implementation."""
 
@@ -213,7 +219,9 @@ def test_huge_sigma_uses_python_fallback_and_matches_pmf(monkeypatch: pytest.Mon
     assert stats.binomtest(int(np.sum(samples % 2)), n, 0.5).pvalue > P_MIN
 
 
-def test_forced_python_discrete_gaussian_matches_pmf(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forced_python_discrete_gaussian_matches_pmf(
+    monkeypatch: pytest.MonkeyPatch, rejection_path: None
+) -> None:
     """Budget 2**8: every acceptance test is done by the Python-int path."""
     monkeypatch.setattr(N, "_INT64_BUDGET", 2**8)
     spy = Spy(monkeypatch, "_py_gaussian_accept")
@@ -223,7 +231,9 @@ def test_forced_python_discrete_gaussian_matches_pmf(monkeypatch: pytest.MonkeyP
     check_dgauss(samples, 3.7)
 
 
-def test_forced_python_discrete_laplace_matches_pmf(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forced_python_discrete_laplace_matches_pmf(
+    monkeypatch: pytest.MonkeyPatch, rejection_path: None
+) -> None:
     """Budget 2**8 < t: whole Algorithm 2 in Python ints with byte-based uniform draws."""
     monkeypatch.setattr(N, "_INT64_BUDGET", 2**8)
     spy = Spy(monkeypatch, "_py_discrete_laplace")
@@ -233,7 +243,9 @@ def test_forced_python_discrete_laplace_matches_pmf(monkeypatch: pytest.MonkeyPa
     check_dlap(samples, 2.5)
 
 
-def test_mixed_fast_and_fallback_discrete_laplace(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mixed_fast_and_fallback_discrete_laplace(
+    monkeypatch: pytest.MonkeyPatch, rejection_path: None
+) -> None:
     """Budget 2**54: elements with V >= 6 and Algorithm-1 rounds K >= 7 leave int64."""
     monkeypatch.setattr(N, "_INT64_BUDGET", 2**54)
     magnitude = Spy(monkeypatch, "_py_laplace_magnitude")
@@ -244,7 +256,9 @@ def test_mixed_fast_and_fallback_discrete_laplace(monkeypatch: pytest.MonkeyPatc
     check_dlap(samples, 2.5)
 
 
-def test_mixed_fast_and_fallback_discrete_gaussian(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mixed_fast_and_fallback_discrete_gaussian(
+    monkeypatch: pytest.MonkeyPatch, rejection_path: None
+) -> None:
     """Budget 2**56: proposals with |Y| > 32 are accepted/rejected by the Python path."""
     monkeypatch.setattr(N, "_INT64_BUDGET", 2**56)
     spy = Spy(monkeypatch, "_py_gaussian_accept")
@@ -270,7 +284,9 @@ def test_gaussian_sigma2_rounds_up_within_bound(sigma: float | int | Fraction) -
     exact = Fraction(sigma)
     t, a, b = N._gaussian_rational(exact)
     eff = N.effective_discrete_gaussian_sigma2(sigma)
-    assert eff == Fraction(t * a, b)
+    table = N.sampler_for("gaussian", exact**2) is not None
+    assert eff == (exact**2 if table else Fraction(t * a, b))
+    eff = Fraction(t * a, b)
     assert eff >= exact**2  # never below: privacy claim stays sound
     excess = (eff - exact**2) / exact**2
     assert excess < Fraction(1, 2**25) * (Fraction(t) / exact) ** 2
@@ -294,7 +310,8 @@ def test_gaussian_sigma2_rounds_up_within_bound(sigma: float | int | Fraction) -
 def test_laplace_scale_rounds_up_within_bound(scale: float | int) -> None:
     exact = Fraction(scale)
     t, s = N._laplace_rational(exact)
-    assert Fraction(t, s) == N.effective_discrete_laplace_scale(scale)
+    table = N.sampler_for("laplace", exact) is not None
+    assert N.effective_discrete_laplace_scale(scale) == (exact if table else Fraction(t, s))
     assert Fraction(t, s) >= exact
     assert (Fraction(t, s) - exact) / exact < Fraction(1, 2**51)
     assert t <= 2**52
@@ -308,7 +325,7 @@ def test_laplace_scale_rounds_up_within_bound(scale: float | int) -> None:
 
 def test_gaussian_noise_std() -> None:
     values = np.zeros(1_000_000)
-    noisy = N.gaussian_noise(values, 4.0, seed=1)
+    noisy = N.unsafe_float_gaussian_noise(values, 4.0, seed=1)
     assert noisy.dtype == np.float64
     assert abs(noisy.std() / 4.0 - 1.0) < 0.005  # se of std is ~0.0007 sigma
     assert abs(noisy.mean()) < 5 * 4.0 / 1000
@@ -317,7 +334,7 @@ def test_gaussian_noise_std() -> None:
 
 def test_laplace_noise_mean_absolute_deviation() -> None:
     values = np.full(1_000_000, 10.0)
-    noisy = N.laplace_noise(values, 2.0, seed=2)
+    noisy = N.unsafe_float_laplace_noise(values, 2.0, seed=2)
     assert noisy.dtype == np.float64
     mad = np.mean(np.abs(noisy - 10.0))
     assert abs(mad / 2.0 - 1.0) < 0.005  # se of MAD is scale/1000
@@ -337,8 +354,8 @@ def test_noise_functions_add_their_sampler() -> None:
 
 
 ALL_NOISE = [
-    (N.gaussian_noise, np.float64),
-    (N.laplace_noise, np.float64),
+    (N.unsafe_float_gaussian_noise, np.float64),
+    (N.unsafe_float_laplace_noise, np.float64),
     (N.discrete_gaussian_noise, np.int64),
     (N.discrete_laplace_noise, np.int64),
 ]
@@ -369,8 +386,8 @@ def test_python_scalar_and_list_inputs(fn, dtype) -> None:
 def test_float_input_not_mutated() -> None:
     values = np.linspace(0.0, 1.0, 50)
     before = values.copy()
-    N.gaussian_noise(values, 1.0)
-    N.laplace_noise(values, 1.0)
+    N.unsafe_float_gaussian_noise(values, 1.0)
+    N.unsafe_float_laplace_noise(values, 1.0)
     assert np.array_equal(values, before)
 
 
@@ -425,8 +442,8 @@ BAD_PARAMS = [
 ]
 
 PARAM_FUNCS = [
-    (N.gaussian_noise, "sigma", True),
-    (N.laplace_noise, "scale", True),
+    (N.unsafe_float_gaussian_noise, "sigma", True),
+    (N.unsafe_float_laplace_noise, "scale", True),
     (N.discrete_gaussian_noise, "sigma", True),
     (N.discrete_laplace_noise, "scale", True),
     (N.sample_discrete_gaussian, "sigma", False),
@@ -498,7 +515,7 @@ def test_bad_size(sampler, size) -> None:
 
 def test_bad_seed() -> None:
     with pytest.raises(ValueError, match="seed"):
-        N.gaussian_noise([1.0], 1.0, seed="42")  # type: ignore[arg-type]
+        N.unsafe_float_gaussian_noise([1.0], 1.0, seed="42")  # type: ignore[arg-type]
 
 
 def test_int64_overflow_raises_instead_of_wrapping() -> None:
@@ -513,17 +530,23 @@ def test_int64_overflow_raises_instead_of_wrapping() -> None:
 
 
 @pytest.mark.parametrize(("fn", "dtype"), ALL_NOISE)
-def test_fresh_generator_per_call_from_os_entropy(fn, dtype, monkeypatch) -> None:
-    """Each call builds its own default_rng(None); no generator is cached between releases."""
-    seeds: list[object] = []
-    real = np.random.default_rng
+def test_production_noise_reads_os_urandom_never_numpy(fn, dtype, monkeypatch) -> None:
+    """seed=None draws every bit from os.urandom; numpy's PCG64 is built only for a seed."""
+    from dp_budget_provider.accounting import secure_random
 
-    def spy(seed=None):
-        seeds.append(seed)
-        return real(seed)
+    urandom_bytes: list[int] = []
+    real_urandom = secure_random.os.urandom
 
-    monkeypatch.setattr(N.np.random, "default_rng", spy)
+    def counting_urandom(n: int) -> bytes:
+        urandom_bytes.append(n)
+        return real_urandom(n)
+
+    def no_numpy(*args: object, **kwargs: object) -> None:
+        raise AssertionError("numpy's generator drove production noise")
+
+    monkeypatch.setattr(secure_random.os, "urandom", counting_urandom)
+    monkeypatch.setattr(secure_random.np.random, "default_rng", no_numpy)
     fn([1, 2, 3], 2.0)
-    fn([1, 2, 3], 2.0)
-    fn([1, 2, 3], 2.0, seed=5)
-    assert seeds == [None, None, 5]
+    assert sum(urandom_bytes) >= 3 * 4
+    with pytest.raises(AssertionError, match="numpy"):
+        fn([1, 2, 3], 2.0, seed=5)

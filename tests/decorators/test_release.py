@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant
+from dp_budget_provider.accounting import RDPAccountant, ZCDPMechanism
 from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
 from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
 
@@ -22,6 +22,7 @@ def flow():
         return [4, 9, 1]
 
     @task.dp_release(mechanism={{"kind": "gaussian", "noise_multiplier": 4.0}}, l2_sensitivity=1.0,
+                     cells=3, integer=True,
                      subject="{{{{ params.subject }}}}", query_type="counts", window="2026-w28",
                      params={{"subject": "carol"}})
     def clipped_counts(counts):
@@ -51,8 +52,9 @@ def test_decorated_release_is_charged_and_returns_noise(
     }
     noisy = json.loads(out.read_text())
     assert len(noisy) == 3 and noisy != [4, 9, 1]
+    assert all(v / 2**-8 == int(v / 2**-8) for v in noisy)  # on the default lattice
     reference = RDPAccountant()
-    reference.compose(GaussianMechanism(4.0))
+    reference.compose(ZCDPMechanism(rho=1 / 32))  # discrete Gaussian, z = 4, sensitivity 1
     key = key_for("carol", "counts", "2026-w28")
     assert ledger.epsilon_of(key) == pytest.approx(reference.get_epsilon(1e-5)[0], rel=1e-12)
     ledger.close()

@@ -71,11 +71,26 @@ def test_a_new_ledger_takes_its_defaults_from_config(monkeypatch, sqlite_url):
     ledger = DPBudgetHook().get_ledger()
     policy = ledger.policies()[0]
     assert (policy.cap_epsilon, ledger.delta, policy.calendar.kind) == (1.5, 1e-7, "month")
-    # An existing ledger keeps what it stores, whatever the config says now.
-    monkeypatch.setenv("AIRFLOW__DP_BUDGET__DELTA", "1e-05")
-    assert DPBudgetHook().get_ledger().delta == 1e-7
+    # An existing ledger keeps its default cap and calendar whatever the config says now.
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__DEFAULT_CAP_EPSILON", "2.5")
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__WINDOW_CALENDAR", "day")
+    reopened = DPBudgetHook().get_ledger()
+    assert (reopened.policies()[0].cap_epsilon, reopened.delta) == (1.5, 1e-7)
     ok, message = DPBudgetHook().test_connection()
     assert ok and "ledger OK" in message
+
+
+def test_a_changed_delta_in_the_config_refuses_to_open_the_ledger(monkeypatch, sqlite_url):
+    """Every eps a task reads is at the config's delta: a ledger of another delta is
+    refused, naming both values, instead of being read at its own delta silently."""
+    conn(monkeypatch, "dp_budget_default", extra={"url": sqlite_url})
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__DELTA", "1e-07")
+    DPBudgetHook().get_ledger().close()
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__DELTA", "1e-05")
+    with pytest.raises(LedgerConfigMismatch) as refused:
+        DPBudgetHook().get_ledger()
+    message = str(refused.value)
+    assert "1e-07" in message and "1e-05" in message and "[dp_budget] delta" in message
 
 
 def test_opening_a_ledger_with_a_conflicting_cap_stays_refused(sqlite_url):

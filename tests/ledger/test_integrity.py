@@ -233,6 +233,29 @@ def test_the_actor_must_be_a_short_visible_string(ledger_url, actor):
         PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url, actor=actor)
 
 
+@pytest.mark.parametrize(
+    ("call", "names"),
+    [
+        (lambda ledger: ledger.accounts(limit=10**30), "limit"),
+        (lambda ledger: ledger.accounts(offset=-1), "offset"),
+        (lambda ledger: ledger.accounts(offset=True), "offset"),
+        (lambda ledger: ledger.history(after_seq=10**30), "after_seq"),
+        (lambda ledger: ledger.history(limit=2.5), "limit"),
+    ],
+)
+def test_paging_arguments_are_checked_before_any_query(sqlite_url, make_ledger, call, names):
+    ledger = make_ledger(BudgetCap(3.0, DELTA), url=sqlite_url)
+    with pytest.raises(ValueError, match=f"^{names} must be an integer in"):
+        call(ledger)
+
+
+def test_reaping_what_is_older_than_any_representable_moment_reaps_nothing(make_ledger):
+    ledger = make_ledger(BudgetCap(3.0, DELTA))
+    ledger.reserve(key_for("alice", "heatmap", "2026-w45"), RELEASE)
+    assert ledger.reap(timedelta.max) == []
+    assert len(ledger.open_reservations()) == 1
+
+
 def test_a_relative_sqlite_path_is_one_ledger_wherever_it_is_opened(tmp_path, monkeypatch, caplog):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -9,7 +9,9 @@ import textwrap
 
 import pytest
 
-from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant
+from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant, ZCDPMechanism
+from dp_budget_provider.accounting.answer_rule import AnswerRule
+from dp_budget_provider.accounting.release import plan_noise
 from dp_budget_provider.ledger import key_for
 from tests.airflow.dag_runner import load_dag, stored_xcom, task_states
 
@@ -37,7 +39,7 @@ with DAG("DAG_ID", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezon
         subject={subject!r},
         query_type="heatmap",
         window="2026-w28",
-        noise={noise!r},
+        noise={noise!r},{declare}{extra}
         on_exhausted={on_exhausted!r},
         retries={retries},
         retry_delay=timedelta(seconds=0),
@@ -58,9 +60,11 @@ def run_release(
     body="return [[3, 1], [0, 7]]",
     mechanism=None,
     subject="alice",
-    noise="float",
+    noise="lattice",
     on_exhausted="fail",
     retries=0,
+    declare="\n        cells=4,\n        integer=True,",
+    extra="",
 ):
     out = tmp_path / "out.json"
     source = RELEASE_DAG.format(
@@ -71,6 +75,8 @@ def run_release(
         noise=noise,
         on_exhausted=on_exhausted,
         retries=retries,
+        declare=declare,
+        extra=extra,
     )
     dag_run = load_dag(source).test()
     result = json.loads(out.read_text()) if out.exists() else None
@@ -78,6 +84,10 @@ def run_release(
 
 
 KEY = key_for("alice", "heatmap", "2026-w28")
+# z = 4 at L2 sensitivity 1 on the derived lattice 2**-8: 256 units of sensitivity, sigma
+# 1024 units, so the discrete Gaussian costs rho = 256**2 / (2 * 1024**2) = 1/32 (the
+# default answer is 4 integer cells: snapping them moves nothing, nothing more is charged).
+DISCRETE_Z4 = ZCDPMechanism(rho=1 / 32)
 
 
 def expected_eps(*releases):
@@ -95,8 +105,10 @@ def test_success_commits_exactly_once_and_returns_the_noisy_release(ledger, tmp_
     assert len(noisy) == 2 and len(noisy[0]) == 2
     assert noisy != [[3, 1], [0, 7]]  # noise was added (continuous: equality has probability 0)
     receipt = result["receipt"]
-    assert receipt["epsilon"] == pytest.approx(expected_eps(GaussianMechanism(4.0)), rel=1e-12)
-    assert receipt["mechanism"] == {"kind": "gaussian", "noise_multiplier": 4.0}
+    assert receipt["epsilon"] == pytest.approx(expected_eps(DISCRETE_Z4), rel=1e-12)
+    assert receipt["mechanism"] == {"kind": "zcdp", "rho": 1 / 32}
+    assert receipt["granularity"] == 2**-8
+    assert all(v / 2**-8 == int(v / 2**-8) for row in noisy for v in row)
     assert receipt["keys"] == 1 and receipt["key"]["subject"] == "alice"
     assert ledger.epsilon_of(KEY) == pytest.approx(receipt["epsilon"])
     actions = [e["action"] for e in ledger.history(KEY)]
@@ -117,7 +129,7 @@ def test_refusal_runs_nothing_writes_nothing_and_fails(ledger, tmp_path):
     refusal = stored_xcom(dag_run, "release", "dp_budget_receipt")
     assert refusal["refused"] is True and refusal["key"] == KEY.as_dict()
     assert refusal["epsilon"] == pytest.approx(
-        expected_eps(GaussianMechanism(1.4), GaussianMechanism(4.0)), rel=1e-12
+        expected_eps(GaussianMechanism(1.4), DISCRETE_Z4), rel=1e-12
     )
     assert refusal["epsilon"] > refusal["cap_epsilon"] == 3.0
     link = stored_xcom(dag_run, "release", "_link_DPBudgetAccountLink")
@@ -136,7 +148,7 @@ def test_a_callable_failing_after_it_started_is_charged(ledger, tmp_path):
     assert ran and task_states(dag_run)["release"] == "failed"
     receipt = stored_xcom(dag_run, "release", "dp_budget_receipt")
     assert receipt["epsilon"] == pytest.approx(ledger.epsilon_of(KEY)) and "refused" not in receipt
-    assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(GaussianMechanism(4.0)), rel=1e-12)
+    assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(DISCRETE_Z4), rel=1e-12)
 
 
 def test_a_task_retried_twice_is_charged_three_times(ledger, tmp_path):
@@ -146,7 +158,7 @@ def test_a_task_retried_twice_is_charged_three_times(ledger, tmp_path):
     attempts = [c["payload"]["attempt_id"].rsplit("/", 2) for c in commits]
     assert [try_number for _, try_number, _ in attempts] == ["1", "2", "3"]
     assert len({uuid for _, _, uuid in attempts}) == 3  # each try is a task instance of its own
-    assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(*[GaussianMechanism(4.0)] * 3))
+    assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(*[DISCRETE_Z4] * 3))
 
 
 def test_discrete_laplace_counts_are_integers_and_charged_as_pure_dp(ledger, tmp_path):
@@ -154,7 +166,8 @@ def test_discrete_laplace_counts_are_integers_and_charged_as_pure_dp(ledger, tmp
         tmp_path,
         body="return [12, 0, 5]",
         mechanism={"kind": "laplace", "epsilon0": 0.5},
-        noise="discrete",
+        declare="\n        cells=3,\n        integer=True,",
+        extra="\n        granularity=1,",
     )
     assert str(dag_run.state) == "success"
     assert all(isinstance(v, int) for v in result["value"])
@@ -201,9 +214,11 @@ def test_two_processes_racing_on_one_key_never_exceed_the_cap(ledger, ledger_url
         body="return 1.0",
         mechanism={"kind": "gaussian", "noise_multiplier": 3.0},
         subject="alice",
-        noise="float",
+        noise="lattice",
         on_exhausted="fail",
         retries=0,
+        declare="",
+        extra="",
     )
     root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
     script = textwrap.dedent(RACE_SCRIPT.format(root=root, source=source))
@@ -227,7 +242,7 @@ def test_two_processes_racing_on_one_key_never_exceed_the_cap(ledger, ledger_url
     successes = sum(s.count("success") for s in states)
     assert ledger.epsilon_of(KEY) <= 3.0
     assert ledger.epsilon_of(KEY) == pytest.approx(
-        expected_eps(*[GaussianMechanism(3.0)] * successes), rel=1e-12
+        expected_eps(*[ZCDPMechanism(rho=1 / 18)] * successes), rel=1e-12
     )
     commits = [e for e in ledger.history(KEY) if e["action"] == "commit"]
     assert len(commits) == successes >= 1
@@ -269,3 +284,58 @@ def test_warning_notifier_and_metrics_fire_past_the_warning_fraction(ledger, tmp
     assert warning["warned"] and warning["fraction"] >= 0.8
     assert warning["key"]["subject"] == "alice"
     assert calls[-1] == "dp_budget.warnings"
+
+
+@pytest.mark.parametrize("retired", ["float", "discrete"])
+def test_retired_noise_names_are_refused_naming_the_new_ones(retired):
+    from dp_budget_provider.operators.release import DPReleaseOperator
+
+    with pytest.raises(ValueError, match="'lattice'.*'unsafe_float'") as refused:
+        DPReleaseOperator(
+            task_id="release",
+            python_callable=lambda: 1,
+            mechanism={"kind": "gaussian", "noise_multiplier": 4.0},
+            l2_sensitivity=1.0,
+            subject="alice",
+            query_type="heatmap",
+            noise=retired,
+        )
+    assert "got " + repr(retired) in str(refused.value)
+
+
+def test_non_finite_answers_are_released_by_the_declared_rule_and_verify(ledger, tmp_path):
+    """NaN -> nan_value and +-inf -> bounds before noise: a release, never a data error."""
+    dag_run, result, ran = run_release(
+        tmp_path,
+        body="return [float('nan'), float('inf'), -float('inf'), 5.0]",
+        declare="\n        cells=4,",
+        extra="\n        bounds=(0.0, 10.0),\n        nan_value=2.0,",
+    )
+    assert ran and str(dag_run.state) == "success"
+    float_cells = plan_noise(GaussianMechanism(4.0), l2_sensitivity=1.0, rule=AnswerRule(cells=4))
+    g = float_cells.granularity
+    assert all(v / g == int(v / g) for v in result["value"])
+    assert result["receipt"]["mechanism"] == float_cells.charged.to_spec()
+    assert float_cells.charged.rho > DISCRETE_Z4.rho  # four float cells pay for snapping
+    assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(float_cells.charged), rel=1e-12)
+    assert ledger.verify().ok  # the recorded mechanism is the one charged
+
+
+def test_an_answer_with_more_cells_than_declared_fails_charged_without_release(ledger, tmp_path):
+    """cells defaults to 1: a 2 x 2 answer fails after the reservation, before any noise."""
+    dag_run, result, ran = run_release(tmp_path, body="return [[0.5, 1.5], [2.5, 3.5]]", declare="")
+    assert ran and task_states(dag_run)["release"] == "failed"
+    assert result is None  # no release reached the downstream task
+    receipt = stored_xcom(dag_run, "release", "dp_budget_receipt")
+    assert receipt["mechanism"] == DISCRETE_Z4.to_spec()  # a scalar's charge, as declared
+    assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(DISCRETE_Z4), rel=1e-12)
+    assert [e["action"] for e in ledger.history(KEY)] == ["reserve", "commit"]
+    assert ledger.verify().ok  # the recorded mechanism is what was charged
+
+
+def test_unsafe_float_noise_is_charged_as_the_continuous_gaussian(ledger, tmp_path):
+    dag_run, result, _ = run_release(tmp_path, noise="unsafe_float")
+    assert str(dag_run.state) == "success"
+    assert result["receipt"]["mechanism"] == {"kind": "gaussian", "noise_multiplier": 4.0}
+    assert result["receipt"]["granularity"] is None
+    assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(GaussianMechanism(4.0)))

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant
+from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant, ZCDPMechanism
 from dp_budget_provider.ledger import key_for
 from dp_budget_provider.ledger import ledger as ledger_module
 from tests.airflow.dag_runner import load_dag, task_states
@@ -64,9 +64,13 @@ def runs_of(ran_file) -> int:
     return len(ran_file.read_text().splitlines()) if ran_file.exists() else 0
 
 
+# z = 4 at sensitivity 1 on the default lattice: a discrete Gaussian, rho = 1/(2 z**2).
+DISCRETE_Z4 = ZCDPMechanism(rho=1 / 32)
+
+
 def one_release() -> float:
     accountant = RDPAccountant()
-    accountant.compose(GaussianMechanism(4.0))
+    accountant.compose(DISCRETE_Z4)
     return accountant.get_epsilon(DELTA)[0]
 
 
@@ -99,7 +103,7 @@ def test_a_re_created_run_is_a_new_attempt_and_is_charged_again(ledger, weekly):
     assert len(attempts) == len(set(attempts)) == 2
     assert all(attempt.split("/")[3:5] == ["-1", "1"] for attempt in attempts)
     twice = RDPAccountant()
-    twice.compose(GaussianMechanism(4.0), 2)
+    twice.compose(DISCRETE_Z4, 2)
     key = key_for("alice", "heatmap", "2026-w46")
     assert ledger.epsilon_of(key) == pytest.approx(twice.get_epsilon(DELTA)[0], rel=1e-12)
 

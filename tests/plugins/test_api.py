@@ -133,6 +133,9 @@ def test_accounts_pagination_is_server_side(client):
     assert len(set(subjects)) == 21  # no page repeats a row
     assert client.get("/api/accounts", params={"limit": 0}).status_code == 422
     assert client.get("/api/accounts", params={"limit": 1001}).status_code == 422
+    for huge in ({"offset": 10**20}, {"offset": -1}):
+        assert client.get("/api/accounts", params={"limit": 10, **huge}).status_code == 422
+    assert client.get("/accounts", params={"page": 10**20}).status_code == 422
 
 
 def test_accounts_filter_by_every_key_field_and_state(client, seeded):
@@ -155,6 +158,9 @@ def test_accounts_filter_by_every_key_field_and_state(client, seeded):
     assert subjects(state="ok", tenant="acme", subject="user-02*")[0] == 10
     assert client.get("/api/accounts", params={"state": "fine"}).status_code == 422
     assert client.get("/api/accounts", params={"subject": "a\u0000b"}).status_code == 422
+    long_filter = client.get("/api/accounts", params={"subject": "x" * 60_000})
+    assert long_filter.status_code == 422 and "at most 256" in long_filter.text
+    assert ".db" not in long_filter.text  # no database path in an error
 
 
 def test_accounts_sort(client):
