@@ -15,7 +15,9 @@ Outward rounding. A curve is a sum of float upper bounds, each within a few ulps
 its mechanism's curve or above it, and the sum itself rounds: n non-negative summands
 lose at most (n - 1) u relative (u = 2^-53). The conversion therefore raises the curve
 by ``CURVE_ROUNDING`` (2^-42, covering 2^11 worst-case roundings, i.e. a few thousand
-releases composed one by one; a release of ``count`` invocations is one multiplication)
+releases composed one by one in an accountant; a release of ``count`` invocations is one
+multiplication; the ledger's stored sums are rounded up as they are made, see
+``dp_budget_provider.ledger.spend.ROUND_UP``)
 and the result by a bound of the conversion's own rounding (a few ulps of each of its
 three terms). The eps returned is then an upper bound of the exact conversion of the
 exact curve; it exceeds the float evaluation by ~1e-13 relative.

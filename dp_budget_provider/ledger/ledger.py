@@ -94,7 +94,7 @@ from dp_budget_provider.ledger.schema import (
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.schema import Window as WindowRow
-from dp_budget_provider.ledger.spend import Pending, Spend
+from dp_budget_provider.ledger.spend import ROUND_UP, Pending, Spend
 from dp_budget_provider.ledger.windows import WindowCalendar, is_closed, window_bounds
 
 _CHUNK = 1000
@@ -364,6 +364,7 @@ class PrivacyBudgetLedger:
             "add_rho": 0.0 if reserving is None else reserving.rho,
             "add_mu2": reserving.gaussian_mu2 if reserving is not None and gaussian else 0.0,
             "add_others": 0 if gaussian else 1,
+            "round_up": ROUND_UP,
         }
         if pipe.postgresql:
             rows = pipe.query(

@@ -24,6 +24,29 @@ from dp_budget_provider.accounting import (
 )
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 
+# Every sum the ledger keeps (an account's spend, its pending spend, a prospective total)
+# is rounded up as it is made: ``(a + b) * ROUND_UP``, on every backend (the SQL updates
+# bind the same factor). For doubles a, b >= 0 (normal range, u = 2^-53):
+# fl(a + b) >= (a + b)(1 - u), so fl(fl(a + b) * (1 + 4u)) >= (a + b)(1 - u)(1 + 4u)(1 - u)
+# = (a + b)(1 + 2u - 7u^2 + 4u^3) >= a + b. The same holds for a difference a - b >= 0,
+# whose rounding is also within u relative. So a stored sum is never below the exact sum
+# of what it adds, however many additions it went through; each costs at most ~5u
+# relative (5e-10 after 10^6 of them). The factor 1 + 2^-51 is exact in a double.
+ROUND_UP = 1.0 + 2.0**-51
+
+
+def sum_up(a: Any, b: Any) -> Any:
+    """a + b rounded up (floats or arrays of them; see ``ROUND_UP``)."""
+    return (a + b) * ROUND_UP
+
+
+def difference_up(a: Any, b: Any) -> Any:
+    """max(0, a - b) rounded up (floats or arrays; see ``ROUND_UP``)."""
+    difference = (a - b) * ROUND_UP
+    if isinstance(difference, np.ndarray):
+        return np.maximum(0.0, difference)
+    return max(0.0, difference)
+
 
 @dataclass(frozen=True, eq=False)
 class Spend:
@@ -53,13 +76,13 @@ class Spend:
         elif other.residual is None:
             residual = self.residual
         else:
-            residual = self.residual + other.residual
+            residual = sum_up(self.residual, other.residual)
         mu2 = (
             None
             if self.gaussian_mu2 is None or other.gaussian_mu2 is None
-            else self.gaussian_mu2 + other.gaussian_mu2
+            else sum_up(self.gaussian_mu2, other.gaussian_mu2)
         )
-        return Spend(self.rho + other.rho, residual, mu2)
+        return Spend(sum_up(self.rho, other.rho), residual, mu2)
 
     @property
     def finite(self) -> bool:
@@ -182,20 +205,21 @@ class Pending:
     def add(self, cost: Spend) -> Pending:
         """One more open reservation of ``cost``."""
         residual = Spend(0.0, self.residual).plus(Spend(0.0, cost.residual)).residual
+        rho = sum_up(self.rho, cost.rho)
         if cost.gaussian_mu2 is None:
-            return Pending(self.rho + cost.rho, residual, self.mu2, self.others + 1)
-        return Pending(self.rho + cost.rho, residual, self.mu2 + cost.gaussian_mu2, self.others)
+            return Pending(rho, residual, self.mu2, self.others + 1)
+        return Pending(rho, residual, sum_up(self.mu2, cost.gaussian_mu2), self.others)
 
     def remove(self, cost: Spend) -> Pending:
         """One open reservation of ``cost`` closes (while others stay open)."""
         residual = self.residual
         if cost.residual is not None:
             base = np.zeros_like(cost.residual) if residual is None else residual
-            residual = np.maximum(0.0, base - cost.residual)
-        rho = max(0.0, self.rho - cost.rho)
+            residual = difference_up(base, cost.residual)
+        rho = difference_up(self.rho, cost.rho)
         if cost.gaussian_mu2 is None:
             return Pending(rho, residual, self.mu2, max(0, self.others - 1))
-        return Pending(rho, residual, max(0.0, self.mu2 - cost.gaussian_mu2), self.others)
+        return Pending(rho, residual, difference_up(self.mu2, cost.gaussian_mu2), self.others)
 
     @property
     def signature(self) -> tuple[Any, ...]:

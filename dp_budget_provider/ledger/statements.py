@@ -20,7 +20,7 @@ from sqlalchemy.dialects import sqlite
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.schema import Account, ReservationKey
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
-from dp_budget_provider.ledger.spend import Pending, Spend
+from dp_budget_provider.ledger.spend import ROUND_UP, Pending, Spend
 
 KEY_COLUMNS = (Account.tenant, Account.subject, Account.query_type, Account.window)
 
@@ -73,7 +73,8 @@ FROM unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(subjects)s, E
 ORDER BY n
 ON CONFLICT (tenant, subject, query_type, "window") DO UPDATE
 SET open_reservations = a.open_reservations + %(add_open)s,
-    pending_rho = a.pending_rho + %(add_rho)s, pending_mu2 = a.pending_mu2 + %(add_mu2)s,
+    pending_rho = (a.pending_rho + %(add_rho)s) * %(round_up)s,
+    pending_mu2 = (a.pending_mu2 + %(add_mu2)s) * %(round_up)s,
     pending_others = a.pending_others + %(add_others)s, updated_at = excluded.updated_at
 RETURNING {", ".join("a." + c.strip() for c in ACCOUNT_ROW.split(","))},
     (SELECT c.policy_version FROM dp_ledger_config c WHERE c.id = 1)
@@ -182,6 +183,11 @@ def accounts_by_key(
     return locked
 
 
+def _round_up() -> Any:
+    """``spend.ROUND_UP`` as a bound double (never a SQL literal a parser might round)."""
+    return bindparam("round_up", ROUND_UP, type_=Float(53))
+
+
 @functools.cache
 def sqlite_upsert() -> Any:
     """SQLite's lock-and-read upsert, built once: the inserted row carries the increments.
@@ -195,8 +201,8 @@ def sqlite_upsert() -> Any:
         index_elements=[c.name for c in KEY_COLUMNS],
         set_={
             "open_reservations": Account.open_reservations + added.open_reservations,
-            "pending_rho": Account.pending_rho + added.pending_rho,
-            "pending_mu2": Account.pending_mu2 + added.pending_mu2,
+            "pending_rho": (Account.pending_rho + added.pending_rho) * _round_up(),
+            "pending_mu2": (Account.pending_mu2 + added.pending_mu2) * _round_up(),
             "pending_others": Account.pending_others + added.pending_others,
             "updated_at": added.updated_at,
         },
@@ -237,14 +243,13 @@ def close_accounts(*, gaussian: bool, charge: bool) -> Any:
     last = Account.open_reservations <= 1
     rho = bindparam("cost_rho", type_=Float(53))
     mu2 = bindparam("cost_mu2", type_=Float(53))
+    up = _round_up()
+    pending_rho = (Account.pending_rho - rho) * up
+    pending_mu2 = (Account.pending_mu2 - mu2) * up
     values: dict[str, Any] = {
         "open_reservations": Account.open_reservations - 1,
-        "pending_rho": case(
-            (last, 0.0), (Account.pending_rho - rho < 0, 0.0), else_=Account.pending_rho - rho
-        ),
-        "pending_mu2": case(
-            (last, 0.0), (Account.pending_mu2 - mu2 < 0, 0.0), else_=Account.pending_mu2 - mu2
-        )
+        "pending_rho": case((last, 0.0), (pending_rho < 0, 0.0), else_=pending_rho),
+        "pending_mu2": case((last, 0.0), (pending_mu2 < 0, 0.0), else_=pending_mu2)
         if gaussian
         else case((last, 0.0), else_=Account.pending_mu2),
         "pending_others": case((last, 0), else_=Account.pending_others)
@@ -254,8 +259,8 @@ def close_accounts(*, gaussian: bool, charge: bool) -> Any:
         "updated_at": bindparam("now"),
     }
     if charge:
-        values["rho"] = Account.rho + rho
-        values["gaussian_mu2"] = Account.gaussian_mu2 + mu2 if gaussian else None
+        values["rho"] = (Account.rho + rho) * up
+        values["gaussian_mu2"] = (Account.gaussian_mu2 + mu2) * up if gaussian else None
         values["releases"] = Account.releases + bindparam("count")
     return (
         update(Account)
