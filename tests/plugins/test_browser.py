@@ -164,6 +164,10 @@ def test_account_page_shows_the_chart_history_and_audit(page, server, tmp_path):
     page.wait_for_url("**/dp-budget/account?*")
     chart = page.locator("svg#spend-chart")
     chart.wait_for()
+    # As rendered: the warning label ends above the line's highest point, never on it.
+    label = chart.locator("text.warn-label").bounding_box()
+    line = chart.locator("path.spend").bounding_box()
+    assert label["y"] + label["height"] <= line["y"]
     assert chart.locator("path.spend").count() == 1
     assert chart.locator("circle.dot").count() == 3  # three committed releases
     assert chart.locator("line.cap").count() == 1 and chart.locator("line.warn").count() == 1
