@@ -71,6 +71,7 @@ MAX_PAGE = 1000
 MAX_GROUPS = 500  # beyond this many distinct (scope, spend) groups: rank in one pass
 WILDCARD = "*"
 _CHARGES = ("commit", "reap")
+CLOSINGS = ("reset", "rescope-away")  # series actions that end a key's account, not its spend
 _STATE_RANK = {STATE_OK: 0, STATE_WARNING: 1, STATE_EXHAUSTED: 2}
 
 
@@ -478,11 +479,12 @@ def account_status(ledger: PrivacyBudgetLedger, key: LedgerKey) -> AccountStatus
 # ---------------------------------------------------------------------- history
 
 
-def _history_of(key: LedgerKey, *columns: Any) -> Any:
-    """Entries concerning ``key``: its own (key columns set) and its multi-key reservations'.
+def _history_of(key: LedgerKey, closing_seqs: Sequence[int], *columns: Any) -> Any:
+    """Entries concerning ``key``: its own (key columns set), its multi-key reservations'
+    and the entries that closed it (``closing_seqs``, see :func:`_closings`).
 
-    A UNION ALL of two indexed lookups: single-key entries carry the key, multi-key
-    entries (key columns NULL) are found through the reservation's keys.
+    A UNION ALL of indexed lookups: single-key entries carry the key, multi-key entries
+    (key columns NULL) are found through the reservation's keys, closings by their seq.
     """
     history_key = (
         HistoryEntry.tenant,
@@ -501,7 +503,45 @@ def _history_of(key: LedgerKey, *columns: Any) -> Any:
     shared = select(*columns).where(
         HistoryEntry.tenant.is_(None), HistoryEntry.reservation_id.in_(touching)
     )
-    return union_all(own, shared).subquery()
+    closed = select(*columns).where(HistoryEntry.seq.in_(list(closing_seqs)))
+    return union_all(own, shared, closed).subquery()
+
+
+def _closings(connection: Connection, key: LedgerKey) -> list[tuple[int, str, str]]:
+    """(seq, at, action) of the entries that ended ``key``'s account: resets of its window
+    that sealed its scope, and rescopes away from it (action ``rescope-away``).
+
+    Neither carries ``key`` in its key columns (a reset is keyless, a rescope carries the
+    new key and names the old one in its payload), so the history table would miss them
+    and the chart would change with no matching row; both are read here, for both.
+    """
+    entries = select(HistoryEntry.seq, HistoryEntry.at, HistoryEntry.action, HistoryEntry.payload)
+    moved = entries.where(
+        HistoryEntry.action == "rescope",
+        HistoryEntry.tenant == key.tenant,
+        HistoryEntry.window == key.window,
+    )
+    found = [
+        (row.seq, row.at, "rescope-away")
+        for row in connection.execute(moved)
+        if LedgerKey(**json.loads(row.payload)["from"]) == key
+    ]
+    resets = entries.where(HistoryEntry.action == "reset")
+    found += [
+        (row.seq, row.at, "reset")
+        for row in connection.execute(resets)
+        if _reset_closes(json.loads(row.payload), key)
+    ]
+    return found
+
+
+def _reset_closes(payload: dict[str, Any], key: LedgerKey) -> bool:
+    """Whether a reset entry dropped ``key``'s account: its window, and its scope among the
+    sealed ones (entries written before windows were sealed name no scopes: all of them)."""
+    if payload.get("window") != key.window:
+        return False
+    sealed = payload.get("sealed")
+    return sealed is None or [key.tenant, key.query_type] in sealed
 
 
 def key_history(
@@ -519,8 +559,7 @@ def key_history(
     ``attempt_id``, ``mechanism``, ``count``, ``key_count`` and ``state``.
     """
     limit, offset = _page_bounds(limit, offset)
-    entries = _history_of(
-        key,
+    columns = (
         HistoryEntry.seq,
         HistoryEntry.at,
         HistoryEntry.action,
@@ -533,8 +572,10 @@ def key_history(
         HistoryEntry.payload,
         HistoryEntry.hash,
     )
-    order = entries.c.seq.desc() if newest_first else entries.c.seq.asc()
     with ledger.reading() as connection:
+        closing_seqs = [seq for seq, _, _ in _closings(connection, key)]
+        entries = _history_of(key, closing_seqs, *columns)
+        order = entries.c.seq.desc() if newest_first else entries.c.seq.asc()
         total = int(connection.execute(select(func.count()).select_from(entries)).scalar_one())
         rows = list(connection.execute(select(entries).order_by(order).offset(offset).limit(limit)))
         reservations = _reservations_by_id(
@@ -571,10 +612,13 @@ def spend_series(
     """``key``'s cumulative epsilon after each charge, replayed from the history.
 
     Charges are commits and reaps of reservations holding the key, corrections of the key
-    and spend carried onto it by a rescope; a reset of its window or a rescope away from
-    it drops it to zero. With more than ``max_points`` events, an evenly spaced subset
-    (always including the first and the last) is converted: the curve is monotone between
-    resets, so the subset is an honest picture.
+    and spend carried onto it by a rescope. A reset of its window or a rescope away from
+    it ends the account but refunds nothing (the window or the key is sealed), so the
+    curve is the key's lifetime spend: it never drops, and such a closing is a point at
+    the level reached, matching the history row that :func:`key_history` lists for it.
+    With more than ``max_points`` events, an evenly spaced subset (first and last always
+    included) is converted, plus every closing; the curve is monotone, so the subset is an
+    honest picture.
     """
     if not isinstance(max_points, int) or max_points < 2:
         raise ValueError(f"max_points must be an integer >= 2, got {max_points!r}")
@@ -604,19 +648,10 @@ def spend_series(
         .join(ReservationRow, ReservationRow.id == HistoryEntry.reservation_id)
         .where(HistoryEntry.action.in_(_CHARGES), HistoryEntry.reservation_id.in_(touching))
     )
-    others = select(HistoryEntry.seq, HistoryEntry.at, HistoryEntry.action, HistoryEntry.payload)
-    own = others.where(
-        _key_match(history_key, key), HistoryEntry.action.in_(("correction", "rescope"))
-    )
-    # rescopes away from the key carry the new key (same tenant and window) and name
-    # the old one in their payload; resets name their window in the payload.
-    moved = others.where(
-        HistoryEntry.action == "rescope",
-        HistoryEntry.tenant == key.tenant,
-        HistoryEntry.window == key.window,
-    )
-    resets = others.where(HistoryEntry.action == "reset")
-    events: list[tuple[int, str, str, Spend | None]] = []
+    own = select(
+        HistoryEntry.seq, HistoryEntry.at, HistoryEntry.action, HistoryEntry.payload
+    ).where(_key_match(history_key, key), HistoryEntry.action.in_(("correction", "rescope")))
+    events: list[tuple[int, str, str, Spend]] = []
     with ledger.reading() as connection:
         for row in connection.execute(charges):
             cost = Spend.from_columns(row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, size)
@@ -625,20 +660,15 @@ def spend_series(
             payload = json.loads(row.payload)
             cost = payload["cost"] if row.action == "correction" else payload["carried"]
             events.append((row.seq, row.at, row.action, Spend.from_payload(cost, size)))
-        for row in connection.execute(moved):
-            payload = json.loads(row.payload)
-            if LedgerKey(**payload["from"]) == key:
-                events.append((row.seq, row.at, "rescope-away", None))
-        for row in connection.execute(resets):
-            if json.loads(row.payload).get("window") == key.window:
-                events.append((row.seq, row.at, "reset", None))
+        events += [(seq, at, action, Spend()) for seq, at, action in _closings(connection, key)]
     events.sort(key=lambda event: event[0])
-    wanted = _sample(len(events), max_points)
+    closings = {index for index, event in enumerate(events) if event[2] in CLOSINGS}
+    wanted = _sample(len(events), max_points) | closings
     epsilons = _Epsilons(ledger)
     total = Spend()
     points = []
     for index, (seq, at, action, cost) in enumerate(events):
-        total = Spend() if cost is None else total.plus(cost)
+        total = total.plus(cost)
         if index in wanted:
             points.append(SeriesPoint(seq, at, action, epsilons.of_spend(total)))
     return SpendSeries(events=len(events), points=points)

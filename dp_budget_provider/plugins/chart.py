@@ -1,5 +1,10 @@
 """Geometry of the account page's chart: cumulative epsilon over time as an SVG step line.
 
+The cap and warning labels sit in a legend band above the plot area, never beside their
+lines: the spend line can run anywhere inside the plot (along the warning line too), and
+only outside it can a label never cover it. A closing (reset, rescope away) is drawn as a
+ring at the level reached, since it refunds nothing (see ``queries.spend_series``).
+
 Only numbers come out of here (coordinates, tick values, time labels derived from the
 ledger's fixed-format timestamps); the template escapes everything it prints anyway.
 """
@@ -11,10 +16,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from dp_budget_provider.ledger.policy import Policy
-from dp_budget_provider.ledger.queries import SeriesPoint
+from dp_budget_provider.ledger.queries import CLOSINGS, SeriesPoint
 
-WIDTH, HEIGHT = 760, 280
-LEFT, RIGHT, TOP, BOTTOM = 56, 16, 16, 40
+WIDTH, HEIGHT = 760, 300
+LEFT, RIGHT, TOP, BOTTOM = 56, 16, 36, 40
+LEGEND_Y = 18  # the legend's baseline: its text (14 px) ends above TOP, outside the plot
+SWATCH = 24  # length of a legend entry's line sample; its label starts 6 units after it
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,16 @@ class Dot:
     at: str
     action: str
     epsilon: float
+    closing: bool  # a reset or rescope away: ends the account, refunds nothing
+
+
+@dataclass(frozen=True)
+class LegendEntry:
+    """A line sample from ``x`` to ``x + SWATCH`` and its label after it, baseline ``y``."""
+
+    x: float
+    label_x: float
+    y: int
 
 
 @dataclass(frozen=True)
@@ -49,6 +66,8 @@ class Chart:
     warn_y: float
     cap: float
     warn: float
+    cap_legend: LegendEntry
+    warn_legend: LegendEntry
     y_ticks: list[Tick]
     x_ticks: list[Tick]
 
@@ -77,6 +96,12 @@ def _time_label(moment: datetime, span_seconds: float) -> str:
     return moment.strftime("%Y-%m-%d")
 
 
+def _legend_entry(x: float) -> LegendEntry:
+    """Fixed slots (left edge, middle) rather than measured text: the cap's label is at
+    most ~20 characters, far less than half the plot's width."""
+    return LegendEntry(x, x + SWATCH + 6, LEGEND_Y)
+
+
 def build_chart(points: list[SeriesPoint], policy: Policy) -> Chart | None:
     """The chart of ``points`` against ``policy``'s cap and warning line; None if empty."""
     if not points:
@@ -98,7 +123,7 @@ def build_chart(points: list[SeriesPoint], policy: Policy) -> Chart | None:
         return round(bottom - (bottom - TOP) * value / top_value, 2)
 
     dots = [
-        Dot(x_of(m), y_of(p.epsilon), p.seq, p.at, p.action, p.epsilon)
+        Dot(x_of(m), y_of(p.epsilon), p.seq, p.at, p.action, p.epsilon, p.action in CLOSINGS)
         for m, p in zip(moments, points, strict=True)
     ]
     segments = [f"M{dots[0].x},{y_of(0.0)} L{dots[0].x},{dots[0].y}"]
@@ -126,6 +151,8 @@ def build_chart(points: list[SeriesPoint], policy: Policy) -> Chart | None:
         warn_y=y_of(warn),
         cap=cap,
         warn=warn,
+        cap_legend=_legend_entry(LEFT),
+        warn_legend=_legend_entry(LEFT + (right - LEFT) / 2),
         y_ticks=y_ticks,
         x_ticks=x_ticks,
     )

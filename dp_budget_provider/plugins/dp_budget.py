@@ -10,7 +10,7 @@ from __future__ import annotations
 from airflow.plugins_manager import AirflowPlugin
 
 from dp_budget_provider.plugins.app import create_app
-from dp_budget_provider.plugins.links import URL_PREFIX
+from dp_budget_provider.plugins.links import URL_PREFIX, URL_ROUTE
 
 PLUGIN_NAME = "dp_budget"
 APP_NAME = "DP Budget"
@@ -29,6 +29,6 @@ class DPBudgetPlugin(AirflowPlugin):
             "href": f"{URL_PREFIX}/accounts",
             "destination": "nav",
             "category": "browse",
-            "url_route": "dp-budget",
+            "url_route": URL_ROUTE,
         }
     ]

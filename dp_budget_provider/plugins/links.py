@@ -6,12 +6,19 @@ is built on the task side, from the receipt the operator pushed: it opens the ac
 page of the release's most-spent key, or for a refused release the key that refused it.
 A task that never got that far (bad arguments, ledger unreachable) links to its
 tenant's and query type's accounts.
+
+The link opens the page inside the Airflow UI, not bare: Airflow 3.3's UI routes
+``/plugin/<url_route>/*`` to the external view with that ``url_route`` and, when the
+splat is not empty, loads ``/<splat>?<query>`` (same origin) in the view's iframe
+instead of its ``href`` (and keeps the outer URL in step as the iframe navigates).
+So ``/plugin/dp-budget/dp-budget/account?tenant=...`` is the account page, framed by
+Airflow's navigation.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from airflow.sdk import BaseOperatorLink
 from airflow.sdk.configuration import conf
@@ -22,16 +29,23 @@ if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
     from airflow.sdk.types import TaskInstanceKey
 
-URL_PREFIX = "/dp-budget"
+URL_PREFIX = "/dp-budget"  # where the plugin's FastAPI app is mounted
+URL_ROUTE = "dp-budget"  # the external view's route in the Airflow UI: /plugin/dp-budget
 RECEIPT_XCOM_KEY = "dp_budget_receipt"  # what DPReleaseOperator pushes
 KEY_FIELDS = ("tenant", "subject", "query_type", "window")
 
 
 def ui_url(path: str, query: dict[str, str]) -> str:
-    """``[api] base_url`` + ``/dp-budget`` + path + query (root-relative without a base URL)."""
+    """The Airflow UI's plugin page showing ``/dp-budget`` + path + query in its iframe.
+
+    ``[api] base_url`` + ``/plugin/dp-budget`` + the page's own path, which carries the
+    base URL's path too (the iframe loads it from the origin); root-relative without a
+    base URL.
+    """
     base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
+    root = urlsplit(base).path
     suffix = f"?{urlencode(query)}" if query else ""
-    return f"{base}{URL_PREFIX}{path}{suffix}"
+    return f"{base}/plugin/{URL_ROUTE}{root}{URL_PREFIX}{path}{suffix}"
 
 
 def account_url(key: dict[str, Any]) -> str:

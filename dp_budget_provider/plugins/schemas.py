@@ -68,7 +68,9 @@ class SeriesPointModel(BaseModel):
 
 
 class SeriesModel(BaseModel):
-    """Cumulative epsilon over time; ``points`` samples ``events`` evenly when there are many."""
+    """The key's lifetime epsilon over time: ``points`` samples ``events`` evenly when there
+    are many, and always has every closing (action ``reset`` or ``rescope-away``, a point at
+    the level reached: closing an account refunds nothing)."""
 
     events: int
     points: list[SeriesPointModel]

@@ -61,9 +61,10 @@ svg.chart { width: 100%; max-width: 960px; height: auto; display: block; }
 svg .axis { stroke: var(--line); } svg .grid { stroke: var(--line); stroke-dasharray: 2 3; }
 svg .spend { fill: none; stroke: var(--bar); stroke-width: 2; }
 svg .dot { fill: var(--bar); }
-svg .cap { stroke: var(--bad); stroke-width: 1.5; stroke-dasharray: 6 4; }
-svg .warn { stroke: var(--warn); stroke-width: 1.5; stroke-dasharray: 3 3; }
+svg .cap, svg .legend-cap { stroke: var(--bad); stroke-width: 1.5; stroke-dasharray: 6 4; }
+svg .warn, svg .legend-warn { stroke: var(--warn); stroke-width: 1.5; stroke-dasharray: 3 3; }
 svg .cap-label { fill: var(--bad); } svg .warn-label { fill: var(--warn); }
+svg .closing { fill: var(--bg); stroke: var(--bar); stroke-width: 2; }
 code { font-size: 12px; }
 .error { color: var(--bad); font-weight: 600; }
 </style>
@@ -186,6 +187,11 @@ _ACCOUNT = """{% extends "base.html" %}
 <a href="{{ task_link(attempt_id) }}" target="_top">{{ attempt_id }}</a>
 {%- else %}{{ attempt_id }}{% endif -%}
 {%- endmacro %}
+{% macro legend_entry(entry, kind, label) -%}
+<line class="legend-{{ kind }}" x1="{{ entry.x }}" x2="{{ entry.label_x - 6 }}"
+    y1="{{ entry.y - 5 }}" y2="{{ entry.y - 5 }}"/>
+  <text class="{{ kind }}-label" x="{{ entry.label_x }}" y="{{ entry.y }}">{{ label }}</text>
+{%- endmacro %}
 {% block body %}
 <p><a href="{{ root }}/accounts">Accounts</a> ›
   <span class="key" id="account-key">{{ key.tenant }} / {{ key.subject }} /
@@ -234,21 +240,24 @@ re-scoped); its history is below.</p>
     y2="{{ chart.bottom }}"/>
   <line class="cap" x1="{{ chart.left }}" x2="{{ chart.right }}" y1="{{ chart.cap_y }}"
     y2="{{ chart.cap_y }}"/>
-  <text class="cap-label" x="{{ chart.right }}" y="{{ chart.cap_y - 4 }}" text-anchor="end">
-    cap ε = {{ '%g' % chart.cap }}</text>
   <line class="warn" x1="{{ chart.left }}" x2="{{ chart.right }}" y1="{{ chart.warn_y }}"
     y2="{{ chart.warn_y }}"/>
-  <text class="warn-label" x="{{ chart.right }}" y="{{ chart.warn_y + 13 }}" text-anchor="end">
-    warning at ε = {{ '%g' % chart.warn }}</text>
+  {{ legend_entry(chart.cap_legend, "cap", "cap ε = %g" % chart.cap) }}
+  {{ legend_entry(chart.warn_legend, "warn", "warning at ε = %g" % chart.warn) }}
   <path class="spend" d="{{ chart.path }}"/>
   {% for d in chart.dots %}
-  <circle class="dot" cx="{{ d.x }}" cy="{{ d.y }}" r="2.5"><title>#{{ d.seq }} {{ d.action }}
+  <circle class="{{ 'closing' if d.closing else 'dot' }}" cx="{{ d.x }}" cy="{{ d.y }}"
+    r="{{ 4.5 if d.closing else 2.5 }}"><title>#{{ d.seq }} {{ d.action }}
     {{ d.at }}: ε = {{ eps(d.epsilon) }}</title></circle>
   {% endfor %}
   <text x="{{ chart.left - 40 }}" y="{{ chart.top + 2 }}">ε</text>
 </svg>
 <p class="muted">{{ series.events }} charge event(s){% if series.events > series.points | length %},
-{{ series.points | length }} of them drawn (evenly spaced, first and last included){% endif %}.</p>
+{{ series.points | length }} of them drawn (evenly spaced, first and last included){% endif %}.
+{% for d in chart.dots if d.closing %}
+The account ended at #{{ d.seq }} ({{ d.action }}, ringed) at ε = {{ eps(d.epsilon) }}:
+nothing was refunded, so the line stays level.
+{% endfor %}</p>
 {% else %}
 <p class="muted">Nothing charged yet.</p>
 {% endif %}

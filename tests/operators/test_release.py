@@ -133,7 +133,7 @@ def test_refusal_runs_nothing_writes_nothing_and_fails(ledger, tmp_path):
     )
     assert refusal["epsilon"] > refusal["cap_epsilon"] == 3.0
     link = stored_xcom(dag_run, "release", "_link_DPBudgetAccountLink")
-    assert link.startswith("/dp-budget/account?") and "subject=alice" in link
+    assert link.startswith("/plugin/dp-budget/dp-budget/account?") and "subject=alice" in link
 
 
 def test_refusal_with_on_exhausted_skip_skips(ledger, tmp_path):

@@ -86,6 +86,9 @@ def free_port() -> int:
 
 def _environment(home: Path, port: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    # The server and the seeding must import this checkout's package, whichever one the
+    # virtualenv has installed in editable mode.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
     ledger_url = f"sqlite:///{home / 'dp_budget_ledger.db'}"
     env.update(
         AIRFLOW_HOME=str(home),

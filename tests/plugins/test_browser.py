@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 import httpx
 import pytest
@@ -111,8 +111,27 @@ def test_token_api_openapi_and_the_task_link(server):
         headers=headers,
     ).json()["extra_links"]
     url = links["DP budget account"]
-    assert url.startswith(f"{server.url}/dp-budget/account?tenant=acme&subject=user-")
-    assert httpx.get(url, headers=headers).status_code == 200
+    assert url.startswith(f"{server.url}/plugin/dp-budget/dp-budget/account?tenant=acme&subject=")
+    framed = url.replace("/plugin/dp-budget", "", 1)  # the page the UI's iframe loads
+    assert httpx.get(framed, headers=headers).status_code == 200
+
+
+def test_the_task_link_opens_the_account_inside_the_airflow_ui(page, server):
+    headers = {"Authorization": f"Bearer {server.token()}"}
+    run_id = quote(server.runs[0]["run_id"], safe="")
+    url = httpx.get(
+        f"{server.url}/api/v2/dags/example_dp_heatmap/dagRuns/{run_id}"
+        "/taskInstances/release_heatmap/links",
+        headers=headers,
+    ).json()["extra_links"]["DP budget account"]
+    subject = parse_qs(urlsplit(url).query)["subject"][0]
+    log_in(page, server)
+    page.goto(url)
+    page.get_by_role("button", name="Browse").wait_for()  # Airflow's own navigation
+    frame = page.frame_locator("iframe")
+    frame.locator("svg#spend-chart").wait_for()
+    assert subject in frame.locator("#account-key").inner_text()
+    assert page.url == url  # the UI keeps the account in its address
 
 
 def test_the_browser_without_a_session_gets_no_data(page, server):
@@ -164,6 +183,10 @@ def test_account_page_shows_the_chart_history_and_audit(page, server, tmp_path):
     page.wait_for_url("**/dp-budget/account?*")
     chart = page.locator("svg#spend-chart")
     chart.wait_for()
+    # As rendered: the warning label ends above the line's highest point, never on it.
+    label = chart.locator("text.warn-label").bounding_box()
+    line = chart.locator("path.spend").bounding_box()
+    assert label["y"] + label["height"] <= line["y"]
     assert chart.locator("path.spend").count() == 1
     assert chart.locator("circle.dot").count() == 3  # three committed releases
     assert chart.locator("line.cap").count() == 1 and chart.locator("line.warn").count() == 1

@@ -76,12 +76,15 @@ def test_the_link_reads_the_receipt_key(monkeypatch):
     }
     monkeypatch.setattr(links, "_read_receipt", lambda ti_key: receipt)
     link = DPBudgetAccountLink()
+    # The Airflow UI's page of the plugin (/plugin/<url_route>), its iframe on the account.
     assert link.get_link(None, ti_key=None) == (
-        "/dp-budget/account?tenant=acme&subject=a%2Fb+c&query_type=heatmap&window=2026-w28"
+        "/plugin/dp-budget/dp-budget/account"
+        "?tenant=acme&subject=a%2Fb+c&query_type=heatmap&window=2026-w28"
     )
+    # Under a base URL with a path both the UI route and the framed page carry it.
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com/base/")
     assert link.get_link(None, ti_key=None).startswith(
-        "https://airflow.example.com/base/dp-budget/account?tenant=acme&"
+        "https://airflow.example.com/base/plugin/dp-budget/base/dp-budget/account?tenant=acme&"
     )
 
 
@@ -92,7 +95,7 @@ def test_without_a_receipt_the_link_lists_the_tasks_accounts(monkeypatch):
         tenant, query_type = " ACME", "heatmap"
 
     assert DPBudgetAccountLink().get_link(Task(), ti_key=None) == (
-        "/dp-budget/accounts?tenant=acme&query_type=heatmap"
+        "/plugin/dp-budget/dp-budget/accounts?tenant=acme&query_type=heatmap"
     )
 
 
@@ -137,7 +140,7 @@ def test_a_real_dag_run_fills_the_ui_and_links_its_task(
             assert {a["releases"] for a in accounts["accounts"]} == {2}
             url = _link_xcom(runs[-1], "release_heatmap")
             parts = urlsplit(url)
-            assert parts.path == "/dp-budget/account"
+            assert parts.path == "/plugin/dp-budget/dp-budget/account"  # the UI's framed page
             page = client.get("/account?" + parts.query)
             assert page.status_code == 200
             assert "release_heatmap" in page.text and "spend-chart" in page.text
