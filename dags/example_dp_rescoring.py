@@ -3,7 +3,8 @@
 When sensitivity scoring re-tiers a subject's data from snapshot to trajectory, the budget
 already spent under the snapshot key moves to the trajectory key (never reset: that would
 be a free refill an adversary could trigger), and later releases cost more because the
-trajectory query has the larger sensitivity.
+trajectory query has the larger sensitivity: the same noise (sigma = 4) on an L2
+sensitivity of 2 is a noise multiplier of 2, four times the zCDP cost of a snapshot release.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from dp_budget_provider.ledger import key_for
 from dp_budget_provider.operators.release import RECEIPT_XCOM_KEY, DPReleaseOperator
 
 SUBJECT = "subject:c71b"
+SIGMA = 4.0  # the noise both releases add
+SNAPSHOT_L2 = 1.0
+TRAJECTORY_L2 = 2.0
 
 with DAG(
     dag_id="example_dp_rescoring",
@@ -30,8 +34,8 @@ with DAG(
     snapshot = DPReleaseOperator(
         task_id="release_snapshot",
         python_callable=lambda: 42.0,
-        mechanism={"kind": "gaussian", "noise_multiplier": 4.0},
-        l2_sensitivity=1.0,
+        mechanism={"kind": "gaussian", "noise_multiplier": SIGMA / SNAPSHOT_L2},
+        l2_sensitivity=SNAPSHOT_L2,
         subject=SUBJECT,
         query_type="snapshot",
     )
@@ -52,8 +56,9 @@ with DAG(
     trajectory = DPReleaseOperator(
         task_id="release_trajectory",
         python_callable=lambda: 42.0,
-        mechanism={"kind": "gaussian", "noise_multiplier": 4.0},
-        l2_sensitivity=2.0,  # a trajectory statistic moves twice as much per subject
+        # The snapshot's noise, sigma = 4, on twice its sensitivity: noise multiplier 2.
+        mechanism={"kind": "gaussian", "noise_multiplier": SIGMA / TRAJECTORY_L2},
+        l2_sensitivity=TRAJECTORY_L2,  # a trajectory statistic moves twice as much per subject
         subject=SUBJECT,
         query_type="trajectory",
     )

@@ -2,15 +2,18 @@
 
 The ledger database comes from ``--url`` or the ``DP_BUDGET_URL`` environment variable
 (``sqlite:////path/ledger.db`` or ``postgresql://user@host/db``), its chain key
-(the secret its history is linked with) from ``DP_BUDGET_CHAIN_KEY``. Every command goes
-through the same :mod:`dp_budget_provider.ledger` API the Airflow operators use, and
-none imports Airflow.
+(the secret its history is linked with) from ``DP_BUDGET_CHAIN_KEY``. Or ``--conn-id ID``
+names the Airflow connection the tasks use: its URL and chain key are read through
+Airflow's secrets backends by :class:`~dp_budget_provider.hooks.dp_budget.DPBudgetHook`,
+so the CLI opens exactly the ledger the tasks open. Every command goes through the same
+:mod:`dp_budget_provider.ledger` API the Airflow operators use; Airflow is imported only
+for ``--conn-id``.
 
 Exit codes: 0 success; 1 the ledger refused or failed (one ``dp-budget: error:`` line on
 stderr), or ``verify`` found problems; 2 a usage error (bad arguments or values, no ledger
 URL).
 
-Commands::
+Commands (each takes ``--url URL`` or ``--conn-id ID``)::
 
     dp-budget db upgrade
     dp-budget db adopt-key
@@ -34,11 +37,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import math
 import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -146,11 +151,76 @@ def _positive(text: str) -> float:
 # ---------------------------------------------------------------------- opening the ledger
 
 
-def _url(args: argparse.Namespace) -> str:
+@dataclass(frozen=True)
+class LedgerTarget:
+    """The ledger a command works on: its database URL and its history's chain key."""
+
+    url: str
+    chain_key: str | None
+
+
+def _target_from_environment(args: argparse.Namespace) -> LedgerTarget:
     url = getattr(args, "url", None) or os.environ.get(URL_ENV)
     if not url:
-        raise UsageError(f"no ledger database given: pass --url URL or set {URL_ENV}")
-    return url
+        raise UsageError(
+            f"no ledger database given: pass --url URL, set {URL_ENV} or pass --conn-id ID"
+        )
+    return LedgerTarget(url, os.environ.get(history.CHAIN_KEY_ENV) or None)
+
+
+def _target_from_connection(conn_id: str) -> LedgerTarget:
+    """The URL and chain key of an Airflow connection, read by the tasks' own hook (so
+    every secrets backend, and the embedded default for ``dp_budget_default``, apply)."""
+    try:
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+    except ImportError as error:
+        raise UsageError(
+            f"--conn-id needs Apache Airflow, which cannot be imported here ({error}); "
+            f"install apache-airflow or pass --url URL / set {URL_ENV}"
+        ) from None
+    # Outside a task the Task SDK searches the metadata database only in a "server"
+    # process; this is an administrator's tool, like `airflow connections get`, which
+    # declares itself one the same way.
+    os.environ.setdefault("_AIRFLOW_PROCESS_CONTEXT", "server")
+    # Airflow's logging config shows INFO; the schema migrations' chatter is not output.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    hook = DPBudgetHook(conn_id)
+    try:
+        return LedgerTarget(hook.ledger_url(), hook.chain_key())
+    except AirflowNotFoundException:
+        raise CommandError(
+            f"--conn-id {conn_id}: no such Airflow connection in any secrets backend "
+            f"(AIRFLOW_CONN_{conn_id.upper()}, the metadata database or the configured backend)"
+        ) from None
+    except ValueError as error:
+        raise CommandError(f"--conn-id {conn_id}: {error}") from None
+
+
+def _target(args: argparse.Namespace) -> LedgerTarget:
+    """Where the ledger is, resolved once per command: a command that asks twice (e.g.
+    ``db upgrade``) must not look the connection up twice."""
+    if getattr(args, "ledger_target", None) is None:
+        conn_id = getattr(args, "conn_id", None)
+        if conn_id is None:
+            args.ledger_target = _target_from_environment(args)
+        elif getattr(args, "url", None) or os.environ.get(URL_ENV):
+            raise UsageError(
+                f"--conn-id and --url/{URL_ENV} name the ledger twice: give only one "
+                f"(unset {URL_ENV} to use --conn-id)"
+            )
+        else:
+            args.ledger_target = _target_from_connection(conn_id)
+    return args.ledger_target
+
+
+def _url(args: argparse.Namespace) -> str:
+    return _target(args).url
+
+
+def _chain_key(args: argparse.Namespace) -> str | None:
+    return _target(args).chain_key
 
 
 def _sqlite_file(url: str) -> Path | None:
@@ -176,9 +246,8 @@ def _make_sqlite_folder(url: str) -> None:
         print(f"created folder {path.parent}")
 
 
-def open_ledger(url: str, *, keyed: bool = True) -> PrivacyBudgetLedger:
-    """Open an existing ledger with the grid and conversion it was created with, and the
-    chain key from the environment (``keyed=False``: without it)."""
+def open_ledger(url: str, *, chain_key: str | None) -> PrivacyBudgetLedger:
+    """Open an existing ledger with the grid and conversion it was created with."""
     _refuse_missing_sqlite_file(url)
     engine = database.make_engine(url)
     try:
@@ -201,17 +270,13 @@ def open_ledger(url: str, *, keyed: bool = True) -> PrivacyBudgetLedger:
         url=url,
         orders=json.loads(config.orders),
         conversion=config.conversion,
-        chain_key=_chain_key() if keyed else None,
+        chain_key=chain_key,
     )
-
-
-def _chain_key() -> str | None:
-    return os.environ.get(history.CHAIN_KEY_ENV) or None
 
 
 @contextlib.contextmanager
 def _ledger(args: argparse.Namespace) -> Iterator[PrivacyBudgetLedger]:
-    ledger = open_ledger(_url(args))
+    ledger = open_ledger(_url(args), chain_key=_chain_key(args))
     try:
         yield ledger
     finally:
@@ -309,7 +374,9 @@ def cmd_init(args: argparse.Namespace) -> int:
     cap = BudgetCap(args.epsilon, args.delta, args.warn_fraction)
     _make_sqlite_folder(url)
     existed = _is_initialised(url)
-    ledger = PrivacyBudgetLedger(cap, url=url, conversion=args.conversion, chain_key=_chain_key())
+    ledger = PrivacyBudgetLedger(
+        cap, url=url, conversion=args.conversion, chain_key=_chain_key(args)
+    )
     try:
         verb = "exists already with this configuration" if existed else "created"
         print(
@@ -488,10 +555,13 @@ def cmd_quarantine_clear(args: argparse.Namespace) -> int:
 
 def cmd_db_adopt_key(args: argparse.Namespace) -> int:
     """Key an unkeyed ledger's history with $DP_BUDGET_CHAIN_KEY from now on."""
-    key = _chain_key()
+    key = _chain_key(args)
     if key is None:
-        raise UsageError(f"set {history.CHAIN_KEY_ENV} to the new chain key first")
-    ledger = open_ledger(_url(args), keyed=False)
+        raise UsageError(
+            f"set {history.CHAIN_KEY_ENV} (or the --conn-id connection's extra chain_key) "
+            "to the new chain key first"
+        )
+    ledger = open_ledger(_url(args), chain_key=None)
     try:
         ledger.adopt_chain_key(key)
         print(
@@ -626,16 +696,23 @@ def cmd_report(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The ``dp-budget`` argument parser."""
     url_help = f"ledger database URL (default: ${URL_ENV})"
+    conn_help = (
+        "read the ledger URL and chain key from this Airflow connection, the one the tasks "
+        f"use (needs Airflow; not with --url/${URL_ENV})"
+    )
     parser = argparse.ArgumentParser(
         prog="dp-budget",
         description="Inspect, audit and maintain a differential-privacy budget ledger.",
-        epilog=f"The ledger URL comes from --url or ${URL_ENV}.",
+        epilog=f"The ledger comes from --url, ${URL_ENV} or --conn-id.",
     )
     parser.add_argument("--url", default=None, help=url_help)
+    parser.add_argument("--conn-id", default=None, metavar="ID", help=conn_help)
     parser.add_argument("--version", action="version", version=f"dp-budget {__version__}")
-    # --url is accepted after the command too; SUPPRESS keeps a global one from being reset.
+    # --url and --conn-id are accepted after the command too; SUPPRESS keeps a global one
+    # from being reset by the subcommand's default.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
+    common.add_argument("--conn-id", default=argparse.SUPPRESS, metavar="ID", help=conn_help)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(

@@ -135,6 +135,118 @@ def test_console_script_is_installed(seeded):
     assert result.returncode == 0 and result.stdout.startswith("OK")
 
 
+# ---------------------------------------------------------------------- --conn-id
+
+
+def define_connection(monkeypatch, conn_id, **fields):
+    """An Airflow connection as a deployment defines it: ``AIRFLOW_CONN_<ID>`` (JSON), seen
+    by the CLI's subprocess through the environment."""
+    value = json.dumps({"conn_type": "dp_budget", **fields})
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", value)
+
+
+def without_airflow(*args):
+    """The CLI in a process where ``import airflow`` fails, as on a machine without it."""
+    code = (
+        "import sys; sys.modules['airflow'] = None; from dp_budget_provider.cli import main; "
+        f"sys.exit(main({list(args)!r}))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("DP_BUDGET_URL", "DP_BUDGET_CHAIN_KEY")}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+
+
+def test_conn_id_opens_the_ledger_and_chain_key_the_tasks_use(monkeypatch, ledger_url):
+    """The connection's extra.url and extra.chain_key, exactly as DPBudgetHook reads them:
+    the keyed ledger opens with no DP_BUDGET_URL or DP_BUDGET_CHAIN_KEY anywhere."""
+    from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+
+    define_connection(monkeypatch, "ledger_cli", extra={"url": ledger_url, "chain_key": CHAIN_KEY})
+    created = run("--conn-id", "ledger_cli", "init", "--epsilon", "3", "--delta", "1e-5")
+    assert created.returncode == 0, created.stderr
+    hook = DPBudgetHook("ledger_cli")
+    ledger = PrivacyBudgetLedger(url=hook.ledger_url(), chain_key=hook.chain_key())
+    ledger.spend(ALICE, GaussianMechanism(4.0))
+    ledger.close()
+    verified = run("verify", "--conn-id", "ledger_cli")  # after the command too
+    assert verified.returncode == 0, verified.stderr
+    assert "not keyed" not in verified.stderr
+    status = run("--conn-id", "ledger_cli", "status")
+    assert status.returncode == 0, status.stderr
+    assert "alice" in status.stdout
+    assert "Running upgrade" not in created.stdout + created.stderr
+
+
+def test_conn_id_with_host_fields_builds_the_postgresql_url(monkeypatch, postgres_url):
+    parsed = sa.engine.make_url(postgres_url)
+    define_connection(
+        monkeypatch,
+        "ledger_fields",
+        host=parsed.host,
+        port=parsed.port,
+        login=parsed.username,
+        schema=parsed.database,
+    )
+    created = run("--conn-id", "ledger_fields", "init", "--epsilon", "3", "--delta", "1e-5")
+    assert created.returncode == 0, created.stderr
+    assert f"@{parsed.host}:{parsed.port}/{parsed.database}" in created.stdout
+
+
+def test_conn_id_reads_the_metadata_database(airflow_db, sqlite_url):
+    """A connection saved with `airflow connections add` (the metadata database, not the
+    environment) is found as the tasks' hook finds it."""
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    conn_id = f"ledger_db_{os.getpid()}_{time.monotonic_ns()}"
+    added = subprocess.run(
+        [airflow, "connections", "add", conn_id, "--conn-type", "dp_budget"]
+        + ["--conn-extra", json.dumps({"url": sqlite_url})],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert added.returncode == 0, added.stderr
+    created = run("--conn-id", conn_id, "init", "--epsilon", "3", "--delta", "1e-5")
+    assert created.returncode == 0, created.stderr
+    assert sqlite_url in created.stdout
+
+
+def test_an_unknown_conn_id_is_one_line_naming_it():
+    result = run("--conn-id", "no_such_ledger", "status")
+    assert result.returncode == 1
+    assert_one_line_error(result)
+    assert "--conn-id no_such_ledger" in result.stderr
+    assert "AIRFLOW_CONN_NO_SUCH_LEDGER" in result.stderr
+
+
+def test_a_connection_without_url_or_host_is_one_line(monkeypatch):
+    define_connection(monkeypatch, "ledger_empty")
+    result = run("--conn-id", "ledger_empty", "status")
+    assert_one_line_error(result)
+    assert "neither extra.url nor a host" in result.stderr
+
+
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_conn_id_and_url_are_exclusive(seeded, how):
+    if how == "option":
+        result = run("--conn-id", "dp_budget_default", "status", url=seeded)
+    else:
+        result = run("--conn-id", "dp_budget_default", "status", env_url=seeded)
+    assert result.returncode == 2
+    assert_one_line_error(result)
+    assert "--conn-id and --url/DP_BUDGET_URL" in result.stderr
+
+
+def test_conn_id_without_airflow_is_one_line_and_url_still_works(seeded):
+    refused = without_airflow("--conn-id", "dp_budget_default", "status")
+    assert refused.returncode == 2
+    assert_one_line_error(refused)
+    assert "--conn-id needs Apache Airflow" in refused.stderr
+    verified = without_airflow("--url", seeded, "verify")
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stdout.startswith("OK")
+
+
 # ---------------------------------------------------------------------- db upgrade, init
 
 

@@ -32,6 +32,10 @@ class BudgetSensor(BaseSensorOperator):
     The window is ``window`` if given, else the current window of the policy calendar at
     check time, so a release refused this week passes once next week opens. The window
     label that has room is the sensor's XCom value, for the release task to use.
+
+    Passing reserves nothing: the budget stays shared, so several sensors can pass on the
+    same headroom and only the releases' own reservations decide which of them runs. A
+    sensor that reserved would hold budget for releases that may never come.
     """
 
     template_fields: Sequence[str] = ("subject", "subjects", "tenant", "query_type", "window")
