@@ -143,6 +143,19 @@ def _positive(text: str) -> float:
     return value
 
 
+# The longest span a timedelta (and so a window or a minimum window) can hold, in seconds.
+_MAX_SECONDS = timedelta.max.days * 86400
+
+
+def _seconds(text: str) -> int:
+    value = _count(text)
+    if not 0 < value <= _MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds from 1 to {_MAX_SECONDS}, got {text!r}"
+        )
+    return value
+
+
 # ---------------------------------------------------------------------- opening the ledger
 
 
@@ -763,9 +776,9 @@ def build_parser() -> argparse.ArgumentParser:
     policy_set.add_argument("--warn-fraction", type=_number, default=None)
     policy_set.add_argument("--calendar", choices=CALENDAR_KINDS, default=None)
     policy_set.add_argument(
-        "--length-seconds", type=_count, default=None, help="window length of a fixed calendar"
+        "--length-seconds", type=_seconds, default=None, help="window length of a fixed calendar"
     )
-    policy_set.add_argument("--min-window-seconds", type=_count, default=None)
+    policy_set.add_argument("--min-window-seconds", type=_seconds, default=None)
     policy_set.add_argument(
         "--grace",
         type=parse_duration,

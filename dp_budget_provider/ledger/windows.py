@@ -22,6 +22,8 @@ UTC = timezone.utc
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The end of a window that would end after the last moment datetime can hold.
 NEVER = datetime.max.replace(tzinfo=UTC)
+# The longest fixed window: what a timedelta holds, in whole days.
+MAX_FIXED_LENGTH_SECONDS = timedelta.max.days * 86400
 # A data interval may span at most this many windows (a year of days, with room).
 MAX_WINDOWS_PER_INTERVAL = 1000
 _FORMS = {
@@ -64,6 +66,11 @@ class WindowCalendar:
             length = self.length_seconds
             if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
                 raise ValueError(f"a fixed calendar needs length_seconds > 0, got {length!r}")
+            if length > MAX_FIXED_LENGTH_SECONDS:
+                raise ValueError(
+                    f"a fixed calendar's length_seconds is at most {MAX_FIXED_LENGTH_SECONDS} "
+                    f"(what a timedelta holds), got {length!r}"
+                )
         elif self.length_seconds is not None:
             raise ValueError(f"length_seconds is only for fixed calendars, not {self.kind!r}")
 
