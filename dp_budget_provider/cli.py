@@ -438,7 +438,9 @@ def cmd_history(args: argparse.Namespace) -> int:
     """The audit history, one line per entry."""
     limit = None if args.limit == 0 else args.limit
     with _ledger(args) as ledger:
-        entries = ledger.history(after_seq=args.after, limit=None if limit is None else limit + 1)
+        # One more than asked says whether more follow (never past what a count can hold).
+        probe = None if limit is None else min(limit + 1, MAX_STORED_INT)
+        entries = ledger.history(after_seq=args.after, limit=probe)
         more = limit is not None and len(entries) > limit
         entries = entries[:limit] if limit is not None else entries
         if not entries:
