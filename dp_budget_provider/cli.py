@@ -156,6 +156,28 @@ def _seconds(text: str) -> int:
     return value
 
 
+def _checkpoint_file(text: str) -> CheckpointFile:
+    """A file verify can read and append to; checked before the verify, whose failure
+    would otherwise read as a problem of the ledger."""
+    try:
+        path = Path(text).expanduser().resolve() if text.strip() else None
+        if path is not None and path.exists():
+            usable = path.is_file() and os.access(path, os.R_OK | os.W_OK)
+        elif path is not None:
+            folder = next(parent for parent in path.parents if parent.exists())
+            usable = folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+            usable = usable and all(len(part.encode()) <= 255 for part in path.parts)
+        else:
+            usable = False
+    except (OSError, ValueError):  # a NUL byte, an unencodable or over-long name
+        usable = False
+    if not usable:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a file verify can read and append checkpoints to"
+        )
+    return CheckpointFile(path)
+
+
 # ---------------------------------------------------------------------- opening the ledger
 
 
@@ -454,7 +476,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Prove the ledger's tables from its history; quarantine the ledger if they disagree."""
-    store = None if args.checkpoint is None else CheckpointFile(args.checkpoint)
+    store = args.checkpoint
     with _ledger(args) as ledger:
         result = report.verification_record(ledger, store)
     if not result["keyed"]:
@@ -728,6 +750,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument(
         "--checkpoint",
         metavar="FILE",
+        type=_checkpoint_file,
         default=None,
         help="verify against the last checkpoint in FILE and append one if the verify passes "
         "(keep FILE away from the ledger database's users)",
