@@ -143,6 +143,13 @@ def _positive(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = _positive(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
+    return value
+
+
 # The longest span a timedelta (and so a window or a minimum window) can hold, in seconds.
 _MAX_SECONDS = timedelta.max.days * 86400
 
@@ -699,7 +706,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument(
         "--delta", type=_number, required=True, help="the ledger's fixed delta (never changes)"
     )
-    init.add_argument("--warn-fraction", type=_number, default=0.8, help="default 0.8")
+    init.add_argument("--warn-fraction", type=_fraction, default=0.8, help="default 0.8")
     init.add_argument(
         "--conversion", choices=CONVERSIONS, default="improved", help="default improved"
     )
@@ -798,7 +805,7 @@ def build_parser() -> argparse.ArgumentParser:
     policy_set.add_argument("--tenant", default=ANY, help="default '*' (any)")
     policy_set.add_argument("--query-type", default=ANY, help="default '*' (any)")
     policy_set.add_argument("--epsilon", type=_positive, required=True, help="cap per account")
-    policy_set.add_argument("--warn-fraction", type=_number, default=None)
+    policy_set.add_argument("--warn-fraction", type=_fraction, default=None)
     policy_set.add_argument("--calendar", choices=CALENDAR_KINDS, default=None)
     policy_set.add_argument(
         "--length-seconds", type=_seconds, default=None, help="window length of a fixed calendar"
