@@ -858,6 +858,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+    except OSError as error:  # the filesystem refused the ledger's file (name too long, ...)
+        print(f"dp-budget: error: {_one_line(error)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
