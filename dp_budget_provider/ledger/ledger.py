@@ -65,7 +65,13 @@ from dp_budget_provider.ledger.errors import (
     ReservationStateError,
     WindowSealed,
 )
-from dp_budget_provider.ledger.keys import LedgerKey, canonical_part, plain_text, whole_number
+from dp_budget_provider.ledger.keys import (
+    LedgerKey,
+    canonical_part,
+    free_text,
+    plain_text,
+    whole_number,
+)
 from dp_budget_provider.ledger.opening import NewLedger, open_ledger
 from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
 from dp_budget_provider.ledger.policy_store import (
@@ -277,6 +283,7 @@ class PrivacyBudgetLedger:
         """
         if not isinstance(policy, Policy):
             raise ValueError(f"policy must be a Policy, got {policy!r}")
+        free_text("compliance_clause", policy.compliance_clause)
         with self._write() as connection:
             stored = self._policy_store.read(connection)
             before, after = policy_lookup(stored), policy_lookup({**stored, policy.scope: policy})
@@ -640,7 +647,7 @@ class PrivacyBudgetLedger:
             raise ValueError(
                 f"attempt must be a non-empty string of <= 1024 chars, got {attempt!r}"
             )
-        return attempt
+        return free_text("attempt", attempt)
 
     def _reserve(
         self,
@@ -1339,8 +1346,7 @@ class PrivacyBudgetLedger:
             )
         if old.query_type == new.query_type:
             raise ValueError("rescope needs a different query type")
-        if not isinstance(reason, str):
-            raise ValueError("reason must be a string")
+        reason = free_text("reason", reason, limit=2000)
         moment = _now()
         now = _stamp(moment)
         keys = sorted([old, new])
@@ -1387,6 +1393,7 @@ class PrivacyBudgetLedger:
         count = check.count("count", count)
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError("a correction needs a reason")
+        free_text("reason", reason, limit=2000)
         cost = self._cost(mechanism, count)
         moment = _now()
         now = _stamp(moment)
@@ -1604,4 +1611,4 @@ def _reason(reason: object) -> str:
         raise ValueError("a reason must be a non-empty string of at most 2000 characters")
     if any(ord(c) < 32 and c not in "\n\t" for c in reason):
         raise ValueError("a reason must not hold control characters")
-    return reason.strip()
+    return free_text("reason", reason).strip()
