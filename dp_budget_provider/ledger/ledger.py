@@ -310,6 +310,7 @@ class PrivacyBudgetLedger:
 
     def policy_for(self, key: LedgerKey) -> Policy:
         """The policy that applies to ``key``."""
+        key = self._one_key(key)[0]
         return self.policy_for_scope(key.tenant, key.query_type)
 
     def policy_for_scope(self, tenant: str, query_type: str) -> Policy:
@@ -322,7 +323,12 @@ class PrivacyBudgetLedger:
 
     @staticmethod
     def _keys(keys: LedgerKey | Iterable[LedgerKey]) -> list[LedgerKey]:
-        listed = [keys] if isinstance(keys, LedgerKey) else list(keys)
+        if isinstance(keys, LedgerKey):
+            listed = [keys]
+        elif isinstance(keys, Iterable) and not isinstance(keys, str | bytes | Mapping):
+            listed = list(keys)
+        else:
+            raise ValueError(f"keys must be a LedgerKey or LedgerKeys (see key_for), got {keys!r}")
         if not listed:
             raise ValueError("a reservation needs at least one key")
         for key in listed:
@@ -954,7 +960,12 @@ class PrivacyBudgetLedger:
         neither proves that the caller is the attempt that reserved: only the token that
         ``reserve`` handed to that attempt does (the ledger keeps its digest only).
         """
-        if not isinstance(reservation, Reservation):
+        if (
+            not isinstance(reservation, Reservation)
+            or not isinstance(reservation.id, str)
+            or not isinstance(reservation.token, str)
+            or not (reservation.id + reservation.token).isprintable()
+        ):
             raise ValueError(
                 f"{what} takes the Reservation that reserve() returned, got {reservation!r}"
             )
@@ -998,6 +1009,7 @@ class PrivacyBudgetLedger:
         Only the attempt that reserved may release, and only before it touched the data:
         anyone else holding an id could otherwise void the charge of a release that ran.
         """
+        reason = free_text("reason", reason, limit=2000)
         with self._write() as connection:
             row = self._owned_row(connection, reservation, "release")
             if row.state == RELEASED:
@@ -1037,6 +1049,8 @@ class PrivacyBudgetLedger:
         """
         if not isinstance(older_than, timedelta) or older_than < timedelta(0):
             raise ValueError(f"older_than must be a non-negative timedelta, got {older_than!r}")
+        if now is not None and (not isinstance(now, datetime) or now.utcoffset() is None):
+            raise ValueError(f"now must be a timezone-aware datetime, got {now!r}")
         try:
             cutoff = _stamp((now or _now()) - older_than)
         except OverflowError:  # before the first representable moment: nothing is that old
@@ -1173,6 +1187,8 @@ class PrivacyBudgetLedger:
         are returned (see :func:`history.settled_seq`), so one numbered below the last
         entry returned cannot appear later.
         """
+        if key is not None:
+            key = self._one_key(key)[0]
         after_seq = whole_number("after_seq", after_seq)
         if limit is not None:
             limit = whole_number("limit", limit)

@@ -41,7 +41,10 @@ _FIXED = re.compile(r"^(\d{4})-(\d{2})-(\d{2})t(\d{2}):(\d{2}):(\d{2})z\+(\d+)s$
 def _utc(moment: datetime) -> datetime:
     if not isinstance(moment, datetime) or moment.tzinfo is None:
         raise ValueError(f"moment must be a timezone-aware datetime, got {moment!r}")
-    return moment.astimezone(UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:  # 0001-01-01 at +14:00 is before the first moment in UTC
+        raise ValueError(f"moment {moment!r} is outside the range of datetime in UTC") from None
 
 
 def _month_start(year: int, month: int) -> datetime:
