@@ -148,6 +148,48 @@ def _positive(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = _positive(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
+    return value
+
+
+# The longest span a timedelta (and so a window or a minimum window) can hold, in seconds.
+_MAX_SECONDS = timedelta.max.days * 86400
+
+
+def _seconds(text: str) -> int:
+    value = _count(text)
+    if not 0 < value <= _MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds from 1 to {_MAX_SECONDS}, got {text!r}"
+        )
+    return value
+
+
+def _checkpoint_file(text: str) -> CheckpointFile:
+    """A file verify can read and append to; checked before the verify, whose failure
+    would otherwise read as a problem of the ledger."""
+    try:
+        path = Path(text).expanduser().resolve() if text.strip() else None
+        if path is not None and path.exists():
+            usable = path.is_file() and os.access(path, os.R_OK | os.W_OK)
+        elif path is not None:
+            folder = next(parent for parent in path.parents if parent.exists())
+            usable = folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)
+            usable = usable and all(len(part.encode()) <= 255 for part in path.parts)
+        else:
+            usable = False
+    except (OSError, ValueError):  # a NUL byte, an unencodable or over-long name
+        usable = False
+    if not usable:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a file verify can read and append checkpoints to"
+        )
+    return CheckpointFile(path)
+
+
 # ---------------------------------------------------------------------- opening the ledger
 
 
@@ -492,7 +534,9 @@ def cmd_history(args: argparse.Namespace) -> int:
     """The audit history, one line per entry."""
     limit = None if args.limit == 0 else args.limit
     with _ledger(args) as ledger:
-        entries = ledger.history(after_seq=args.after, limit=None if limit is None else limit + 1)
+        # One more than asked says whether more follow (never past what a count can hold).
+        probe = None if limit is None else min(limit + 1, MAX_STORED_INT)
+        entries = ledger.history(after_seq=args.after, limit=probe)
         more = limit is not None and len(entries) > limit
         entries = entries[:limit] if limit is not None else entries
         if not entries:
@@ -506,7 +550,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """Prove the ledger's tables from its history; quarantine the ledger if they disagree."""
-    store = None if args.checkpoint is None else CheckpointFile(args.checkpoint)
+    store = args.checkpoint
     with _ledger(args) as ledger:
         result = report.verification_record(ledger, store)
     if not result["keyed"]:
@@ -739,7 +783,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument(
         "--delta", type=_number, required=True, help="the ledger's fixed delta (never changes)"
     )
-    init.add_argument("--warn-fraction", type=_number, default=0.8, help="default 0.8")
+    init.add_argument("--warn-fraction", type=_fraction, default=0.8, help="default 0.8")
     init.add_argument(
         "--conversion", choices=CONVERSIONS, default="improved", help="default improved"
     )
@@ -790,6 +834,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument(
         "--checkpoint",
         metavar="FILE",
+        type=_checkpoint_file,
         default=None,
         help="verify against the last checkpoint in FILE and append one if the verify passes "
         "(keep FILE away from the ledger database's users)",
@@ -837,12 +882,12 @@ def build_parser() -> argparse.ArgumentParser:
     policy_set.add_argument("--tenant", default=ANY, help="default '*' (any)")
     policy_set.add_argument("--query-type", default=ANY, help="default '*' (any)")
     policy_set.add_argument("--epsilon", type=_positive, required=True, help="cap per account")
-    policy_set.add_argument("--warn-fraction", type=_number, default=None)
+    policy_set.add_argument("--warn-fraction", type=_fraction, default=None)
     policy_set.add_argument("--calendar", choices=CALENDAR_KINDS, default=None)
     policy_set.add_argument(
-        "--length-seconds", type=_count, default=None, help="window length of a fixed calendar"
+        "--length-seconds", type=_seconds, default=None, help="window length of a fixed calendar"
     )
-    policy_set.add_argument("--min-window-seconds", type=_count, default=None)
+    policy_set.add_argument("--min-window-seconds", type=_seconds, default=None)
     policy_set.add_argument(
         "--grace",
         type=parse_duration,
@@ -889,6 +934,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader (e.g. `| head`) went away; do not print a traceback about it.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except OSError as error:  # the filesystem refused the ledger's file (name too long, ...)
+        print(f"dp-budget: error: {_one_line(error)}", file=sys.stderr)
         return 1
 
 

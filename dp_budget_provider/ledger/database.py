@@ -51,6 +51,12 @@ _URL_FORMS = "sqlite:////abs/path/ledger.db or postgresql://user:password@host:5
 def parse_url(url: str) -> URL:
     """The ledger database's URL, parsed: PostgreSQL's spellings opened with psycopg2,
     a relative SQLite path made absolute; ValueError naming the accepted forms otherwise."""
+    unprintable = next((char for char in str(url) if not char.isprintable()), None)
+    if unprintable is not None:  # a NUL byte, a newline, an undecodable byte (a surrogate)
+        raise ValueError(
+            f"the ledger URL contains the unprintable character U+{ord(unprintable):04X} "
+            f"(expected {_URL_FORMS})"
+        )
     scheme, separator, rest = str(url).partition("://")
     if not separator or not scheme:
         raise ValueError(f"not a database URL: {url!r} (expected {_URL_FORMS})")

@@ -78,6 +78,23 @@ def plain_text(name: str, value: object, limit: int = MAX_PART_LENGTH) -> str:
 MAX_STORED_INT = 2**63 - 1
 
 
+def free_text(name: str, value: object, limit: int | None = None) -> str:
+    """Text the ledger stores as given (reasons, attempt ids, compliance clauses): a string
+    with no control character but tab and newline and no lone surrogate (what a shell
+    makes of undecodable bytes: no database can store one), at most ``limit`` characters;
+    ValueError naming it otherwise, before any query is made."""
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {type(value).__name__}")
+    if limit is not None and len(value) > limit:
+        raise ValueError(f"{name} is {len(value)} characters long; the limit is {limit}")
+    for char in value:
+        if (char < " " and char not in "\t\n") or char == "\x7f" or "\ud800" <= char <= "\udfff":
+            raise ValueError(
+                f"{name} contains the control or undecodable character U+{ord(char):04X}"
+            )
+    return value
+
+
 def whole_number(name: str, value: object) -> int:
     """A non-negative integer a 64-bit database column can hold (a limit, an offset, a
     sequence number); ValueError naming it otherwise, before any query is made."""

@@ -65,7 +65,13 @@ from dp_budget_provider.ledger.errors import (
     ReservationStateError,
     WindowSealed,
 )
-from dp_budget_provider.ledger.keys import LedgerKey, canonical_part, plain_text, whole_number
+from dp_budget_provider.ledger.keys import (
+    LedgerKey,
+    canonical_part,
+    free_text,
+    plain_text,
+    whole_number,
+)
 from dp_budget_provider.ledger.opening import NewLedger, open_ledger
 from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
 from dp_budget_provider.ledger.policy_store import (
@@ -277,6 +283,7 @@ class PrivacyBudgetLedger:
         """
         if not isinstance(policy, Policy):
             raise ValueError(f"policy must be a Policy, got {policy!r}")
+        free_text("compliance_clause", policy.compliance_clause)
         with self._write() as connection:
             stored = self._policy_store.read(connection)
             before, after = policy_lookup(stored), policy_lookup({**stored, policy.scope: policy})
@@ -303,6 +310,7 @@ class PrivacyBudgetLedger:
 
     def policy_for(self, key: LedgerKey) -> Policy:
         """The policy that applies to ``key``."""
+        key = self._one_key(key)[0]
         return self.policy_for_scope(key.tenant, key.query_type)
 
     def policy_for_scope(self, tenant: str, query_type: str) -> Policy:
@@ -315,7 +323,12 @@ class PrivacyBudgetLedger:
 
     @staticmethod
     def _keys(keys: LedgerKey | Iterable[LedgerKey]) -> list[LedgerKey]:
-        listed = [keys] if isinstance(keys, LedgerKey) else list(keys)
+        if isinstance(keys, LedgerKey):
+            listed = [keys]
+        elif isinstance(keys, Iterable) and not isinstance(keys, str | bytes | Mapping):
+            listed = list(keys)
+        else:
+            raise ValueError(f"keys must be a LedgerKey or LedgerKeys (see key_for), got {keys!r}")
         if not listed:
             raise ValueError("a reservation needs at least one key")
         for key in listed:
@@ -641,7 +654,7 @@ class PrivacyBudgetLedger:
             raise ValueError(
                 f"attempt must be a non-empty string of <= 1024 chars, got {attempt!r}"
             )
-        return attempt
+        return free_text("attempt", attempt)
 
     def _reserve(
         self,
@@ -948,7 +961,12 @@ class PrivacyBudgetLedger:
         neither proves that the caller is the attempt that reserved: only the token that
         ``reserve`` handed to that attempt does (the ledger keeps its digest only).
         """
-        if not isinstance(reservation, Reservation):
+        if (
+            not isinstance(reservation, Reservation)
+            or not isinstance(reservation.id, str)
+            or not isinstance(reservation.token, str)
+            or not (reservation.id + reservation.token).isprintable()
+        ):
             raise ValueError(
                 f"{what} takes the Reservation that reserve() returned, got {reservation!r}"
             )
@@ -992,6 +1010,7 @@ class PrivacyBudgetLedger:
         Only the attempt that reserved may release, and only before it touched the data:
         anyone else holding an id could otherwise void the charge of a release that ran.
         """
+        reason = free_text("reason", reason, limit=2000)
         with self._write() as connection:
             row = self._owned_row(connection, reservation, "release")
             if row.state == RELEASED:
@@ -1031,6 +1050,8 @@ class PrivacyBudgetLedger:
         """
         if not isinstance(older_than, timedelta) or older_than < timedelta(0):
             raise ValueError(f"older_than must be a non-negative timedelta, got {older_than!r}")
+        if now is not None and (not isinstance(now, datetime) or now.utcoffset() is None):
+            raise ValueError(f"now must be a timezone-aware datetime, got {now!r}")
         try:
             cutoff = _stamp((now or _now()) - older_than)
         except OverflowError:  # before the first representable moment: nothing is that old
@@ -1167,6 +1188,8 @@ class PrivacyBudgetLedger:
         are returned (see :func:`history.settled_seq`), so one numbered below the last
         entry returned cannot appear later.
         """
+        if key is not None:
+            key = self._one_key(key)[0]
         after_seq = whole_number("after_seq", after_seq)
         if limit is not None:
             limit = whole_number("limit", limit)
@@ -1340,8 +1363,7 @@ class PrivacyBudgetLedger:
             )
         if old.query_type == new.query_type:
             raise ValueError("rescope needs a different query type")
-        if not isinstance(reason, str):
-            raise ValueError("reason must be a string")
+        reason = free_text("reason", reason, limit=2000)
         moment = _now()
         now = _stamp(moment)
         keys = sorted([old, new])
@@ -1388,6 +1410,7 @@ class PrivacyBudgetLedger:
         count = check.count("count", count)
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError("a correction needs a reason")
+        free_text("reason", reason, limit=2000)
         cost = self._cost(mechanism, count)
         moment = _now()
         now = _stamp(moment)
@@ -1605,4 +1628,4 @@ def _reason(reason: object) -> str:
         raise ValueError("a reason must be a non-empty string of at most 2000 characters")
     if any(ord(c) < 32 and c not in "\n\t" for c in reason):
         raise ValueError("a reason must not hold control characters")
-    return reason.strip()
+    return free_text("reason", reason).strip()

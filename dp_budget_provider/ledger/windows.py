@@ -22,6 +22,8 @@ UTC = timezone.utc
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # The end of a window that would end after the last moment datetime can hold.
 NEVER = datetime.max.replace(tzinfo=UTC)
+# The longest fixed window: what a timedelta holds, in whole days.
+MAX_FIXED_LENGTH_SECONDS = timedelta.max.days * 86400
 # A data interval may span at most this many windows (a year of days, with room).
 MAX_WINDOWS_PER_INTERVAL = 1000
 _FORMS = {
@@ -39,7 +41,10 @@ _FIXED = re.compile(r"^(\d{4})-(\d{2})-(\d{2})t(\d{2}):(\d{2}):(\d{2})z\+(\d+)s$
 def _utc(moment: datetime) -> datetime:
     if not isinstance(moment, datetime) or moment.tzinfo is None:
         raise ValueError(f"moment must be a timezone-aware datetime, got {moment!r}")
-    return moment.astimezone(UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:  # 0001-01-01 at +14:00 is before the first moment in UTC
+        raise ValueError(f"moment {moment!r} is outside the range of datetime in UTC") from None
 
 
 def _month_start(year: int, month: int) -> datetime:
@@ -64,6 +69,11 @@ class WindowCalendar:
             length = self.length_seconds
             if isinstance(length, bool) or not isinstance(length, int) or length <= 0:
                 raise ValueError(f"a fixed calendar needs length_seconds > 0, got {length!r}")
+            if length > MAX_FIXED_LENGTH_SECONDS:
+                raise ValueError(
+                    f"a fixed calendar's length_seconds is at most {MAX_FIXED_LENGTH_SECONDS} "
+                    f"(what a timedelta holds), got {length!r}"
+                )
         elif self.length_seconds is not None:
             raise ValueError(f"length_seconds is only for fixed calendars, not {self.kind!r}")
 
