@@ -559,6 +559,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "write the ledger database can rewrite it unnoticed after the last checkpoint",
             file=sys.stderr,
         )
+    for note in result["notes"]:
+        print(f"note: {note}", file=sys.stderr)
     if result["ok"]:
         checkpointed = "" if store is None else f"; checkpointed in {store.path}"
         print(

@@ -865,3 +865,21 @@ def test_report_filters_and_reports_failed_verification(seeded, capsys):
     code, out, _ = call(capsys, "--url", seeded, "report")
     assert code == 0
     assert "**Verification: FAILED**" in out and "- entry 5:" in out
+
+
+def test_verify_prints_its_notes(sqlite_url, capsys, monkeypatch):
+    """A cost an earlier version priced lower is a note, not a failure: printed on stderr."""
+    from dp_budget_provider.accounting import PureDPMechanism
+    from dp_budget_provider.accounting import mechanisms as mechanisms_module
+    from tests.ledger.test_sound_costs import _old_pure_dp_rdp
+
+    today = mechanisms_module._pure_dp_rdp
+    monkeypatch.setattr(mechanisms_module, "_pure_dp_rdp_today", today, raising=False)
+    monkeypatch.setattr(mechanisms_module, "_pure_dp_rdp", _old_pure_dp_rdp)
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
+    ledger.spend(ALICE, PureDPMechanism(0.05), 10)
+    ledger.close()
+    monkeypatch.setattr(mechanisms_module, "_pure_dp_rdp", today)
+    code, out, err = call(capsys, "--url", sqlite_url, "verify")
+    assert code == 0 and out.startswith("OK:")
+    assert "note:" in err and "earlier version's pricing" in err

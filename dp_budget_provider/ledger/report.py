@@ -464,6 +464,7 @@ def verification_record(
             "accounts": None,
             "keyed": ledger.chain_key.keyed,
             "problems": [f"verification could not complete: {type(error).__name__}: {error}"],
+            "notes": [],
         }
     return {
         "ok": result.ok,
@@ -471,6 +472,7 @@ def verification_record(
         "accounts": result.accounts,
         "keyed": result.keyed,
         "problems": list(result.problems),
+        "notes": list(result.notes),
     }
 
 

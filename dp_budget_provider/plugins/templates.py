@@ -277,6 +277,9 @@ nothing was refunded, so the line stays level.
 <ul id="verification-problems">
 {% for p in verification.problems[:20] %}<li>{{ p }}</li>{% endfor %}
 </ul>
+<ul id="verification-notes" class="muted">
+{% for n in (verification.notes or [])[:20] %}<li>note: {{ n }}</li>{% endfor %}
+</ul>
 <script nonce="{{ nonce }}">
 (function () {
   var box = document.getElementById("verification");
@@ -292,6 +295,11 @@ nothing was refunded, so the line stays level.
       var list = document.getElementById("verification-problems");
       v.problems.slice(0, 20).forEach(function (p) {
         var item = document.createElement("li"); item.textContent = p; list.appendChild(item);
+      });
+      var notes = document.getElementById("verification-notes");
+      (v.notes || []).slice(0, 20).forEach(function (n) {
+        var item = document.createElement("li"); item.textContent = "note: " + n;
+        notes.appendChild(item);
       });
     })
     .catch(function (e) { box.className = "verify failed";
