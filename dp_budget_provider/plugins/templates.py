@@ -278,7 +278,7 @@ nothing was refunded, so the line stays level.
 {% for p in verification.problems[:20] %}<li>{{ p }}</li>{% endfor %}
 </ul>
 <ul id="verification-notes" class="muted">
-{% for n in (verification.notes or [])[:20] %}<li>note: {{ n }}</li>{% endfor %}
+{% for n in verification.get('notes', [])[:20] %}<li>note: {{ n }}</li>{% endfor %}
 </ul>
 <script nonce="{{ nonce }}">
 (function () {
