@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,11 @@ os.environ["AIRFLOW_HOME"] = str(_AIRFLOW_HOME)
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_AIRFLOW_HOME / "dags")
 (_AIRFLOW_HOME / "dags").mkdir()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's AIRFLOW_HOME goes with the session (tmp_path folders are pytest's)."""
+    shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)
 
 
 @pytest.fixture

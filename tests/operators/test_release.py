@@ -193,7 +193,7 @@ def test_templated_subject(ledger, tmp_path):
 
 RACE_SCRIPT = """
 import json, os, sys, tempfile, subprocess
-home = tempfile.mkdtemp()
+home = tempfile.mkdtemp(dir={tmp!r})  # under the test's tmp_path: removed with it
 os.environ.update(AIRFLOW_HOME=home, AIRFLOW__CORE__LOAD_EXAMPLES="False",
                   AIRFLOW__CORE__DAGS_FOLDER=os.path.join(home, "dags"))
 os.makedirs(os.path.join(home, "dags"))
@@ -221,7 +221,7 @@ def test_two_processes_racing_on_one_key_never_exceed_the_cap(ledger, ledger_url
         extra="",
     )
     root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
-    script = textwrap.dedent(RACE_SCRIPT.format(root=root, source=source))
+    script = textwrap.dedent(RACE_SCRIPT.format(root=root, source=source, tmp=str(tmp_path)))
     env = {
         **__import__("os").environ,
         "AIRFLOW_CONN_DP_BUDGET_DEFAULT": json.dumps(
