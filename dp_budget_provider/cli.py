@@ -536,14 +536,18 @@ def cmd_history(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         # One more than asked says whether more follow (never past what a count can hold).
         probe = None if limit is None else min(limit + 1, MAX_STORED_INT)
-        entries = ledger.history(after_seq=args.after, limit=probe)
+        entries = ledger.history(
+            after_seq=args.after, before_seq=args.before, limit=probe, newest_first=args.newest
+        )
         more = limit is not None and len(entries) > limit
         entries = entries[:limit] if limit is not None else entries
         if not entries:
             print(f"no history entries after seq {args.after}")
             return 0
         _print(_history_lines(ledger, entries))
-        if more:
+        if more and args.newest:
+            print(f"older entries: --newest-first --before {entries[-1]['seq']}")
+        elif more:
             print(f"more entries follow: --after {entries[-1]['seq']}")
     return 0
 
@@ -825,6 +829,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     history_command.add_argument(
         "--after", type=_count, default=0, metavar="SEQ", help="start after SEQ"
+    )
+    history_command.add_argument(
+        "--before", type=_count, default=None, metavar="SEQ", help="only entries before SEQ"
+    )
+    history_command.add_argument(
+        "--newest-first",
+        dest="newest",
+        action="store_true",
+        help="the latest entries first (default: oldest first)",
     )
 
     verify = command(

@@ -343,7 +343,11 @@ def table(out):
     start = next(i for i, line in enumerate(lines) if line.startswith(("TENANT", "SEQ")))
     rows = []
     for line in lines[start + 1 :]:
-        if not line.strip() or line.startswith(("showing", "more entries")) or "account(s)" in line:
+        if (
+            not line.strip()
+            or line.startswith(("showing", "more entries", "older entries"))
+            or "account(s)" in line
+        ):
             break
         rows.append(line)
     return lines[start], rows
@@ -478,6 +482,19 @@ def test_history_pages(seeded, capsys):
     assert [int(row.split()[0]) for row in table(out)[1]] == [4]
     code, out, _ = call(capsys, "--url", seeded, "history", "--after", "999")
     assert code == 0 and "no history entries after seq 999" in out
+
+
+def test_history_newest_first_pages_backwards(seeded, capsys):
+    every = [int(row.split()[0]) for row in table(call(capsys, "--url", seeded, "history")[1])[1]]
+    code, out, _ = call(capsys, "--url", seeded, "history", "--newest-first", "--limit", "2")
+    assert code == 0
+    newest = [int(row.split()[0]) for row in table(out)[1]]
+    assert newest == every[::-1][:2]
+    assert f"older entries: --newest-first --before {newest[-1]}" in out
+    code, out, _ = call(
+        capsys, "--url", seeded, "history", "--newest-first", "--before", str(newest[-1])
+    )
+    assert [int(row.split()[0]) for row in table(out)[1]] == every[::-1][2:]
 
 
 # ---------------------------------------------------------------------- verify

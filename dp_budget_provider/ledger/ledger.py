@@ -1180,9 +1180,17 @@ class PrivacyBudgetLedger:
         return statuses
 
     def history(
-        self, key: LedgerKey | None = None, *, after_seq: int = 0, limit: int | None = None
+        self,
+        key: LedgerKey | None = None,
+        *,
+        after_seq: int = 0,
+        before_seq: int | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
     ) -> list[dict[str, Any]]:
-        """History entries in order (all, or those concerning ``key``), as plain dicts.
+        """History entries in order (all, or those concerning ``key``), as plain dicts:
+        numbered above ``after_seq`` and below ``before_seq``, oldest first, or with
+        ``newest_first`` the latest ``limit`` of them, newest first.
 
         Paging with ``after_seq`` never skips an entry: only entries whose number is final
         are returned (see :func:`history.settled_seq`), so one numbered below the last
@@ -1193,8 +1201,13 @@ class PrivacyBudgetLedger:
         after_seq = whole_number("after_seq", after_seq)
         if limit is not None:
             limit = whole_number("limit", limit)
+        if not isinstance(newest_first, bool):
+            raise ValueError(f"newest_first must be True or False, got {newest_first!r}")
+        order = HistoryEntry.seq.desc() if newest_first else HistoryEntry.seq
         settled = history.settled_seq(self._pool())
-        query = select(HistoryEntry).where(HistoryEntry.seq > after_seq).order_by(HistoryEntry.seq)
+        query = select(HistoryEntry).where(HistoryEntry.seq > after_seq).order_by(order)
+        if before_seq is not None:
+            query = query.where(HistoryEntry.seq < whole_number("before_seq", before_seq))
         if settled is not None:
             query = query.where(HistoryEntry.seq <= settled)
         if key is not None:
