@@ -72,6 +72,10 @@ from dp_budget_provider.ledger.schema import LedgerConfig
 from dp_budget_provider.ledger.windows import CALENDAR_KINDS
 
 URL_ENV = "DP_BUDGET_URL"
+WINDOW_LABELS = (
+    "a window label of the scope's calendar: ISO week 2026-w49, month 2026-12, day "
+    "2026-12-01, or a fixed calendar's label"
+)
 DEFAULT_STATUS_LIMIT = 50
 DEFAULT_HISTORY_LIMIT = 100
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -680,6 +684,10 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
     query_type = canonical_part("query_type", args.query_type)
     with _ledger(args) as ledger:
         current = {p.scope: p for p in ledger.policies()}.get((tenant, query_type))
+        if args.epsilon is None and current is None:
+            raise UsageError(
+                f"scope {tenant}/{query_type} has no policy yet: give its cap with --epsilon"
+            )
         if args.calendar is not None:
             calendar = WindowCalendar(args.calendar, args.length_seconds)
         elif args.length_seconds is not None:
@@ -692,7 +700,7 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
         else:
             min_window = current.min_window if current else DEFAULT_MIN_WINDOW
         policy = Policy(
-            cap_epsilon=args.epsilon,
+            cap_epsilon=args.epsilon if args.epsilon is not None else current.cap_epsilon,
             warn_fraction=(
                 args.warn_fraction
                 if args.warn_fraction is not None
@@ -795,7 +803,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     status = command(commands, "status", cmd_status, "spend and headroom of every account")
-    status.add_argument("--window", help="only this window")
+    status.add_argument("--window", help=f"only this window ({WINDOW_LABELS})")
     status.add_argument("--tenant", help="only this tenant")
     status.add_argument(
         "--limit",
@@ -813,9 +821,9 @@ def build_parser() -> argparse.ArgumentParser:
         "one account's state, policy and history",
         epilog="The key is (TENANT, SUBJECT, QUERY_TYPE, WINDOW); TENANT defaults to 'default'.",
     )
-    show.add_argument("subject")
-    show.add_argument("query_type", metavar="QUERY_TYPE")
-    show.add_argument("window", metavar="WINDOW")
+    show.add_argument("subject", metavar="SUBJECT", help="the privacy unit (as released)")
+    show.add_argument("query_type", metavar="QUERY_TYPE", help="the release family")
+    show.add_argument("window", metavar="WINDOW", help=WINDOW_LABELS)
     show.add_argument("--tenant", default="default", help="default: 'default'")
 
     history_command = command(
@@ -896,13 +904,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     policy_set.add_argument("--tenant", default=ANY, help="default '*' (any)")
     policy_set.add_argument("--query-type", default=ANY, help="default '*' (any)")
-    policy_set.add_argument("--epsilon", type=_positive, required=True, help="cap per account")
-    policy_set.add_argument("--warn-fraction", type=_fraction, default=None)
-    policy_set.add_argument("--calendar", choices=CALENDAR_KINDS, default=None)
+    policy_set.add_argument(
+        "--epsilon",
+        type=_positive,
+        default=None,
+        help="cap per account (required for a new scope; default: the scope's current cap)",
+    )
+    policy_set.add_argument(
+        "--warn-fraction",
+        type=_fraction,
+        default=None,
+        help="fraction of the cap at which releases warn (default: current, else 0.8)",
+    )
+    policy_set.add_argument(
+        "--calendar",
+        choices=CALENDAR_KINDS,
+        default=None,
+        help="how the scope's windows are cut (default: current, else iso_week); a charged "
+        "scope keeps its calendar",
+    )
     policy_set.add_argument(
         "--length-seconds", type=_seconds, default=None, help="window length of a fixed calendar"
     )
-    policy_set.add_argument("--min-window-seconds", type=_seconds, default=None)
+    policy_set.add_argument(
+        "--min-window-seconds",
+        type=_seconds,
+        default=None,
+        help="the shortest window a fixed calendar may have (default: current, else one day)",
+    )
     policy_set.add_argument(
         "--grace",
         type=parse_duration,
@@ -915,7 +944,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     privacy_report = command(commands, "report", cmd_report, "the privacy report")
-    privacy_report.add_argument("--format", choices=("md", "json"), default="md")
+    privacy_report.add_argument(
+        "--format", choices=("md", "json"), default="md", help="Markdown (default) or JSON"
+    )
     privacy_report.add_argument("--window", help="only this window")
     privacy_report.add_argument("--tenant", help="only this tenant")
     return parser

@@ -900,3 +900,40 @@ def test_verify_prints_its_notes(sqlite_url, capsys, monkeypatch):
     code, out, err = call(capsys, "--url", sqlite_url, "verify")
     assert code == 0 and out.startswith("OK:")
     assert "note:" in err and "earlier version's pricing" in err
+
+
+def test_policy_set_changes_one_option_without_restating_the_cap(seeded, capsys):
+    code, _, err = call(
+        capsys, "--url", seeded, "policy", "set", "--tenant", "acme", "--warn-fraction", "0.5"
+    )
+    assert code == 0, err
+    ledger = open_ledger(seeded)
+    policy = next(p for p in ledger.policies() if p.scope == ("acme", "*"))
+    ledger.close()
+    assert (policy.cap_epsilon, policy.warn_fraction, policy.compliance_clause) == (
+        2.0,
+        0.5,
+        CLAUSE,
+    )
+    code, _, err = call(
+        capsys, "--url", seeded, "policy", "set", "--tenant", "globex", "--grace", "1d"
+    )
+    assert code == 2 and "give its cap with --epsilon" in err
+
+
+def test_every_option_has_help():
+    from dp_budget_provider.cli import build_parser
+
+    parser = build_parser()
+    missing = []
+
+    def walk(node, path):
+        for action in node._actions:
+            if hasattr(action, "choices") and isinstance(action.choices, dict):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif action.help in (None, "") and action.dest not in ("help", "version"):
+                missing.append(f"{path} {action.option_strings or action.dest}")
+
+    walk(parser, "dp-budget")
+    assert not missing, missing
