@@ -952,10 +952,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The ledger's errors name its Python API; a shell user wrote these options and commands.
+_CLI_WORDS = (
+    (re.compile(r"\bcap_epsilon\b"), "--epsilon"),
+    (re.compile(r"\bwarn_fraction\b"), "--warn-fraction"),
+    (re.compile(r"\blength_seconds\b"), "--length-seconds"),
+    (re.compile(r"\bmin_window\b"), "--min-window-seconds"),
+    (re.compile(r"\bcompliance_clause\b"), "--clause"),
+    (re.compile(r"\bset_policy\b"), "`dp-budget policy set`"),
+    (re.compile(r"\bclear_quarantine\b"), "`dp-budget quarantine clear`"),
+    (re.compile(r"datetime\.timedelta\((?:days=)?(\d+)\)"), r"\1 days"),
+)
+
+
 def _one_line(error: BaseException) -> str:
     text = str(error)
     if isinstance(error, SQLAlchemyError):
         text = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    for pattern, words in _CLI_WORDS:
+        text = pattern.sub(words, text)
     return " ".join(text.split()) or type(error).__name__
 
 

@@ -937,3 +937,16 @@ def test_every_option_has_help():
 
     walk(parser, "dp-budget")
     assert not missing, missing
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (("policy", "set", "--epsilon", "2", "--length-seconds", "60"), "--length-seconds"),
+        (("init", "--epsilon", "4", "--delta", "1e-5"), "`dp-budget policy set`"),
+    ],
+)
+def test_errors_name_cli_options_not_python_names(seeded, capsys, args, option):
+    code, _, err = call(capsys, "--url", seeded, *args)
+    assert code in (1, 2) and option in err
+    assert not any(name in err for name in ("length_seconds", "set_policy", "cap_epsilon"))
