@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sqlalchemy import Connection, select, tuple_
+from sqlalchemy import Connection, select
 
 from dp_budget_provider.accounting import EpsilonBound
 from dp_budget_provider.ledger.schema import Account, ReservationKey
@@ -112,32 +112,41 @@ class Standings:
         missing = sorted(scopes - self._releases.keys())
         if not missing:
             return
-        found: dict[Scope, list[Spend]] = {scope: [] for scope in missing}
         size = self._orders.size
         with self._ledger.reading() as connection:
-            for tenant, query_type, rho, residual, mu2 in _release_costs(connection, missing):
-                cost = Spend.from_columns(rho, residual, mu2, size)
-                found[(tenant, query_type)].append(cost)
-        for scope, costs in found.items():
-            self._releases[scope] = _undominated(costs)
+            for scope in missing:
+                costs = [
+                    Spend.from_columns(rho, residual, mu2, size)
+                    for rho, residual, mu2 in _release_costs(connection, scope)
+                ]
+                self._releases[scope] = _undominated(costs)
 
 
-def _release_costs(connection: Connection, scopes: Sequence[Scope]) -> Iterable[Any]:
-    """Each distinct cost reserved on a key of ``scopes``, whatever became of it.
+def _release_costs(connection: Connection, scope: Scope) -> Iterable[Any]:
+    """Each distinct cost reserved on a key of ``scope``, whatever became of it.
 
     A released or reaped reservation was granted all the same: its cost is a release
-    the scope makes.
+    the scope makes. Asked per reservation with EXISTS, which stops at its first key in
+    the scope (a release's keys usually share one scope), instead of reading every key
+    row of every release over many subjects.
     """
+    tenant, query_type = scope
+    in_scope = (
+        select(ReservationKey.position)
+        .where(
+            ReservationKey.reservation_id == ReservationRow.id,
+            ReservationKey.tenant == tenant,
+            ReservationKey.query_type == query_type,
+        )
+        .exists()
+    )
     query = (
         select(
-            ReservationKey.tenant,
-            ReservationKey.query_type,
             ReservationRow.cost_rho,
             ReservationRow.cost_residual,
             ReservationRow.cost_gaussian_mu2,
         )
-        .join(ReservationRow, ReservationRow.id == ReservationKey.reservation_id)
-        .where(tuple_(ReservationKey.tenant, ReservationKey.query_type).in_(scopes))
+        .where(in_scope)
         .distinct()
     )
     return connection.execute(query)
