@@ -42,7 +42,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -63,11 +63,13 @@ from dp_budget_provider.ledger import (
     database,
     history,
     key_for,
+    queries,
     report,
 )
 from dp_budget_provider.ledger.checkpoints import CheckpointFile
 from dp_budget_provider.ledger.keys import MAX_STORED_INT, canonical_part
 from dp_budget_provider.ledger.policy import DEFAULT_GRACE, DEFAULT_MIN_WINDOW
+from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.schema import LedgerConfig
 from dp_budget_provider.ledger.windows import CALENDAR_KINDS
 
@@ -341,14 +343,16 @@ def _is_initialised(url: str) -> bool:
 # ---------------------------------------------------------------------- output helpers
 
 
-def _columns(headers: Sequence[str], rows: Sequence[Sequence[Any]], right: str = "") -> list[str]:
+def _columns(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Collection[int] = ()
+) -> list[str]:
     """Aligned columns; column indexes listed in ``right`` are right-aligned (numbers)."""
     cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in r] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = []
     for row in cells:
         parts = [
-            value.rjust(width) if str(i) in right else value.ljust(width)
+            value.rjust(width) if i in right else value.ljust(width)
             for i, (value, width) in enumerate(zip(row, widths, strict=True))
         ]
         lines.append("  ".join(parts).rstrip())
@@ -396,7 +400,7 @@ def _history_lines(ledger: PrivacyBudgetLedger, entries: Sequence[dict[str, Any]
         )
         for r in records
     ]
-    return _columns(["SEQ", "TIME", "ACTION", "ACTOR", "KEY", "DETAILS"], rows, right="0")
+    return _columns(["SEQ", "TIME", "ACTION", "ACTOR", "KEY", "DETAILS"], rows, right=(0,))
 
 
 # ---------------------------------------------------------------------- commands
@@ -435,6 +439,12 @@ def cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
+_HELD_LEGEND = (
+    "EPS is committed; HELD also counts the OPEN reservations as charged, and REMAINING "
+    "is the cap minus HELD"
+)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """Every live account: spend, cap, headroom, reservations, state."""
     window, tenant = _filters(args)
@@ -468,8 +478,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                     s.key.query_type,
                     s.key.window,
                     f"{s.epsilon:.4f}",
+                    f"{s.held_epsilon:.4f}",
                     f"{s.cap_epsilon:.4f}",
-                    f"{s.remaining:.4f}",
+                    f"{s.remaining_after_held:.4f}",
                     _pct(s.fraction),
                     s.open_reservations,
                     s.releases,
@@ -477,9 +488,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 )
                 for s in statuses
             ]
-            headers = ["TENANT", "SUBJECT", "QUERY TYPE", "WINDOW", "EPS", "CAP", "REMAINING"]
-            headers += ["USED", "OPEN", "RELEASES", "STATE"]
-            _print(_columns(headers, rows, right="456789"))
+            headers = ["TENANT", "SUBJECT", "QUERY TYPE", "WINDOW", "EPS", "HELD", "CAP"]
+            headers += ["REMAINING", "USED", "OPEN", "RELEASES", "STATE"]
+            _print(_columns(headers, rows, right=range(4, 11)))
         shown = args.offset + len(statuses)
         if shown < total:
             print(
@@ -489,16 +500,32 @@ def cmd_status(args: argparse.Namespace) -> int:
         elif statuses:
             first = "" if args.offset == 0 else f"showing {args.offset + 1}-{shown} of "
             print(f"{first}{total} account(s)")
+        if any(s.open_reservations for s in statuses):
+            print(_HELD_LEGEND)
     return 0
+
+
+def _status_lines(status: AccountStatus, delta: float) -> list[str]:
+    """An account's state, committed and held spend, and headroom, as ``show`` prints them."""
+    return [
+        f"state     {status.state}",
+        f"epsilon   {status.epsilon:.6g} at delta {_g(delta)} ({status.method})",
+        f"cap       {_g(status.cap_epsilon)}: remaining {status.remaining:.6g}, "
+        f"{_pct(status.fraction)} used",
+        f"held      {status.held_epsilon:.6g} with its open reservations charged: remaining "
+        f"{status.remaining_after_held:.6g}",
+        f"releases  {status.releases} charged, {status.open_reservations} open "
+        f"reservation(s), updated {status.updated_at}",
+    ]
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     """One account: its state, its policy and its history."""
     key = key_for(args.subject, args.query_type, args.window, tenant=args.tenant)
     with _ledger(args) as ledger:
-        row = report.account_row(ledger, key)
+        status = queries.account_status(ledger, key)
         entries = ledger.history(key)
-        if row is None and not entries:
+        if status is None and not entries:
             raise CommandError(f"no account and no history for {key}")
         policy = ledger.policy_for(key)
         lines = [
@@ -506,18 +533,10 @@ def cmd_show(args: argparse.Namespace) -> int:
             f"          tenant={key.tenant} subject={key.subject} query_type={key.query_type} "
             f"window={key.window}",
         ]
-        if row is None:
+        if status is None:
             lines.append("state     no live account (window reset or account rescoped)")
         else:
-            receipt = ledger.receipt(key)
-            lines += [
-                f"state     {policy.state_at(receipt.epsilon)}",
-                f"epsilon   {receipt.epsilon:.6g} at delta {_g(ledger.delta)} ({receipt.method})",
-                f"cap       {_g(receipt.cap_epsilon)}: remaining {receipt.remaining:.6g}, "
-                f"{_pct(receipt.fraction)} used",
-                f"releases  {row['releases']} charged, {row['open_reservations']} open "
-                f"reservation(s), updated {row['updated_at']}",
-            ]
+            lines += _status_lines(status, ledger.delta)
         calendar = policy.calendar.kind + (
             f" ({policy.calendar.length_seconds}s)" if policy.calendar.length_seconds else ""
         )
@@ -674,7 +693,7 @@ def cmd_policy_list(args: argparse.Namespace) -> int:
         for p in policies
     ]
     headers = ["TENANT", "QUERY TYPE", "CAP", "WARN", "CALENDAR", "MIN WINDOW", "GRACE", "CLAUSE"]
-    _print(_columns(headers, rows, right="2356"))
+    _print(_columns(headers, rows, right=(2, 3, 5, 6)))
     return 0
 
 

@@ -1,7 +1,8 @@
 """The README's main job: example DAGs gated by the embedded SQLite ledger, run with dag.test().
 
 1. ``example_dp_heatmap`` runs repeatedly: each run debits every subject's account, the
-   third passes the warning fraction, the fifth is refused (no release, nothing written).
+   third passes the warning fraction, the fourth leaves no room for another (the accounts
+   read EXHAUSTED), and the fifth is refused (no release, nothing written).
 2. ``example_dp_budget_gated`` then finds this window exhausted: its BudgetSensor defers
    to the start of the next window (the demo tenant uses 60-second windows so you can
    watch it), re-checks, and the release happens in the new window.
@@ -25,6 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 HOME = ROOT / ".demo" / "airflow"
 WINDOW_SECONDS = 60
 TENANT = "demo"
+# What the demo says after a release, by the account's state (the ledger's rule, README).
+_STATE_NOTES = {
+    "WARNING": "  <-- WARNING: past 80% of the cap",
+    "EXHAUSTED": "  <-- EXHAUSTED: the next heatmap release no longer fits",
+}
 
 
 def prepare_airflow_home() -> None:
@@ -81,7 +87,7 @@ def main() -> None:
         state = str(heatmap.test(run_conf={"tenant": TENANT}).state)
         account = max(ledger.accounts(tenant=TENANT), key=lambda a: a.epsilon)
         if state == "success":
-            flag = "  <-- WARNING: past 80% of the cap" if account.warned else ""
+            flag = _STATE_NOTES.get(account.state, "")
             say(
                 f"heatmap run {number}: released over 50 subjects; each now at eps "
                 f"{account.epsilon:.4f} of {account.cap_epsilon} in window "
@@ -90,7 +96,7 @@ def main() -> None:
         else:
             say(
                 f"heatmap run {number}: REFUSED (task failed with DPBudgetExhaustedError): no "
-                f"release, ledger untouched at eps {account.epsilon:.4f}"
+                f"release, ledger untouched at eps {account.epsilon:.4f} ({account.state})"
             )
 
     gated = load("example_dp_budget_gated")

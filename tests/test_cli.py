@@ -428,6 +428,33 @@ def test_show_account_policy_and_history(seeded_any):
     assert "gaussian(noise_multiplier=4) x1" in rows[0]
 
 
+def test_status_and_show_count_what_open_reservations_hold(seeded_any, capsys):
+    """dave has nothing committed and one open reservation: its held eps and the budget
+    left after it are shown, in the table, in JSON and by show."""
+    ledger = open_ledger(seeded_any)
+    held = ledger.prospective_accountant(DAVE).epsilon_bound(DELTA).epsilon
+    ledger.close()
+    assert held > 0.5
+    code, out, _ = call(capsys, "--url", seeded_any, "status", "--tenant", "acme")
+    assert code == 0
+    header, (row,) = table(out)
+    cells = dict(zip(header.split()[-9:], row.split()[-9:], strict=True))
+    assert cells["EPS"] == "0.0000" and cells["CAP"] == "2.0000"
+    assert cells["HELD"] == f"{held:.4f}" and cells["REMAINING"] == f"{2.0 - held:.4f}"
+    assert "HELD also counts the OPEN reservations as charged" in out
+    code, out, _ = call(capsys, "--url", seeded_any, "status", "--tenant", "acme", "--json")
+    (record,) = json.loads(out)["accounts"]
+    assert record["epsilon"] == 0.0 and record["remaining"] == 2.0
+    assert record["held_epsilon"] == pytest.approx(held, rel=1e-12)
+    assert record["remaining_after_held"] == pytest.approx(2.0 - held, rel=1e-12)
+    code, out, _ = call(
+        capsys, "--url", seeded_any, "show", "--tenant", "acme", "dave", "count", OPEN_WINDOW
+    )
+    assert code == 0
+    assert f"held      {held:.6g} with its open reservations charged: remaining " in out
+    assert f"remaining {2.0 - held:.6g}" in out
+
+
 def test_show_default_tenant_lists_multi_key_releases(seeded):
     result = run("show", "Alice", "heatmap", "2020-W01", url=seeded)  # canonicalised
     assert result.returncode == 0, result.stderr

@@ -101,6 +101,7 @@ from dp_budget_provider.ledger.schema import (
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.schema import Window as WindowRow
 from dp_budget_provider.ledger.spend import ROUND_UP, Pending, Spend
+from dp_budget_provider.ledger.standing import Standings
 from dp_budget_provider.ledger.windows import WindowCalendar, is_closed, window_bounds
 
 _CHUNK = 1000
@@ -1160,7 +1161,8 @@ class PrivacyBudgetLedger:
         limit: int | None = None,
         offset: int = 0,
     ) -> list[AccountStatus]:
-        """Live accounts in key order, optionally filtered, with their status."""
+        """Live accounts in key order, optionally filtered, with their status (committed
+        and held spend, state: :mod:`~dp_budget_provider.ledger.standing`)."""
         query = select(Account).order_by(*_KEY_COLUMNS).offset(whole_number("offset", offset))
         if window is not None:
             query = query.where(Account.window == canonical_part("window", window))
@@ -1168,16 +1170,13 @@ class PrivacyBudgetLedger:
             query = query.where(Account.tenant == canonical_part("tenant", tenant))
         if limit is not None:
             query = query.limit(whole_number("limit", limit))
-        size = self._orders.size
         with self.reading() as connection:
             rows = list(connection.execute(query))
             policies = self._policy_store.read(connection)
-        spends = [Spend.from_columns(r.rho, r.residual, r.gaussian_mu2, size) for r in rows]
-        statuses = [
-            AccountStatus.of(row, bound, policy_for(policies, _key_of(row)))
-            for row, bound in zip(rows, self._bounds(spends), strict=True)
+        return [
+            AccountStatus.of(row, standing, policy_for(policies, _key_of(row)))
+            for row, standing in zip(rows, Standings(self).of_rows(rows), strict=True)
         ]
-        return statuses
 
     def history(
         self,

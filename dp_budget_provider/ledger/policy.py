@@ -113,14 +113,23 @@ class Policy:
         """True once ``epsilon`` reaches the warning fraction of the cap."""
         return epsilon >= self.warn_fraction * self.cap_epsilon
 
-    def exhausts_at(self, epsilon: float) -> bool:
-        """True once ``epsilon`` reaches the cap."""
-        return epsilon >= self.cap_epsilon
+    def exhausts_at(self, epsilon: float, next_epsilon: float | None = None) -> bool:
+        """True once ``epsilon`` reaches the cap, or once ``next_epsilon`` passes it.
 
-    def state_at(self, epsilon: float) -> str:
-        """The state an account at ``epsilon`` is shown in: ``ok``, ``WARNING`` (past the
-        warning fraction) or ``EXHAUSTED`` (at the cap)."""
-        if self.exhausts_at(epsilon):
+        ``next_epsilon`` is the eps the cheapest release the account's scope has made
+        would bring it to: past the cap, that release and every dearer one is refused,
+        so the account can take no more of what its scope releases (see
+        :mod:`~dp_budget_provider.ledger.standing`). Decided at read time because a
+        refused release leaves the ledger untouched.
+        """
+        if epsilon >= self.cap_epsilon:
+            return True
+        return next_epsilon is not None and next_epsilon > self.cap_epsilon
+
+    def state_at(self, epsilon: float, next_epsilon: float | None = None) -> str:
+        """The state an account holding ``epsilon`` is shown in: ``ok``, ``WARNING`` (past
+        the warning fraction) or ``EXHAUSTED`` (:meth:`exhausts_at`)."""
+        if self.exhausts_at(epsilon, next_epsilon):
             return STATE_EXHAUSTED
         return STATE_WARNING if self.warns_at(epsilon) else STATE_OK
 

@@ -9,8 +9,9 @@ and the queries stay usable from the CLI or a notebook (no Airflow import).
 Epsilon is not a column: it is converted from the stored RDP spend at read time. Filters
 on key fields, and sorts on key fields, release counts or update time, run in SQL and
 only the returned page is converted. Filtering by state or sorting by epsilon, fraction
-or headroom has to convert every matching account; each distinct stored spend is
-converted once (releases over many subjects leave many accounts with the same spend).
+or headroom has to convert every matching account; each distinct stored spend (committed
+and pending, with its scope: :mod:`standing`) is converted once (releases over many
+subjects leave many accounts with the same spend).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from dp_budget_provider.ledger.schema import (
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.spend import Spend
+from dp_budget_provider.ledger.standing import SPEND_COLUMNS, Standing, Standings, stored_values
 
 T = TypeVar("T")
 
@@ -232,20 +234,21 @@ def find_accounts(
 
     ``sort`` is one of :data:`SORTS`; ties are broken by key (ascending), so pages are
     stable. Sorting by a key field, a count or the update time without a state filter is
-    one SQL query. Otherwise the matching accounts are first grouped in SQL by what decides
-    their epsilon and policy (tenant, query type, stored spend); each group is converted
-    once, and the page is read group by group in sort order. Accounts charged by the same
+    one SQL query (and one for the releases of the page's scopes). Otherwise the matching
+    accounts are first grouped in SQL by what decides their standing and policy (tenant,
+    query type, stored spend); each group is converted once, and the page is read group
+    by group in sort order. Accounts charged by the same
     releases share a group, so this stays fast for releases over many subjects.
     """
     filters = filters or AccountFilter()
     limit, offset = _page_bounds(limit, offset)
     if sort not in SORTS:
         raise ValueError(f"sort must be one of {', '.join(SORTS)}; got {sort!r}")
-    epsilons = _Epsilons(ledger)
+    standings = Standings(ledger)
     policies = _Policies(ledger)
     if filters.state is None and sort in SQL_SORTS:
-        return _sql_page(ledger, filters, sort, descending, limit, offset, epsilons, policies)
-    groups = _groups(ledger, filters, epsilons, policies)
+        return _sql_page(ledger, filters, sort, descending, limit, offset, standings, policies)
+    groups = _groups(ledger, filters, standings, policies)
     if filters.state is not None:
         groups = [group for group in groups if group.state == filters.state]
     total = sum(group.count for group in groups)
@@ -263,75 +266,61 @@ def find_accounts(
     by_signature = {group.signature: group for group in groups}
     items = []
     for row in rows:
-        group = by_signature[_signature(row)]
-        items.append(AccountStatus.of(row, group.bound, group.policy))
+        group = by_signature[stored_values(row)]
+        items.append(AccountStatus.of(row, group.standing, group.policy))
     return Page(total=total, offset=offset, limit=limit, items=items)
 
 
 @dataclass(frozen=True)
 class _Group:
-    """Accounts with the same tenant, query type and stored spend: one epsilon, one policy."""
+    """Accounts with the same tenant, query type and stored spend (committed and pending):
+    one standing, one policy."""
 
     tenant: str
     query_type: str
-    rho: float
-    residual: str | None
-    gaussian_mu2: float | None
+    spend: tuple[Any, ...]  # the values of SPEND_COLUMNS
     count: int
-    bound: EpsilonBound
+    standing: Standing
     policy: Policy
     state: str
 
     @property
     def signature(self) -> tuple[Any, ...]:
-        return (self.tenant, self.query_type, self.rho, self.residual, self.gaussian_mu2)
+        return (self.tenant, self.query_type, *self.spend)
 
     def value(self, sort: str) -> float:
-        epsilon, cap = self.bound.epsilon, self.policy.cap_epsilon
+        epsilon, cap = self.standing.committed.epsilon, self.policy.cap_epsilon
         if sort == "epsilon":
             return epsilon
         if sort == "fraction":
             return epsilon / cap
-        if sort == "remaining":
-            return max(0.0, cap - epsilon)
+        if sort == "remaining":  # what a new release can still get: after the held spend
+            return max(0.0, cap - self.standing.held.epsilon)
         return _STATE_RANK[self.state]
-
-
-def _signature(row: Any) -> tuple[Any, ...]:
-    return (row.tenant, row.query_type, row.rho, row.residual, row.gaussian_mu2)
 
 
 def _groups(
     ledger: PrivacyBudgetLedger,
     filters: AccountFilter,
-    epsilons: _Epsilons,
+    standings: Standings,
     policies: _Policies,
 ) -> list[_Group]:
-    columns = (
-        Account.tenant,
-        Account.query_type,
-        Account.rho,
-        Account.residual,
-        Account.gaussian_mu2,
-    )
+    columns = (Account.tenant, Account.query_type, *SPEND_COLUMNS)
     query = _filtered(select(*columns, func.count().label("count")), filters).group_by(*columns)
     with ledger.reading() as connection:
         rows = list(connection.execute(query))
     groups = []
-    for row in rows:
-        bound = epsilons.of_columns(row.rho, row.residual, row.gaussian_mu2)
+    for row, standing in zip(rows, standings.of_rows(rows), strict=True):
         policy = policies(row.tenant, row.query_type)
         groups.append(
             _Group(
                 row.tenant,
                 row.query_type,
-                row.rho,
-                row.residual,
-                row.gaussian_mu2,
+                stored_values(row)[2:],
                 int(row.count),
-                bound,
+                standing,
                 policy,
-                policy.state_at(bound.epsilon),
+                policy.state_at(standing.held.epsilon, standing.next_epsilon),
             )
         )
     return groups
@@ -344,9 +333,7 @@ def _group_match(group: _Group) -> ColumnElement[bool]:
     return and_(
         Account.tenant == group.tenant,
         Account.query_type == group.query_type,
-        Account.rho == group.rho,
-        same(Account.residual, group.residual),
-        same(Account.gaussian_mu2, group.gaussian_mu2),
+        *(same(column, value) for column, value in zip(SPEND_COLUMNS, group.spend, strict=True)),
     )
 
 
@@ -395,14 +382,13 @@ def _full_pass(
 ) -> list[Any]:
     """The page when almost every account differs: rank them all, then read the page."""
     by_signature = {group.signature: group for group in groups}
-    columns = (Account.id, *_account_columns(), Account.rho, Account.residual)
-    query = _filtered(select(*columns, Account.gaussian_mu2), filters)
+    query = _filtered(select(Account.id, *_account_columns(), *SPEND_COLUMNS), filters)
     if sort in SQL_SORTS and sort != "key":
         query = query.add_columns(getattr(Account, sort).label("sort_value"))
     with ledger.reading() as connection:
         ranked = []
         for row in connection.execute(query):
-            group = by_signature.get(_signature(row))
+            group = by_signature.get(stored_values(row))
             if group is None:
                 continue
             key = (row.tenant, row.subject, row.query_type, row.window)
@@ -444,7 +430,7 @@ def _sql_page(
     descending: bool,
     limit: int,
     offset: int,
-    epsilons: _Epsilons,
+    standings: Standings,
     policies: _Policies,
 ) -> Page[AccountStatus]:
     order = _sql_order(sort, descending)
@@ -454,12 +440,8 @@ def _sql_page(
         total = int(connection.execute(count).scalar_one())
         rows = list(connection.execute(page))
     items = [
-        AccountStatus.of(
-            row,
-            epsilons.of_columns(row.rho, row.residual, row.gaussian_mu2),
-            policies(row.tenant, row.query_type),
-        )
-        for row in rows
+        AccountStatus.of(row, standing, policies(row.tenant, row.query_type))
+        for row, standing in zip(rows, standings.of_rows(rows), strict=True)
     ]
     return Page(total=total, offset=offset, limit=limit, items=items)
 
@@ -472,8 +454,7 @@ def account_status(ledger: PrivacyBudgetLedger, key: LedgerKey) -> AccountStatus
         ).one_or_none()
     if row is None:
         return None
-    bound = _Epsilons(ledger).of_columns(row.rho, row.residual, row.gaussian_mu2)
-    return AccountStatus.of(row, bound, ledger.policy_for(key))
+    return AccountStatus.of(row, Standings(ledger).of_row(row), ledger.policy_for(key))
 
 
 # ---------------------------------------------------------------------- history

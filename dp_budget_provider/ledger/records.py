@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dp_budget_provider.accounting import EpsilonBound, Mechanism
+from dp_budget_provider.accounting import Mechanism
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.policy import (
     STATE_EXHAUSTED,
@@ -14,6 +14,7 @@ from dp_budget_provider.ledger.policy import (
     STATE_WARNING,
     Policy,
 )
+from dp_budget_provider.ledger.standing import Standing
 
 OPEN, COMMITTED, RELEASED, REAPED = "open", "committed", "released", "reaped"
 
@@ -54,13 +55,22 @@ class Reservation:
 
 @dataclass(frozen=True)
 class AccountStatus:
-    """An account as reports and the UI show it."""
+    """An account as reports and the UI show it.
+
+    ``epsilon``, ``remaining`` and ``fraction`` are what has been committed.
+    ``held_epsilon`` counts every open reservation as charged too, and
+    ``remaining_after_held`` is the cap minus it: what a new release can still get.
+    ``warned`` and ``exhausted`` (so the state) are decided on the held spend, since
+    that is what the next release is checked against.
+    """
 
     key: LedgerKey
     epsilon: float
     cap_epsilon: float
     remaining: float
     fraction: float
+    held_epsilon: float
+    remaining_after_held: float
     warned: bool
     exhausted: bool
     open_reservations: int
@@ -80,19 +90,22 @@ class AccountStatus:
         return STATE_WARNING if self.warned else STATE_OK
 
     @classmethod
-    def of(cls, row: Any, bound: EpsilonBound, policy: Policy) -> AccountStatus:
-        """The status of a stored account row, given its epsilon and its policy."""
+    def of(cls, row: Any, standing: Standing, policy: Policy) -> AccountStatus:
+        """The status of a stored account row, given where it stands and its policy."""
+        committed, held, cap = standing.committed.epsilon, standing.held.epsilon, policy.cap_epsilon
         return cls(
             key=LedgerKey.from_canonical(row.tenant, row.subject, row.query_type, row.window),
-            epsilon=bound.epsilon,
-            cap_epsilon=policy.cap_epsilon,
-            remaining=max(0.0, policy.cap_epsilon - bound.epsilon),
-            fraction=bound.epsilon / policy.cap_epsilon,
-            warned=policy.warns_at(bound.epsilon),
-            exhausted=policy.exhausts_at(bound.epsilon),
+            epsilon=committed,
+            cap_epsilon=cap,
+            remaining=max(0.0, cap - committed),
+            fraction=committed / cap,
+            held_epsilon=held,
+            remaining_after_held=max(0.0, cap - held),
+            warned=policy.warns_at(held),
+            exhausted=policy.exhausts_at(held, standing.next_epsilon),
             open_reservations=row.open_reservations,
             releases=row.releases,
-            method=bound.method,
+            method=standing.committed.method,
             updated_at=row.updated_at,
             rescoped_to=row.rescoped_to,
         )

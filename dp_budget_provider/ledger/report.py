@@ -153,6 +153,8 @@ def account_record(status: AccountStatus, delta: float) -> dict[str, Any]:
         "cap_epsilon": status.cap_epsilon,
         "remaining": status.remaining,
         "fraction": status.fraction,
+        "held_epsilon": status.held_epsilon,
+        "remaining_after_held": status.remaining_after_held,
         "state": status.state,
         "releases": status.releases,
         "open_reservations": status.open_reservations,
@@ -348,25 +350,6 @@ def count_accounts(
         query = query.where(Account.tenant == canonical_part("tenant", tenant))
     with ledger.reading() as connection:
         return int(connection.execute(query).scalar_one())
-
-
-def account_row(ledger: PrivacyBudgetLedger, key: LedgerKey) -> dict[str, Any] | None:
-    """Release count, open reservations and last update of ``key``'s live account, or None."""
-    query = select(Account.releases, Account.open_reservations, Account.updated_at).where(
-        Account.tenant == key.tenant,
-        Account.subject == key.subject,
-        Account.query_type == key.query_type,
-        Account.window == key.window,
-    )
-    with ledger.reading() as connection:
-        row = connection.execute(query).one_or_none()
-    if row is None:
-        return None
-    return {
-        "releases": row.releases,
-        "open_reservations": row.open_reservations,
-        "updated_at": row.updated_at,
-    }
 
 
 def _reservation_keys(
@@ -717,6 +700,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                 "delta",
                 "cap",
                 "remaining",
+                "held (open reservations charged)",
                 "used",
                 "state",
                 "releases",
@@ -733,6 +717,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                     _number(a["delta"]),
                     _eps(a["cap_epsilon"]),
                     _eps(a["remaining"]),
+                    _eps(a["held_epsilon"]),
                     f"{a['fraction'] * 100:.1f}%",
                     a["state"],
                     a["releases"],

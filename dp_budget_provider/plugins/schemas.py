@@ -22,9 +22,19 @@ class AccountModel(KeyModel):
     epsilon: float = Field(description="cumulative epsilon of the committed releases")
     delta: float = Field(description="the ledger-wide delta every epsilon is stated at")
     cap_epsilon: float
-    remaining: float = Field(description="headroom before the cap, never negative")
+    remaining: float = Field(description="cap minus epsilon, never negative")
     fraction: float = Field(description="epsilon / cap")
-    state: str = Field(description="ok, WARNING (past the warn fraction) or EXHAUSTED")
+    held_epsilon: float = Field(
+        description="epsilon with every open reservation charged too (committed + pending)"
+    )
+    remaining_after_held: float = Field(
+        description="cap minus held_epsilon, never negative: what a new release can still get"
+    )
+    state: str = Field(
+        description="ok, WARNING (held_epsilon past the warn fraction) or EXHAUSTED (held "
+        "epsilon at the cap, or the cheapest release this tenant and query type has reserved "
+        "no longer fits on it)"
+    )
     warned: bool
     exhausted: bool
     releases: int

@@ -161,8 +161,9 @@ _ACCOUNTS = """{% extends "base.html" %}
   <td class="key" title="{{ a.key.query_type }}">{{ a.key.query_type }}</td>
   <td class="key" title="{{ a.key.window }}">{{ a.key.window }}</td>
   <td class="num">{{ eps(a.epsilon) }}</td>
+  <td class="num held">{{ eps(a.held_epsilon) }}</td>
   <td class="num">{{ '%g' % a.cap_epsilon }}</td>
-  <td class="num">{{ eps(a.remaining) }}</td>
+  <td class="num remaining">{{ eps(a.remaining_after_held) }}</td>
   <td class="nowrap">{{ bar(a.fraction, a.state) }}</td>
   <td>{{ badge(a.state) }}</td>
   <td class="num">{% if a.open_reservations %}<span class="badge open">
@@ -202,8 +203,10 @@ _ACCOUNT = """{% extends "base.html" %}
     <div class="value" id="epsilon">{{ eps(account.epsilon) }}</div></div>
   <div class="card"><div class="label">cap (δ = {{ info.delta }})</div>
     <div class="value">{{ '%g' % account.cap_epsilon }}</div></div>
-  <div class="card"><div class="label">remaining</div>
-    <div class="value">{{ eps(account.remaining) }}</div></div>
+  <div class="card"><div class="label">ε held (open reservations charged)</div>
+    <div class="value" id="held-epsilon">{{ eps(account.held_epsilon) }}</div></div>
+  <div class="card"><div class="label">remaining after held</div>
+    <div class="value" id="remaining">{{ eps(account.remaining_after_held) }}</div></div>
   <div class="card"><div class="label">used</div>
     <div class="value">{{ bar(account.fraction, state) }}</div></div>
   <div class="card"><div class="label">state</div><div class="value">{{ badge(state) }}</div></div>

@@ -428,3 +428,81 @@ def test_release_costs_are_kept_per_mechanism_value_hashable_or_not() -> None:
     assert ledger.epsilon_of(key) == pytest.approx(accountant.get_epsilon(1e-5)[0], rel=1e-13)
     assert len(ledger._cost_cache) == 4
     ledger.close()
+
+
+# ---------------------------------------------------------------------- held spend and states
+
+
+def test_accounts_show_the_spend_open_reservations_hold(ledger):
+    """Nothing committed, but two open reservations hold almost all of the cap: the account
+    shows that, and the state says the next such release is refused."""
+    first = ledger.reserve(KEY, LaplaceMechanism(1.4), attempt="run/1")
+    ledger.reserve(KEY, LaplaceMechanism(1.4), attempt="run/2")
+    (status,) = ledger.accounts()
+    assert status.epsilon == 0.0 and status.remaining == 3.0
+    assert status.open_reservations == 2
+    assert status.held_epsilon == pytest.approx(held_epsilon(ledger), rel=1e-12)
+    assert 2.5 < status.held_epsilon < 3.0
+    assert status.remaining_after_held == pytest.approx(3.0 - status.held_epsilon)
+    assert status.state == "EXHAUSTED"  # a third Laplace(1.4) is refused
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve(KEY, LaplaceMechanism(1.4), attempt="run/3")
+    ledger.release(first)
+    (status,) = ledger.accounts()
+    assert status.held_epsilon == pytest.approx(held_epsilon(ledger), rel=1e-12)
+    assert status.state == "ok"  # one held (below the warning fraction): a second fits
+
+
+def held_epsilon(ledger) -> float:
+    """eps of KEY's committed and reserved spend, by the accountant the ledger hands out."""
+    return ledger.prospective_accountant(KEY).epsilon_bound(DELTA).epsilon
+
+
+def _capped_at_next_release(ledger, cap_offset: int):
+    """Two Gaussian releases committed, then the cap set to exactly the eps a third would
+    reach, moved ``cap_offset`` representable doubles up or down."""
+    mechanism = GaussianMechanism(4.0)
+    for run in range(2):
+        ledger.spend(KEY, mechanism, attempt=f"run/{run}")
+    cap = ledger.prospective_epsilon(KEY, mechanism)
+    for _ in range(abs(cap_offset)):
+        cap = float(np.nextafter(cap, np.inf if cap_offset > 0 else 0.0))
+    ledger.set_policy(Policy(cap, warn_fraction=0.5))
+    return mechanism
+
+
+def test_exhausted_exactly_when_the_scopes_cheapest_release_no_longer_fits(ledger):
+    """Below the boundary: the third release would pass the cap by one ulp, so the account
+    reads EXHAUSTED and the release is refused, leaving the account as it was."""
+    mechanism = _capped_at_next_release(ledger, -1)
+    (status,) = ledger.accounts()
+    assert status.fraction < 1.0 and status.state == "EXHAUSTED" and status.exhausted
+    with pytest.raises(BudgetExhausted):
+        ledger.reserve(KEY, mechanism, attempt="run/2")
+    assert ledger.accounts() == [status]  # the refusal changed nothing, the state included
+
+
+def test_not_exhausted_while_the_cheapest_release_still_fits(ledger):
+    """At the boundary: the third release reaches the cap exactly, which is allowed, so the
+    account is only WARNING; once that release is committed nothing fits any more."""
+    mechanism = _capped_at_next_release(ledger, 0)
+    (status,) = ledger.accounts()
+    assert status.state == "WARNING" and not status.exhausted
+    ledger.spend(KEY, mechanism, attempt="run/2")
+    (status,) = ledger.accounts()
+    assert status.state == "EXHAUSTED" and status.remaining == 0.0
+
+
+def test_the_cheapest_release_of_the_scope_decides_in_every_window(ledger):
+    """A scope that also made a cheap release, in another window, leaves room for it:
+    only the cheapest release the scope ever reserved (in any window, any outcome) counts."""
+    mechanism = _capped_at_next_release(ledger, -1)
+    other = key_for("bob", KEY.query_type, "2026-w29")
+    ledger.release(ledger.reserve(other, GaussianMechanism(40.0), attempt="cheap/1"))
+    status = next(s for s in ledger.accounts() if s.key == KEY)
+    assert status.state == "WARNING"
+    assert not ledger.would_exceed(KEY, GaussianMechanism(40.0))
+    assert ledger.would_exceed(KEY, mechanism)
+    unrelated = key_for("carol", "another query", KEY.window)
+    ledger.spend(unrelated, PureDPMechanism(0.01), attempt="other/1")
+    assert next(s for s in ledger.accounts() if s.key == unrelated).state == "ok"

@@ -779,10 +779,33 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
                 epsilon = self.live(key)
                 assert close_to(status.remaining, max(0.0, cap - epsilon)), (key, status)
                 assert close_to(status.fraction, epsilon / cap), (key, status)
-                if not close_to(epsilon, cap):
-                    assert status.exhausted == (epsilon > cap), (key, status)
-                if not close_to(epsilon, WARN_FRACTION * cap):
-                    assert status.warned == (epsilon > WARN_FRACTION * cap), (key, status)
+                held = self.held(key)
+                assert close_to(status.held_epsilon, held), (key, status)
+                assert close_to(status.remaining_after_held, max(0.0, cap - held)), (key, status)
+                cheapest = self.cheapest_next(key)
+                if not close_to(held, cap) and (cheapest is None or not close_to(cheapest, cap)):
+                    exhausted = held > cap or (cheapest is not None and cheapest > cap)
+                    assert status.exhausted == exhausted, (key, status, cheapest)
+                if not close_to(held, WARN_FRACTION * cap):
+                    assert status.warned == (held > WARN_FRACTION * cap), (key, status)
+
+        def held(self, key: LedgerKey) -> float:
+            """eps of committed + every open reservation on ``key``, by the model."""
+            held = [Counter({r.mechanism: r.count}) for r in self.open_on(key)]
+            return self.composer.epsilon(self.live_spend(key), *held)
+
+        def cheapest_next(self, key: LedgerKey) -> float | None:
+            """The least eps any release ever reserved in ``key``'s scope (any window, any
+            outcome) would bring its held spend to; None while the scope reserved none.
+            Past the cap, the account is EXHAUSTED."""
+            scope = (key.tenant, key.query_type)
+            made = {
+                (r.mechanism, r.count)
+                for r in self.reserved.values()
+                if any((k.tenant, k.query_type) == scope for k in r.keys)
+            }
+            after = [self.prospective(key, mechanism, count) for mechanism, count in made]
+            return min(after, default=None)
 
         def check_history(self) -> None:
             """The entries written since the last step are exactly those the model expects

@@ -273,12 +273,9 @@ def test_markdown_is_the_same_report_for_people(ledger):
     assert "1e-05" in text
 
 
-def test_count_accounts_and_account_row(ledger):
+def test_count_accounts(ledger):
     assert report.count_accounts(ledger) == 4
     assert report.count_accounts(ledger, window="2020-W01", tenant="Default") == 3
-    row = report.account_row(ledger, ALICE)
-    assert row["releases"] == 5 and row["open_reservations"] == 0
-    assert report.account_row(ledger, CAROL) is None  # reset
 
 
 def test_git_commit_is_read_without_running_git(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
+from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import LedgerKey
 from tests.plugins.conftest import CLAUSE, WINDOW, XSS
 
@@ -324,3 +325,27 @@ def test_a_ledger_that_cannot_be_opened_is_a_503(admin_token, tmp_path):
         assert response.status_code == 503
         assert "BudgetCap" in response.json()["detail"]
         assert client.get("/accounts").status_code == 503
+
+
+def test_accounts_show_held_spend_and_exhaustion_by_the_next_release(client, seeded):
+    """user-001 is at 85% of its cap, and one more open heatmap reservation leaves no
+    room for another: it reads EXHAUSTED with its held spend, in the list and in detail."""
+    ledger, key = seeded.ledger, seeded.heatmap[1]
+    ledger.reserve([key], GaussianMechanism(4.0), attempt="heatmap/held/-1/1")
+    held = ledger.prospective_accountant(key).epsilon_bound(1e-5).epsilon
+    body = client.get("/api/accounts", params={"state": "exhausted"}).json()
+    assert [a["subject"] for a in body["accounts"]] == ["user-000", "user-001"]
+    row = body["accounts"][1]
+    assert row["fraction"] < 0.9 and row["state"] == "EXHAUSTED" and row["exhausted"]
+    assert row["held_epsilon"] == pytest.approx(held, rel=1e-12)
+    assert row["remaining_after_held"] == pytest.approx(2.0 - held, rel=1e-12)
+    detail = client.get("/api/account", params=key_params(key)).json()["account"]
+    assert detail["held_epsilon"] == row["held_epsilon"] and detail["open_reservations"] == 1
+    by_remaining = client.get("/api/accounts", params={"sort": "remaining", "limit": 2}).json()
+    assert [a["subject"] for a in by_remaining["accounts"]] == ["user-000", "user-001"]
+
+
+def test_openapi_documents_the_held_fields(client):
+    account = client.get("/openapi.json").json()["components"]["schemas"]["AccountModel"]
+    assert {"held_epsilon", "remaining_after_held"} <= set(account["required"])
+    assert "cheapest release" in account["properties"]["state"]["description"]

@@ -99,7 +99,11 @@ def test_token_api_openapi_and_the_task_link(server):
         f"{server.url}/dp-budget/api/accounts", params={"tenant": "acme"}, headers=headers
     ).json()
     assert accounts["total"] == 50
-    assert {a["state"] for a in accounts["accounts"]} == {"WARNING"}  # 3 releases, cap 2
+    states = {a["subject"]: a["state"] for a in accounts["accounts"]}
+    # 3 releases, cap 2: WARNING; user-007's release in flight leaves no room for another of
+    # the cheapest (z = 8) the scope has made: EXHAUSTED
+    assert {subject for subject, state in states.items() if state != "WARNING"} == {"user-007"}
+    assert states["user-007"] == "EXHAUSTED"
     everything = httpx.get(f"{server.url}/dp-budget/api/accounts", headers=headers).json()
     assert everything["total"] == 101
     schema = httpx.get(f"{server.url}/dp-budget/openapi.json", headers=headers).json()
@@ -160,10 +164,10 @@ def test_accounts_page_in_the_airflow_ui(page, server, tmp_path):
     rows = page.locator("table#accounts tbody tr")
     assert rows.count() == 20  # user-000..009 of acme and of globex
     assert rows.nth(19).locator("td").nth(0).inner_text() == "globex"
-    assert rows.nth(19).locator("td").nth(8).inner_text() == "ok"
+    assert rows.nth(19).locator("td").nth(9).inner_text() == "ok"  # after the eps held column
     first = rows.first.locator("td")
     assert first.nth(0).inner_text() == "acme"
-    assert first.nth(8).inner_text() == "WARNING"
+    assert first.nth(9).inner_text() == "WARNING"
     assert "1 open" in page.locator("table#accounts").inner_text()  # the in-flight release
     screenshot(page, tmp_path, "ui-accounts.png")
 

@@ -174,3 +174,16 @@ def test_a_quarantined_ledger_says_so_on_every_page(client, seeded):
         text = Page(client.get(path).text).plain
         assert "QUARANTINED since" in text and "test: an operator stopped releases" in text
     assert "history NOT keyed" in Page(client.get("/accounts").text).plain
+
+
+def test_pages_show_what_open_reservations_hold(client, seeded):
+    """The script-tag subject keeps one reservation open: its held eps and the budget left
+    after it are on its page and in its row of the list."""
+    status = next(a for a in seeded.ledger.accounts() if a.key == seeded.xss)
+    assert status.held_epsilon > status.epsilon
+    page = Page(client.get("/account", params=seeded.xss.as_dict()).text)
+    assert f"{status.held_epsilon:.4f}" in page.plain
+    assert f"{status.remaining_after_held:.4f}" in page.plain
+    listing = client.get("/accounts", params={"tenant": "default"}).text
+    assert f'<td class="num held">{status.held_epsilon:.4f}</td>' in listing
+    assert f'<td class="num remaining">{status.remaining_after_held:.4f}</td>' in listing
