@@ -100,7 +100,7 @@ from dp_budget_provider.ledger.schema import (
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.schema import Window as WindowRow
-from dp_budget_provider.ledger.spend import ROUND_UP, Pending, Spend
+from dp_budget_provider.ledger.spend import ROUND_UP, Pending, Spend, prospective
 from dp_budget_provider.ledger.standing import Standings
 from dp_budget_provider.ledger.windows import WindowCalendar, is_closed, window_bounds
 
@@ -1104,7 +1104,7 @@ class PrivacyBudgetLedger:
         keys = self._keys(key)
         with self.reading() as connection:
             state, pending = self._held(connection, keys)[keys[0]]
-        return state.plus(pending).to_accountant(self._orders)
+        return state.plus(pending.as_spend()).to_accountant(self._orders)
 
     def prospective_epsilon(
         self, key: LedgerKey, mechanism: Mechanism | Mapping[str, Any], count: int = 1
@@ -1114,15 +1114,15 @@ class PrivacyBudgetLedger:
         cost = self._cost(self._mechanism(mechanism), check.count("count", count))
         with self.reading() as connection:
             state, pending = self._held(connection, keys)[keys[0]]
-        return self._bounds([state.plus(pending).plus(cost)])[0].epsilon
+        return self._bounds([prospective(state, pending, cost)])[0].epsilon
 
     # ------------------------------------------------------------------ reading
 
     def _held(
         self, connection: Connection, keys: Sequence[LedgerKey]
-    ) -> dict[LedgerKey, tuple[Spend, Spend]]:
+    ) -> dict[LedgerKey, tuple[Spend, Pending]]:
         """(committed, pending) spend of each key; nothing for an untouched key."""
-        found: dict[LedgerKey, tuple[Spend, Spend]] = defaultdict(lambda: (Spend(), Spend()))
+        found: dict[LedgerKey, tuple[Spend, Pending]] = defaultdict(lambda: (Spend(), Pending()))
         for chunk in _chunks(keys):
             rows = connection.execute(
                 select(*statements.ACCOUNT_COLUMNS).where(
@@ -1130,7 +1130,7 @@ class PrivacyBudgetLedger:
                 )
             )
             for key, held in statements.accounts_by_key(rows, chunk, self._orders.size).items():
-                found[key] = (held.spend, held.pending.as_spend())
+                found[key] = (held.spend, held.pending)
         return found
 
     def _receipts(self, connection: Connection, keys: list[LedgerKey]) -> list[SpendReceipt]:

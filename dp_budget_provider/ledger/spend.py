@@ -36,16 +36,31 @@ ROUND_UP = 1.0 + 2.0**-51
 
 
 def sum_up(a: Any, b: Any) -> Any:
-    """a + b rounded up (floats or arrays of them; see ``ROUND_UP``)."""
-    return (a + b) * ROUND_UP
+    """a + b rounded up (floats or arrays of them; see ``ROUND_UP``). Adding zero is
+    exact, so it is not raised: an account charged once holds exactly its one cost."""
+    total = a + b
+    if isinstance(total, np.ndarray):
+        return np.where((np.asarray(a) == 0.0) | (np.asarray(b) == 0.0), total, total * ROUND_UP)
+    return total if a == 0.0 or b == 0.0 else total * ROUND_UP
 
 
 def difference_up(a: Any, b: Any) -> Any:
-    """max(0, a - b) rounded up (floats or arrays; see ``ROUND_UP``)."""
-    difference = (a - b) * ROUND_UP
+    """max(0, a - b) rounded up (floats or arrays; see ``ROUND_UP``); taking nothing away
+    is exact."""
+    difference = a - b
     if isinstance(difference, np.ndarray):
-        return np.maximum(0.0, difference)
-    return max(0.0, difference)
+        raised = np.where(np.asarray(b) == 0.0, difference, difference * ROUND_UP)
+        return np.maximum(0.0, raised)
+    return max(0.0, difference if b == 0.0 else difference * ROUND_UP)
+
+
+def prospective(committed: Spend, pending: Pending, cost: Spend) -> Spend:
+    """What an account would hold once a reservation of ``cost`` is granted, summed in the
+    one order the reservation's own check uses (its pending spend with the cost's rho and
+    mu^2 added, as the account row's lock adds them; the committed spend; the cost's
+    residual curve last): a prediction then equals the check to the last bit."""
+    after = pending.add(Spend(cost.rho, None, cost.gaussian_mu2))
+    return committed.plus(after.as_spend()).plus(Spend(0.0, cost.residual, 0.0))
 
 
 @dataclass(frozen=True, eq=False)

@@ -25,7 +25,7 @@ from sqlalchemy import Connection, select
 from dp_budget_provider.accounting import EpsilonBound
 from dp_budget_provider.ledger.schema import Account, ReservationKey
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
-from dp_budget_provider.ledger.spend import Pending, Spend
+from dp_budget_provider.ledger.spend import Pending, Spend, prospective
 
 if TYPE_CHECKING:
     from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
@@ -102,7 +102,8 @@ class Standings:
             held = committed.plus(pending.as_spend())
             releases = self._releases[(row.tenant, row.query_type)]
             next_epsilon = min(
-                (self.epsilon(held.plus(cost)).epsilon for cost in releases), default=None
+                (self.epsilon(prospective(committed, pending, cost)).epsilon for cost in releases),
+                default=None,
             )
             standing = Standing(self.epsilon(committed), self.epsilon(held), next_epsilon)
             self._standings[stored] = standing

@@ -14,7 +14,7 @@ import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Float, and_, bindparam, case, select, update
+from sqlalchemy import Float, and_, bindparam, case, or_, select, update
 from sqlalchemy.dialects import sqlite
 
 from dp_budget_provider.ledger.keys import LedgerKey
@@ -73,8 +73,10 @@ FROM unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(subjects)s, E
 ORDER BY n
 ON CONFLICT (tenant, subject, query_type, "window") DO UPDATE
 SET open_reservations = a.open_reservations + %(add_open)s,
-    pending_rho = (a.pending_rho + %(add_rho)s) * %(round_up)s,
-    pending_mu2 = (a.pending_mu2 + %(add_mu2)s) * %(round_up)s,
+    pending_rho = CASE WHEN a.pending_rho = 0 OR %(add_rho)s = 0 THEN a.pending_rho + %(add_rho)s
+        ELSE (a.pending_rho + %(add_rho)s) * %(round_up)s END,
+    pending_mu2 = CASE WHEN a.pending_mu2 = 0 OR %(add_mu2)s = 0 THEN a.pending_mu2 + %(add_mu2)s
+        ELSE (a.pending_mu2 + %(add_mu2)s) * %(round_up)s END,
     pending_others = a.pending_others + %(add_others)s, updated_at = excluded.updated_at
 RETURNING {", ".join("a." + c.strip() for c in ACCOUNT_ROW.split(","))},
     (SELECT c.policy_version FROM dp_ledger_config c WHERE c.id = 1)
@@ -188,6 +190,18 @@ def _round_up() -> Any:
     return bindparam("round_up", ROUND_UP, type_=Float(53))
 
 
+def _sum_up(column: Any, value: Any) -> Any:
+    """:func:`spend.sum_up` in SQL: exact when either side is zero, else raised."""
+    return case(
+        (or_(column == 0, value == 0), column + value), else_=(column + value) * _round_up()
+    )
+
+
+def _difference_up(column: Any, value: Any) -> Any:
+    """:func:`spend.difference_up` before its clamp at zero, in SQL."""
+    return case((value == 0, column - value), else_=(column - value) * _round_up())
+
+
 @functools.cache
 def sqlite_upsert() -> Any:
     """SQLite's lock-and-read upsert, built once: the inserted row carries the increments.
@@ -201,8 +215,8 @@ def sqlite_upsert() -> Any:
         index_elements=[c.name for c in KEY_COLUMNS],
         set_={
             "open_reservations": Account.open_reservations + added.open_reservations,
-            "pending_rho": (Account.pending_rho + added.pending_rho) * _round_up(),
-            "pending_mu2": (Account.pending_mu2 + added.pending_mu2) * _round_up(),
+            "pending_rho": _sum_up(Account.pending_rho, added.pending_rho),
+            "pending_mu2": _sum_up(Account.pending_mu2, added.pending_mu2),
             "pending_others": Account.pending_others + added.pending_others,
             "updated_at": added.updated_at,
         },
@@ -243,9 +257,8 @@ def close_accounts(*, gaussian: bool, charge: bool) -> Any:
     last = Account.open_reservations <= 1
     rho = bindparam("cost_rho", type_=Float(53))
     mu2 = bindparam("cost_mu2", type_=Float(53))
-    up = _round_up()
-    pending_rho = (Account.pending_rho - rho) * up
-    pending_mu2 = (Account.pending_mu2 - mu2) * up
+    pending_rho = _difference_up(Account.pending_rho, rho)
+    pending_mu2 = _difference_up(Account.pending_mu2, mu2)
     values: dict[str, Any] = {
         "open_reservations": Account.open_reservations - 1,
         "pending_rho": case((last, 0.0), (pending_rho < 0, 0.0), else_=pending_rho),
@@ -259,8 +272,8 @@ def close_accounts(*, gaussian: bool, charge: bool) -> Any:
         "updated_at": bindparam("now"),
     }
     if charge:
-        values["rho"] = (Account.rho + rho) * up
-        values["gaussian_mu2"] = (Account.gaussian_mu2 + mu2) * up if gaussian else None
+        values["rho"] = _sum_up(Account.rho, rho)
+        values["gaussian_mu2"] = _sum_up(Account.gaussian_mu2, mu2) if gaussian else None
         values["releases"] = Account.releases + bindparam("count")
     return (
         update(Account)

@@ -74,6 +74,7 @@ def test_report_states_everything_seed_000_asks_for(ledger):
         "accounts": 4,  # bob's heatmap key stays, sealed, after its rescope
         "keyed": False,
         "problems": [],
+        "notes": [],
     }
     integrity = document["integrity"]
     assert integrity["history_keyed"] is False and integrity["quarantined_since"] is None
