@@ -1,11 +1,12 @@
 """The README's main job: example DAGs gated by the embedded SQLite ledger, run with dag.test().
 
-1. ``example_dp_heatmap`` runs repeatedly: each run debits every subject's account, the
-   third passes the warning fraction, the fourth leaves no room for another (the accounts
-   read EXHAUSTED), and the fifth is refused (no release, nothing written).
+1. ``example_dp_heatmap`` runs five times: the first three debit every subject's account,
+   after the third no further release fits (the accounts read EXHAUSTED), and the fourth
+   and fifth are refused (no release, nothing written), each shown as one line.
 2. ``example_dp_budget_gated`` then finds this window exhausted: its BudgetSensor defers
    to the start of the next window (the demo tenant uses 60-second windows so you can
-   watch it), re-checks, and the release happens in the new window.
+   watch it), the trigger fires at that start, the sensor re-checks, and the release
+   happens in the new window. Each run's Airflow log goes to ``.demo/logs/``.
 3. ``dp-budget status`` shows the ledger.
 
 Everything lives under ``.demo/`` in the repository (Airflow home, metadata DB, ledger).
@@ -13,19 +14,29 @@ Everything lives under ``.demo/`` in the repository (Airflow home, metadata DB, 
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HOME = ROOT / ".demo" / "airflow"
+LOGS = ROOT / ".demo" / "logs"
 WINDOW_SECONDS = 60
 TENANT = "demo"
+# The gated run's log lines the demo shows: the sensor deferring, the trigger firing.
+_LIFECYCLE = {
+    "cannot fit the release": "sensor",
+    "Pausing task as DEFERRED": "task",
+    "trigger starting": "trigger",
+    "yielding event": "trigger fired",
+    "fits the release": "sensor",
+}
 # What the demo says after a release, by the account's state (the ledger's rule, README).
 _STATE_NOTES = {
     "WARNING": "  <-- WARNING: past 80% of the cap",
@@ -43,7 +54,7 @@ def prepare_airflow_home() -> None:
         AIRFLOW_HOME=str(HOME),
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
         AIRFLOW__CORE__DAGS_FOLDER=str(HOME / "dags"),
-        AIRFLOW__LOGGING__LOGGING_LEVEL="WARNING",
+        AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",  # into .demo/logs, not the terminal
     )
     os.environ.pop("AIRFLOW_CONN_DP_BUDGET_DEFAULT", None)  # the embedded default, on purpose
     say(f"Airflow home {HOME}: migrating the metadata database")
@@ -55,15 +66,45 @@ def say(message: str) -> None:
     print(f"[demo] {message}", flush=True)
 
 
+@contextlib.contextmanager
+def task_log(name: str) -> Iterator[Path]:
+    """Everything a DAG run prints (Airflow's task logs, a refused task's traceback) goes
+    to ``.demo/logs/<name>.log`` instead of the terminal; the demo says what happened."""
+    LOGS.mkdir(parents=True, exist_ok=True)
+    path = LOGS / f"{name}.log"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with path.open("w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield path
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for descriptor in saved:
+                os.close(descriptor)
+
+
+def shown(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
 def main() -> None:
     prepare_airflow_home()
     # Imported only now: Airflow reads AIRFLOW_HOME at import time.
     from dp_budget_provider.hooks.dp_budget import DPBudgetHook
     from dp_budget_provider.ledger import Policy, WindowCalendar
 
-    logging.getLogger("airflow").setLevel(logging.WARNING)
-    ledger = DPBudgetHook().get_ledger()
-    say(f"ledger: {ledger.url} (embedded SQLite default, delta={ledger.delta})")
+    with task_log("setup"):
+        ledger = DPBudgetHook().get_ledger()
+    say(
+        f"ledger: {ledger.url} (embedded SQLite default, delta={ledger.delta}; its history is "
+        "not keyed, as a demo's may be: see docs/ledger.md for the chain key)"
+    )
     calendar = WindowCalendar("fixed", WINDOW_SECONDS)
     ledger.set_policy(
         Policy(
@@ -84,7 +125,8 @@ def main() -> None:
 
     heatmap = load("example_dp_heatmap")
     for number in range(1, 6):
-        state = str(heatmap.test(run_conf={"tenant": TENANT}).state)
+        with task_log(f"heatmap-run-{number}") as log:
+            state = str(heatmap.test(run_conf={"tenant": TENANT}).state)
         account = max(ledger.accounts(tenant=TENANT), key=lambda a: a.epsilon)
         if state == "success":
             flag = _STATE_NOTES.get(account.state, "")
@@ -94,9 +136,13 @@ def main() -> None:
                 f"{account.key.window}{flag}"
             )
         else:
+            lines = log.read_text().splitlines()
+            refusal = next((line for line in lines if "DPBudgetExhaustedError:" in line), "")
             say(
-                f"heatmap run {number}: REFUSED (task failed with DPBudgetExhaustedError): no "
-                f"release, ledger untouched at eps {account.epsilon:.4f} ({account.state})"
+                f"heatmap run {number}: REFUSED, no release and the ledger untouched at eps "
+                f"{account.epsilon:.4f} ({account.state}):\n         "
+                f"{refusal.split('DPBudgetExhaustedError: ', 1)[-1]}\n         (task log: "
+                f"{shown(log)})"
             )
 
     gated = load("example_dp_budget_gated")
@@ -106,11 +152,17 @@ def main() -> None:
         f"the next window opens at {wake:%H:%M:%S} UTC"
     )
     started = time.monotonic()
-    state = str(gated.test(run_conf={"tenant": TENANT}).state)
+    with task_log("gated-run") as log:
+        state = str(gated.test(run_conf={"tenant": TENANT}).state)
+    for line in log.read_text().splitlines():
+        event = _LIFECYCLE.get(next((m for m in _LIFECYCLE if m in line), ""))
+        if event:
+            moment = line[11:19]  # the log line's UTC time of day
+            say(f"  {moment} {event}: {line.split(']', 1)[-1].split('[', 1)[0].strip()}")
     latest = sorted(ledger.accounts(tenant=TENANT), key=lambda a: a.key.window)[-1]
     say(
         f"gated run: {state} after {time.monotonic() - started:.0f}s; released in window "
-        f"{latest.key.window} at eps {latest.epsilon:.4f}"
+        f"{latest.key.window} at eps {latest.epsilon:.4f} (task log: {shown(log)})"
     )
     print(flush=True)
     dp_budget = str(Path(sys.executable).with_name("dp-budget"))
