@@ -31,7 +31,9 @@ from dp_budget_provider.ledger.errors import LedgerCorrupt
 # = (a + b)(1 + 2u - 7u^2 + 4u^3) >= a + b. The same holds for a difference a - b >= 0,
 # whose rounding is also within u relative. So a stored sum is never below the exact sum
 # of what it adds, however many additions it went through; each costs at most ~5u
-# relative (5e-10 after 10^6 of them). The factor 1 + 2^-51 is exact in a double.
+# relative (5e-10 after 10^6 of them). The factor 1 + 2^-51 is exact in a double. Adding
+# or taking away zero rounds nothing, so it is left exact (an account charged once holds
+# exactly its cost); the SQL mirrors (``statements._sum_up``) make the same exception.
 ROUND_UP = 1.0 + 2.0**-51
 
 
