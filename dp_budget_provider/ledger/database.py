@@ -58,8 +58,8 @@ def parse_url(url: str) -> URL:
             f"(expected {_URL_FORMS})"
         )
     scheme, separator, rest = str(url).partition("://")
-    if not separator or not scheme:
-        raise ValueError(f"not a database URL: {url!r} (expected {_URL_FORMS})")
+    if not separator or not scheme:  # never echoed: a mistyped URL may hold a password
+        raise ValueError(f"not a database URL (expected {_URL_FORMS})")
     if scheme.lower() in _POSTGRES_SCHEMES:
         if scheme.lower() not in ("postgresql", POSTGRES_DRIVER):
             logging.getLogger(__name__).info(
@@ -75,8 +75,8 @@ def parse_url(url: str) -> URL:
         )
     try:
         parsed = make_url(url)
-    except exc.ArgumentError as error:
-        raise ValueError(f"not a database URL: {error} (expected {_URL_FORMS})") from None
+    except (exc.ArgumentError, ValueError):  # its message may quote the URL and password
+        raise ValueError(f"not a database URL (expected {_URL_FORMS})") from None
     backend = parsed.get_backend_name()
     if backend not in ("sqlite", "postgresql"):
         raise ValueError(f"unsupported ledger database {backend!r}: use sqlite or postgresql")
@@ -86,7 +86,41 @@ def parse_url(url: str) -> URL:
         raise ValueError(
             f"not a database URL: no driver {parsed.drivername!r} (expected {_URL_FORMS})"
         ) from None
-    return _absolute_sqlite(parsed) if backend == "sqlite" else parsed
+    return _absolute_sqlite(parsed) if backend == "sqlite" else _one_postgres_target(parsed)
+
+
+# Query parameters a PostgreSQL ledger URL may carry: how to connect, never where to.
+_POSTGRES_QUERY = frozenset(
+    {
+        "sslmode",
+        "sslcert",
+        "sslkey",
+        "sslrootcert",
+        "sslcrl",
+        "sslpassword",
+        "gssencmode",
+        "connect_timeout",
+        "application_name",
+        "target_session_attrs",
+        "keepalives",
+        "keepalives_idle",
+        "keepalives_interval",
+        "keepalives_count",
+    }
+)
+
+
+def _one_postgres_target(url: URL) -> URL:
+    """Refuse query parameters that would connect elsewhere than the URL says (``dbname``,
+    ``user``, ``options=-csearch_path=...``: another database or schema is another ledger,
+    with a full budget). ``host`` is taken only as the URL's host, for a Unix socket."""
+    extra = set(url.query) - _POSTGRES_QUERY - ({"host"} if not url.host else set())
+    if extra:
+        raise ValueError(
+            f"the ledger URL's query names {', '.join(sorted(extra))}: put the host, port, user "
+            "and database in the URL itself (query parameters may only say how to connect)"
+        )
+    return url
 
 
 def make_engine(url: str | None) -> Engine:
@@ -114,10 +148,25 @@ def make_engine(url: str | None) -> Engine:
 
 
 def sqlite_path(url: URL) -> Path | None:
-    """The file of a SQLite ledger URL; None for an in-memory or ``file:`` URI database."""
+    """The file of a SQLite ledger URL; None for an in-memory database. A ``file:`` URI
+    (``?uri=true``) must name an absolute path: a relative one would be another file in
+    every working folder, each a ledger with a full budget. Without ``uri=true`` SQLite
+    opens ``file:x.db`` as a plain (relative) file name, resolved like any other."""
     database = url.database or ""
-    if database in ("", ":memory:") or database.startswith("file:"):
+    if database in ("", ":memory:"):
         return None
+    if database.startswith("file:") and str(url.query.get("uri", "")).lower() in ("true", "1"):
+        target = database[len("file:") :].split("?", 1)[0]
+        if target.startswith("//"):
+            target = target[2:]
+            target = target[target.index("/") :] if "/" in target else ""
+        if target in ("", ":memory:") or url.query.get("mode") == "memory":
+            return None
+        if not target.startswith("/"):
+            raise ValueError(
+                "a SQLite file: URI must name an absolute path (file:/abs/path/ledger.db)"
+            )
+        return Path(target)
     return Path(database)
 
 

@@ -54,3 +54,32 @@ def test_a_sqlite_ledger_in_a_missing_folder_names_the_folder(tmp_path):
     with pytest.raises(LedgerUnavailable, match=f"the folder {missing} of the SQLite ledger"):
         PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=f"sqlite:///{missing / 'ledger.db'}")
     assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize(
+    "url", ["postgresql:/admin:S3cretPW@db/ledger", "postgresql://admin:S3cretPW@db:port/x"]
+)
+def test_a_malformed_url_is_refused_without_echoing_its_password(url):
+    with pytest.raises(ValueError, match="not a database URL") as refused:
+        database.parse_url(url)
+    assert "S3cretPW" not in str(refused.value)
+
+
+@pytest.mark.parametrize("query", ["dbname=postgres", "user=other", "options=-csearch_path%3Dx"])
+def test_postgresql_query_parameters_may_not_point_elsewhere(query):
+    with pytest.raises(ValueError, match="query names"):
+        database.parse_url(f"postgresql://u@localhost/ledger?{query}")
+    database.parse_url("postgresql://u@localhost/ledger?sslmode=require&connect_timeout=5")
+    database.parse_url("postgresql://u@/ledger?host=/var/run/postgresql")  # a Unix socket
+
+
+def test_a_relative_sqlite_file_uri_is_refused_and_a_plain_file_name_resolved(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="absolute path"):
+        database.parse_url("sqlite:///file:rel.db?uri=true")
+    absolute = database.parse_url(f"sqlite:///file:{tmp_path / 'a.db'}?uri=true")
+    assert database.sqlite_path(absolute) == tmp_path / "a.db"
+    plain = database.parse_url("sqlite:///file:rel.db")  # no uri=true: a file named so
+    assert plain.database == str(tmp_path / "file:rel.db")
