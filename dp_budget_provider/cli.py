@@ -19,13 +19,13 @@ Commands (each takes ``--url URL`` or ``--conn-id ID``)::
     dp-budget db adopt-key
     dp-budget init --epsilon E --delta D [--warn-fraction F] [--conversion improved|classic]
     dp-budget status [--window W] [--tenant T] [--limit N] [--offset N] [--json]
-    dp-budget show SUBJECT QUERY_TYPE WINDOW [--tenant T]
-    dp-budget history [--limit N] [--after SEQ]
+    dp-budget show SUBJECT QUERY_TYPE WINDOW [--tenant T] [--json]
+    dp-budget history [--limit N] [--after SEQ] [--before SEQ] [--newest-first] [--json]
     dp-budget verify [--checkpoint FILE]
     dp-budget quarantine show | clear --reason TEXT
     dp-budget reset --window W | --closed
     dp-budget reap --older-than DURATION [--now ISO]
-    dp-budget policy list
+    dp-budget policy list [--json]
     dp-budget policy set --epsilon E [--tenant T] [--query-type Q] [--warn-fraction F]
                          [--calendar iso_week|month|day|fixed] [--length-seconds N]
                          [--min-window-seconds N] [--grace DURATION] [--clause TEXT]
@@ -385,10 +385,25 @@ def _header(ledger: PrivacyBudgetLedger) -> str:
     )
 
 
-def _history_lines(ledger: PrivacyBudgetLedger, entries: Sequence[dict[str, Any]]) -> list[str]:
+_JSON_HELP = "machine-readable: one JSON document instead of the table"
+
+
+def _print_json(document: Any) -> None:
+    """One JSON document on stdout (strict: a NaN or infinity is a bug, never printed)."""
+    print(json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False))
+
+
+def _entry_records(
+    ledger: PrivacyBudgetLedger, entries: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """History entries as the schedule rows that ``history`` and ``show`` print or emit."""
     mechanisms = report.mechanisms_by_reservation(entries)
     epsilon_alone = report.EpsilonAlone(ledger)
-    records = [report.entry_record(e, mechanisms, epsilon_alone) for e in entries]
+    return [report.entry_record(e, mechanisms, epsilon_alone) for e in entries]
+
+
+def _history_lines(ledger: PrivacyBudgetLedger, entries: Sequence[dict[str, Any]]) -> list[str]:
+    records = _entry_records(ledger, entries)
     rows = [
         (
             r["seq"],
@@ -465,7 +480,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "limit": limit,
                 "accounts": [report.account_record(s, ledger.delta) for s in statuses],
             }
-            print(json.dumps(document, indent=2, ensure_ascii=False))
+            _print_json(document)
             return 0
         print(_header(ledger))
         if not statuses:
@@ -528,6 +543,19 @@ def cmd_show(args: argparse.Namespace) -> int:
         if status is None and not entries:
             raise CommandError(f"no account and no history for {key}")
         policy = ledger.policy_for(key)
+        if args.json:
+            _print_json(
+                {
+                    "key": key.as_dict(),
+                    "delta": ledger.delta,
+                    "account": None
+                    if status is None
+                    else report.account_record(status, ledger.delta),
+                    "policy": policy.as_record(),
+                    "history": _entry_records(ledger, entries),
+                }
+            )
+            return 0
         lines = [
             f"account   {key}",
             f"          tenant={key.tenant} subject={key.subject} query_type={key.query_type} "
@@ -564,6 +592,9 @@ def cmd_history(args: argparse.Namespace) -> int:
         )
         more = limit is not None and len(entries) > limit
         entries = entries[:limit] if limit is not None else entries
+        if args.json:
+            _print_json({"entries": _entry_records(ledger, entries), "more": more})
+            return 0
         if not entries:
             print(f"no history entries after seq {args.after}")
             return 0
@@ -678,6 +709,9 @@ def cmd_policy_list(args: argparse.Namespace) -> int:
     """Every policy with its compliance clause."""
     with _ledger(args) as ledger:
         policies = ledger.policies()
+    if args.json:
+        _print_json([policy.as_record() for policy in policies])
+        return 0
     rows = [
         (
             p.tenant,
@@ -761,7 +795,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     with _ledger(args) as ledger:
         document = report.build_report(ledger, window=window, tenant=tenant)
     if args.format == "json":
-        print(json.dumps(document, indent=2, ensure_ascii=False, allow_nan=False))
+        _print_json(document)
     else:
         print(report.render_markdown(document))
     return 0
@@ -831,7 +865,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"rows to show (default {DEFAULT_STATUS_LIMIT}; 0 for all)",
     )
     status.add_argument("--offset", type=_count, default=0, help="rows to skip")
-    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.add_argument("--json", action="store_true", help=_JSON_HELP)
 
     show = command(
         commands,
@@ -844,6 +878,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("query_type", metavar="QUERY_TYPE", help="the release family")
     show.add_argument("window", metavar="WINDOW", help=WINDOW_LABELS)
     show.add_argument("--tenant", default="default", help="default: 'default'")
+    show.add_argument("--json", action="store_true", help=_JSON_HELP)
 
     history_command = command(
         commands, "history", cmd_history, "the audit history, one line per entry"
@@ -866,6 +901,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the latest entries first (default: oldest first)",
     )
+    history_command.add_argument("--json", action="store_true", help=_JSON_HELP)
 
     verify = command(
         commands,
@@ -914,7 +950,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     policy = commands.add_parser("policy", help="caps per tenant and query type")
     policy_commands = policy.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
-    command(policy_commands, "list", cmd_policy_list, "every policy and its compliance clause")
+    policy_list = command(
+        policy_commands, "list", cmd_policy_list, "every policy and its compliance clause"
+    )
+    policy_list.add_argument("--json", action="store_true", help=_JSON_HELP)
     policy_set = command(
         policy_commands,
         "set",

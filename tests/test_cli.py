@@ -484,6 +484,39 @@ def test_show_a_reset_account_keeps_its_history(seeded, capsys):
     assert [row.split()[2] for row in rows] == ["reserve", "commit", "reserve", "commit"]
 
 
+def test_show_history_and_policies_as_json(seeded, capsys):
+    code, out, _ = call(capsys, "--url", seeded, "show", "erin", "heatmap", CLOSED, "--json")
+    assert code == 0
+    shown = json.loads(out)
+    assert shown["key"] == ERIN.as_dict()
+    assert shown["account"]["state"] == "EXHAUSTED" and shown["account"]["releases"] == 2
+    ledger = open_ledger(seeded)
+    assert shown["account"]["epsilon"] == ledger.receipt(ERIN).epsilon
+    assert shown["policy"] == ledger.policy_for(ERIN).as_record()
+    assert [e["action"] for e in shown["history"]] == ["reserve", "commit", "correction"]
+    every = [e["seq"] for e in ledger.history()]
+    ledger.close()
+
+    code, out, _ = call(capsys, "--url", seeded, "history", "--json", "--limit", "2")
+    page = json.loads(out)
+    assert code == 0 and page["more"] is True
+    assert [e["seq"] for e in page["entries"]] == every[:2]
+    code, out, _ = call(capsys, "--url", seeded, "history", "--json", "--limit", "0")
+    assert [e["seq"] for e in json.loads(out)["entries"]] == every
+    assert json.loads(out)["more"] is False
+
+    code, out, _ = call(capsys, "--url", seeded, "policy", "list", "--json")
+    assert code == 0
+    assert [(p["tenant"], p["query_type"]) for p in json.loads(out)] == [("*", "*"), ("acme", "*")]
+    assert json.loads(out)[1]["compliance_clause"] == CLAUSE
+
+    assert call(capsys, "--url", seeded, "reset", "--window", CLOSED)[0] == 0
+    code, out, _ = call(capsys, "--url", seeded, "show", "erin", "heatmap", CLOSED, "--json")
+    after_reset = json.loads(out)
+    assert code == 0 and after_reset["account"] is None
+    assert after_reset["history"][:3] == shown["history"]
+
+
 def test_history_one_line_per_entry(seeded_any):
     result = run("history", url=seeded_any)
     assert result.returncode == 0, result.stderr
