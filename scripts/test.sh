@@ -16,4 +16,7 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 .venv/bin/python -c "import airflow, dp_accounting; print('airflow', airflow.__version__)"
 .venv/bin/ruff check .
-.venv/bin/pytest "$@"
+# One worker per core (DP_BUDGET_TEST_WORKERS overrides; 0 runs in this process); each test
+# file stays on one worker, so its module fixtures (an Airflow api-server, a seeded ledger)
+# start once. Every worker has its own AIRFLOW_HOME and scratch databases.
+.venv/bin/pytest -n "${DP_BUDGET_TEST_WORKERS:-auto}" --dist loadfile "$@"
