@@ -65,6 +65,7 @@ from dp_budget_provider.ledger.errors import (
     ReservationStateError,
     WindowSealed,
 )
+from dp_budget_provider.ledger.held import held_states
 from dp_budget_provider.ledger.keys import (
     LedgerKey,
     canonical_part,
@@ -87,6 +88,7 @@ from dp_budget_provider.ledger.records import (
     REAPED,
     RELEASED,
     AccountStatus,
+    BudgetCheck,
     Reservation,
     SpendReceipt,
     VerifyReport,
@@ -322,8 +324,20 @@ class PrivacyBudgetLedger:
 
     # ------------------------------------------------------------------ validation helpers
 
+    @classmethod
+    def _keys(cls, keys: LedgerKey | Iterable[LedgerKey]) -> list[LedgerKey]:
+        """Distinct keys in lock order (see ``_lock_order``)."""
+        by_parts = cls._key_parts(keys)
+        return [by_parts[parts] for parts in sorted(by_parts)]
+
+    @classmethod
+    def _distinct_keys(cls, keys: LedgerKey | Iterable[LedgerKey]) -> list[LedgerKey]:
+        """Distinct keys in the order given."""
+        return list(cls._key_parts(keys).values())
+
     @staticmethod
-    def _keys(keys: LedgerKey | Iterable[LedgerKey]) -> list[LedgerKey]:
+    def _key_parts(keys: LedgerKey | Iterable[LedgerKey]) -> dict[tuple[str, ...], LedgerKey]:
+        """``keys`` validated (LedgerKey objects, at least one, none twice) by their parts."""
         if isinstance(keys, LedgerKey):
             listed = [keys]
         elif isinstance(keys, Iterable) and not isinstance(keys, str | bytes | Mapping):
@@ -336,10 +350,9 @@ class PrivacyBudgetLedger:
             if not isinstance(key, LedgerKey):
                 raise ValueError(f"keys must be LedgerKey objects (see key_for), got {key!r}")
         by_parts = {statements.key_tuple(key): key for key in listed}  # tuples sort and hash in C
-        ordered = [by_parts[parts] for parts in sorted(by_parts)]
-        if len(ordered) != len(listed):
+        if len(by_parts) != len(listed):
             raise ValueError("the same key appears more than once in one release")
-        return ordered
+        return by_parts
 
     @staticmethod
     def _one_key(key: LedgerKey) -> list[LedgerKey]:
@@ -1093,28 +1106,73 @@ class PrivacyBudgetLedger:
         """Reserve and commit one release on one key (what a task does, in one call)."""
         return self.commit(self.reserve(self._one_key(key), mechanism, count, attempt))[0]
 
+    def budget_check(
+        self,
+        keys: LedgerKey | Iterable[LedgerKey],
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int = 1,
+    ) -> BudgetCheck:
+        """Would this release fit every one of ``keys`` now, and which key fits it worst?
+
+        Committed spend and every open reservation count, summed as the reservation's own
+        check sums them, so a release this finds fitting is refused only if something
+        else is reserved or committed first. One grouped read per window (and 10^5
+        subjects) and one conversion per distinct held state: the subjects of a cohort
+        that has had the same releases hold one state, however many they are.
+        """
+        distinct = self._distinct_keys(keys)
+        cost = self._cost(self._mechanism(mechanism), check.count("count", count))
+        with self.reading() as connection:
+            states = held_states(connection, distinct, self._orders.size)
+            policies = self._policy_store.read(connection)
+        worst: tuple[float, bool, LedgerKey, float, float] | None = None
+        for state in states:
+            cap = policy_for(policies, LedgerKey(state.tenant, "-", state.query_type, "-"))
+            epsilon = self._bounds([prospective(state.spend, state.pending, cost)])[0].epsilon
+            # Ties go to a state with a named key (see HeldState.example).
+            rank = (epsilon / cap.cap_epsilon, state.example is not None)
+            if state.example is not None and (worst is None or rank > worst[:2]):
+                worst = (*rank, state.example, epsilon, cap.cap_epsilon)
+        assert worst is not None  # every window has a named state: see held_states
+        return BudgetCheck(len(distinct), worst[2], worst[3], worst[4], len(states))
+
     def would_exceed(
-        self, key: LedgerKey, mechanism: Mechanism | Mapping[str, Any], count: int = 1
+        self,
+        keys: LedgerKey | Iterable[LedgerKey],
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int = 1,
     ) -> bool:
-        """True if this release would pass the key's cap now (counting open reservations)."""
-        return self.prospective_epsilon(key, mechanism, count) > self.policy_for(key).cap_epsilon
+        """True if this release would pass the cap of any of ``keys`` now (counting open
+        reservations): :meth:`budget_check` without the details."""
+        return self.budget_check(keys, mechanism, count).exceeds
+
+    def prospective_accountants(
+        self, keys: LedgerKey | Iterable[LedgerKey]
+    ) -> list[tuple[RDPAccountant, Policy]]:
+        """Each distinct committed-plus-reserved spend among ``keys`` as an accountant, with
+        the policy over it (for noise planning: one entry per state, not per key)."""
+        distinct = self._distinct_keys(keys)
+        with self.reading() as connection:
+            states = held_states(connection, distinct, self._orders.size)
+            policies = self._policy_store.read(connection)
+        planned: dict[tuple[Any, ...], tuple[RDPAccountant, Policy]] = {}
+        for state in states:
+            policy = policy_for(policies, LedgerKey(state.tenant, "-", state.query_type, "-"))
+            total = state.spend.plus(state.pending.as_spend())
+            planned.setdefault(
+                (total.signature, policy.cap_epsilon), (total.to_accountant(self._orders), policy)
+            )
+        return list(planned.values())
 
     def prospective_accountant(self, key: LedgerKey) -> RDPAccountant:
-        """An accountant holding ``key``'s committed and reserved spend (for noise planning)."""
-        keys = self._keys(key)
-        with self.reading() as connection:
-            state, pending = self._held(connection, keys)[keys[0]]
-        return state.plus(pending.as_spend()).to_accountant(self._orders)
+        """An accountant holding ``key``'s committed and reserved spend."""
+        return self.prospective_accountants(self._one_key(key))[0][0]
 
     def prospective_epsilon(
         self, key: LedgerKey, mechanism: Mechanism | Mapping[str, Any], count: int = 1
     ) -> float:
         """The eps ``key`` would reach with this release on top of committed and reserved spend."""
-        keys = self._keys(key)
-        cost = self._cost(self._mechanism(mechanism), check.count("count", count))
-        with self.reading() as connection:
-            state, pending = self._held(connection, keys)[keys[0]]
-        return self._bounds([prospective(state, pending, cost)])[0].epsilon
+        return self.budget_check(self._one_key(key), mechanism, count).epsilon
 
     # ------------------------------------------------------------------ reading
 

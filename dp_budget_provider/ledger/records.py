@@ -33,6 +33,28 @@ class SpendReceipt:
 
 
 @dataclass(frozen=True)
+class BudgetCheck:
+    """Whether a release fits every key asked about, and the key it fits worst.
+
+    ``key`` is the key whose prospective eps is the largest fraction of its cap, and
+    ``epsilon`` what it would reach (committed and open reservations counted, summed as
+    the reservation's own check sums them). ``states`` is how many distinct held states
+    the answer was computed from: keys that have had the same releases share one.
+    """
+
+    keys: int
+    key: LedgerKey
+    epsilon: float
+    cap_epsilon: float
+    states: int
+
+    @property
+    def exceeds(self) -> bool:
+        """The release would pass ``key``'s cap: reserving it now would be refused."""
+        return self.epsilon > self.cap_epsilon
+
+
+@dataclass(frozen=True)
 class Reservation:
     """A prospective spend holding budget on its keys until commit, release or reap.
 
