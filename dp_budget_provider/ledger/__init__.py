@@ -15,11 +15,12 @@ from dp_budget_provider.ledger.errors import (
     ReservationStateError,
     WindowSealed,
 )
-from dp_budget_provider.ledger.keys import LedgerKey, key_for
+from dp_budget_provider.ledger.keys import LedgerKey, SubjectSource, key_for, keys_for, subject_ids
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
 from dp_budget_provider.ledger.records import (
     AccountStatus,
+    BudgetCheck,
     Reservation,
     SpendReceipt,
     VerifyReport,
@@ -30,6 +31,7 @@ __all__ = [
     "ANY",
     "AccountStatus",
     "BudgetCap",
+    "BudgetCheck",
     "BudgetExhausted",
     "LedgerConfigMismatch",
     "LedgerCorrupt",
@@ -43,10 +45,13 @@ __all__ = [
     "Reservation",
     "ReservationStateError",
     "SpendReceipt",
+    "SubjectSource",
     "VerifyReport",
     "WindowCalendar",
     "WindowSealed",
     "is_closed",
     "key_for",
+    "keys_for",
+    "subject_ids",
     "window_bounds",
 ]

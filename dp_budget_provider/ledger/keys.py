@@ -19,8 +19,10 @@ spaces. Refused, because they would fork one account invisibly:
 
 from __future__ import annotations
 
+import numbers
 import re
 import unicodedata
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 MAX_PART_LENGTH = 256
@@ -177,3 +179,58 @@ class LedgerKey:
 def key_for(subject: str, query_type: str, window: str, *, tenant: str = "default") -> LedgerKey:
     """The canonical key for a subject's releases of one query type in one window."""
     return LedgerKey(tenant=tenant, subject=subject, query_type=query_type, window=window)
+
+
+SubjectSource = Iterable[object] | Callable[[], Iterable[object]]
+
+
+def subject_ids(subjects: SubjectSource) -> list[str]:
+    """The distinct canonical subject ids of a release, from wherever its data lists them.
+
+    ``subjects`` is any iterable of ids (a list, a set, a numpy array, a pandas Series,
+    the list an upstream task returned through XCom) or a callable that returns one;
+    an id is a string or an integer (``17`` is the subject ``"17"``). Ids that are the
+    same canonical id ("Alice" and "alice") are one subject, charged once. A single
+    string is refused: it would be a list of its characters.
+    """
+    if callable(subjects):
+        subjects = subjects()
+    if isinstance(subjects, str | bytes) or not isinstance(subjects, Iterable):
+        raise ValueError(
+            "subjects must be a collection of subject ids (a list, an array, an upstream "
+            f"task's output) or a callable that returns one, got {type(subjects).__name__}"
+            + (
+                ": a template renders to a string; pass the upstream task's .output"
+                if isinstance(subjects, str)
+                else ""
+            )
+        )
+    if isinstance(subjects, Mapping):
+        raise ValueError("subjects must be a collection of subject ids, not a mapping")
+    distinct: dict[str, None] = {}
+    for subject in subjects:
+        if isinstance(subject, numbers.Integral) and not isinstance(subject, bool):
+            subject = str(int(subject))
+        distinct[canonical_part("subject", subject)] = None
+    if not distinct:
+        raise ValueError("subjects is empty: a release must charge at least one subject")
+    return list(distinct)
+
+
+def keys_for(
+    subjects: SubjectSource, query_type: str, windows: Iterable[str], *, tenant: str = "default"
+) -> list[LedgerKey]:
+    """One key per distinct subject and window (see :func:`subject_ids`), each part
+    canonicalised once: a release over a million subjects builds its keys in about a
+    second."""
+    ids = subject_ids(subjects)
+    tenant = canonical_part("tenant", tenant)
+    query_type = canonical_part("query_type", query_type)
+    labels = list(dict.fromkeys(canonical_part("window", window) for window in windows))
+    if not labels:
+        raise ValueError("a release must charge at least one window")
+    return [
+        LedgerKey.from_canonical(tenant, subject, query_type, window)
+        for window in labels
+        for subject in ids
+    ]

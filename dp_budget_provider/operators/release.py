@@ -25,7 +25,6 @@ from airflow.sdk.observability.stats import Stats
 from dp_budget_provider.accounting import (
     GaussianMechanism,
     Mechanism,
-    RDPAccountant,
     plan_noise_multiplier_for,
 )
 from dp_budget_provider.accounting.answer_rule import AnswerRule
@@ -42,8 +41,9 @@ from dp_budget_provider.ledger import (
     PrivacyBudgetLedger,
     ReservationStateError,
     SpendReceipt,
+    SubjectSource,
     WindowSealed,
-    key_for,
+    keys_for,
 )
 from dp_budget_provider.plugins.links import DPBudgetAccountLink
 
@@ -91,7 +91,10 @@ class DPReleaseOperator(BaseOperator):
         every key within ``target_epsilon`` (default: its cap).
     :param l2_sensitivity: L2 sensitivity of the answer (Gaussian).
     :param l1_sensitivity: L1 sensitivity of the answer (Laplace).
-    :param subject: the privacy unit charged; or ``subjects`` for one release over many.
+    :param subject: the privacy unit charged; or ``subjects`` for one release over many:
+        any collection of ids from the data (a list, a numpy array, an upstream task's
+        ``.output``) or a callable that returns one, read when the task runs; ids that
+        are one canonical id are one subject, charged once.
     :param tenant: ledger tenant. :param query_type: release family.
     :param window: one budget window, a canonical label of the scope's calendar (e.g. the
         window a :class:`BudgetSensor` found room in); default: every window the run's
@@ -138,7 +141,7 @@ class DPReleaseOperator(BaseOperator):
         mechanism: Mechanism | Mapping[str, Any],
         query_type: str,
         subject: str | None = None,
-        subjects: Collection[str] | str | None = None,
+        subjects: SubjectSource | None = None,
         tenant: str = "default",
         window: str | None = None,
         l2_sensitivity: float | None = None,
@@ -218,23 +221,25 @@ class DPReleaseOperator(BaseOperator):
         return Mechanism.from_spec(self.mechanism)
 
     def _auto_mechanism(self, ledger: PrivacyBudgetLedger, keys: list[LedgerKey]) -> Mechanism:
-        """The least noise found that keeps every key within its target, checked on each."""
-        budgets: dict[tuple[Any, ...], tuple[RDPAccountant, float]] = {}
-        for key in keys:
-            accountant: RDPAccountant = ledger.prospective_accountant(key)
-            state = accountant.state()
-            cap = ledger.policy_for(key).cap_epsilon
-            target = min(cap, self.target_epsilon) if self.target_epsilon else cap
-            signature = (state.rho, state.residual, state.gaussian_mu_squared, target)
-            budgets.setdefault(signature, (accountant, target))
+        """The least noise found that keeps every key within its target, checked on each
+        distinct held state (keys that have had the same releases share one)."""
+        budgets = [
+            (accountant, min(policy.cap_epsilon, self.target_epsilon or policy.cap_epsilon))
+            for accountant, policy in ledger.prospective_accountants(keys)
+        ]
         needed = plan_noise_multiplier_for(
-            list(budgets.values()),
+            budgets,
             ledger.delta,
             self.count,
             ledger.conversion,
             mechanism_for=lambda z: self._plan(GaussianMechanism(z)).charged,
         )
-        self.log.info("noise_multiplier='auto' resolved to %.6g for %d key(s)", needed, len(keys))
+        self.log.info(
+            "noise_multiplier='auto' resolved to %.6g for %d key(s) in %d distinct state(s)",
+            needed,
+            len(keys),
+            len(budgets),
+        )
         return GaussianMechanism(needed)
 
     # ------------------------------------------------------------------ keys
@@ -246,16 +251,7 @@ class DPReleaseOperator(BaseOperator):
         else:
             windows = ledger.windows_for(self.tenant, self.query_type, *data_interval(context))
         subjects = [self.subject] if self.subject is not None else self.subjects
-        if isinstance(subjects, str):
-            raise ValueError("subjects must be a collection of subject ids, not one string")
-        keys = [
-            key_for(s, self.query_type, window, tenant=self.tenant)
-            for window in windows
-            for s in subjects or []
-        ]
-        if not keys:
-            raise ValueError("subjects is empty: a release must charge at least one subject")
-        return keys
+        return keys_for(subjects, self.query_type, windows, tenant=self.tenant)
 
     # ------------------------------------------------------------------ execute
 

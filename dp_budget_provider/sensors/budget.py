@@ -7,7 +7,7 @@ and defers again if the release still does not fit.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, A
 
 from dp_budget_provider.accounting import Mechanism
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
-from dp_budget_provider.ledger import PrivacyBudgetLedger, key_for
+from dp_budget_provider.ledger import PrivacyBudgetLedger, SubjectSource, key_for, keys_for
 from dp_budget_provider.triggers.budget_window import BudgetWindowTrigger
 
 
@@ -46,7 +46,7 @@ class BudgetSensor(BaseSensorOperator):
         mechanism: Mechanism | Mapping[str, Any],
         query_type: str,
         subject: str | None = None,
-        subjects: Collection[str] | None = None,
+        subjects: SubjectSource | None = None,
         tenant: str = "default",
         window: str | None = None,
         count: int = 1,
@@ -78,17 +78,25 @@ class BudgetSensor(BaseSensorOperator):
         return ledger.policy_for_scope(self.tenant, self.query_type).calendar.window_of(now)
 
     def _fits(self, ledger: PrivacyBudgetLedger, window: str) -> bool:
-        subjects = [self.subject] if self.subject is not None else list(self.subjects or [])
-        keys = [key_for(s, self.query_type, window, tenant=self.tenant) for s in subjects]
-        if not keys:
-            raise AirflowFailException("subjects is empty: nothing to wait for")
+        subjects = [self.subject] if self.subject is not None else self.subjects
+        keys = keys_for(subjects, self.query_type, [window], tenant=self.tenant)
         fresh = key_for("-", self.query_type, window, tenant=self.tenant)
         if ledger.would_exceed(fresh, self.mechanism, self.count):
             raise AirflowFailException(
                 f"{self.count} x {self.mechanism.to_spec()} exceeds the cap even on an empty "
                 "account: no window will ever fit it"
             )
-        return not any(ledger.would_exceed(key, self.mechanism, self.count) for key in keys)
+        check = ledger.budget_check(keys, self.mechanism, self.count)
+        self.log.info(
+            "%d key(s) in %d distinct state(s); the closest to its cap, %s, would reach eps "
+            "%.6g of %.6g",
+            check.keys,
+            check.states,
+            check.key,
+            check.epsilon,
+            check.cap_epsilon,
+        )
+        return not check.exceeds
 
     def poke(self, context: Any) -> PokeReturnValue:
         ledger = self._ledger()

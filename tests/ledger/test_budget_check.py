@@ -1,0 +1,180 @@
+"""One budget check over many keys: the same answer as the reservation it predicts.
+
+``budget_check`` reads the keys' distinct held states in one grouped read per window and
+converts each state once. Whatever history the keys have (overlapping cohorts, mixed
+mechanisms, open reservations, untouched keys), a release it finds fitting is granted and
+one it finds exceeding is refused, and the eps it reports is the reservation's own.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from dp_budget_provider.accounting import (
+    GaussianMechanism,
+    LaplaceMechanism,
+    PoissonSubsampledGaussianMechanism,
+)
+from dp_budget_provider.ledger import (
+    BudgetCap,
+    BudgetExhausted,
+    Policy,
+    PrivacyBudgetLedger,
+    held,
+    key_for,
+    keys_for,
+    subject_ids,
+)
+
+DELTA = 1e-5
+SUBJECTS = [f"s{i}" for i in range(10)]
+WINDOWS = ["2026-w10", "2026-w11"]
+MECHANISMS = [
+    GaussianMechanism(1.2),
+    GaussianMechanism(3.0),
+    GaussianMechanism(7.5),
+    LaplaceMechanism(0.3),
+    LaplaceMechanism(1.0),
+    PoissonSubsampledGaussianMechanism(1.5, 0.2),
+]
+COHORTS = st.lists(st.sampled_from(SUBJECTS), min_size=1, max_size=len(SUBJECTS), unique=True)
+STEPS = st.lists(
+    st.tuples(
+        COHORTS, st.sampled_from(WINDOWS), st.sampled_from(MECHANISMS), st.booleans()
+    ),
+    max_size=8,
+)
+_query_types = itertools.count()
+
+
+@pytest.fixture
+def ledger(ledger_url):
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url)
+    yield ledger
+    ledger.close()
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    steps=STEPS,
+    cohort=COHORTS,
+    windows=st.lists(st.sampled_from(WINDOWS), min_size=1, max_size=2, unique=True),
+    mechanism=st.sampled_from(MECHANISMS),
+    count=st.integers(1, 4),
+)
+def test_the_check_predicts_the_reservation_to_the_last_bit(
+    ledger, steps, cohort, windows, mechanism, count
+):
+    query_type = f"q{next(_query_types)}"  # a fresh scope per example, on one ledger
+    for subjects, window, step_mechanism, stays_open in steps:
+        try:
+            reservation = ledger.reserve(
+                keys_for(subjects, query_type, [window]), step_mechanism, count=2
+            )
+        except BudgetExhausted:
+            continue
+        if not stays_open:
+            ledger.commit(reservation)
+    keys = keys_for(cohort, query_type, windows)
+    check = ledger.budget_check(keys, mechanism, count)
+    singles = {key: ledger.prospective_epsilon(key, mechanism, count) for key in keys}
+    assert check.keys == len(keys) and check.key in singles and check.cap_epsilon == 3.0
+    assert check.epsilon == max(singles.values()) == singles[check.key]
+    assert 1 <= check.states <= len(keys)
+    assert ledger.would_exceed(keys, mechanism, count) is check.exceeds
+    try:
+        reservation = ledger.reserve(keys, mechanism, count)
+    except BudgetExhausted as refusal:
+        event("refused")
+        assert check.exceeds, "the check said it fits, the reservation refused"
+        assert refusal.would_be_epsilon <= check.epsilon
+    else:
+        event("granted")
+        assert not check.exceeds, "the check said it exceeds, the reservation was granted"
+        assert reservation.prospective_epsilon == check.epsilon
+
+
+def test_the_worst_key_is_the_one_closest_to_its_own_cap(ledger):
+    ledger.set_policy(Policy(1.0, tenant="strict"))
+    loose = key_for("a", "count", WINDOWS[0], tenant="loose")
+    strict = key_for("a", "count", WINDOWS[0], tenant="strict")
+    ledger.spend(loose, GaussianMechanism(5.0), count=2)  # more eps, further from the cap of 3
+    check = ledger.budget_check([loose, strict], GaussianMechanism(6.0))
+    assert check.key == strict and check.cap_epsilon == 1.0
+    assert check.epsilon < ledger.prospective_epsilon(loose, GaussianMechanism(6.0))
+    assert check.states == 2 and not check.exceeds
+    assert ledger.would_exceed([loose, strict], GaussianMechanism(1.0))
+
+
+def test_untouched_keys_hold_the_zero_state_and_are_named_when_alone(ledger):
+    fresh = keys_for(["x", "y"], "count", WINDOWS[:1])
+    check = ledger.budget_check(fresh, GaussianMechanism(4.0))
+    assert check.key == min(fresh) and check.states == 1
+    assert check.epsilon == ledger.prospective_epsilon(fresh[0], GaussianMechanism(4.0))
+    ledger.spend(fresh[1], GaussianMechanism(4.0))
+    check = ledger.budget_check(fresh, GaussianMechanism(4.0))
+    assert check.key == fresh[1] and check.states == 2
+
+
+def test_many_keys_are_one_grouped_read_per_window_and_chunk(ledger, monkeypatch):
+    """Few statements however many keys: the subjects travel as one list parameter."""
+    monkeypatch.setattr(held, "CHUNK", 40)
+    keys = keys_for([f"u{i}" for i in range(100)], "heatmap", WINDOWS)
+    ledger.commit(ledger.reserve(keys[:30], GaussianMechanism(5.0)))
+    ledger.reserve(keys[130:150], LaplaceMechanism(0.5))  # open, in the second window
+    reads = []
+
+    def count_reads(conn, cursor, statement, parameters, context, executemany):
+        if "FROM dp_accounts" in statement and "GROUP BY" in statement:
+            reads.append(statement)
+
+    engine = ledger._engine
+    sa.event.listen(engine, "before_cursor_execute", count_reads)
+    try:
+        check = ledger.budget_check(keys, GaussianMechanism(5.0))
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", count_reads)
+    assert len(reads) == 2 * 3  # two windows, 100 subjects in chunks of 40
+    # Per chunk, each state once: committed + untouched, untouched, untouched (first
+    # window); open + untouched, open + untouched, untouched (second window).
+    assert check.keys == 200 and check.states == 9
+    assert check.key in keys[130:150]  # the open Laplace costs more than the committed z=5
+    assert check.epsilon == ledger.prospective_epsilon(keys[130], GaussianMechanism(5.0))
+    assert check.epsilon > ledger.prospective_epsilon(keys[0], GaussianMechanism(5.0))
+
+
+def test_subjects_come_from_any_collection_or_a_callable():
+    assert subject_ids(np.array(["Alice", "bob"])) == ["alice", "bob"]
+    assert subject_ids(np.arange(3)) == ["0", "1", "2"]
+    assert subject_ids(lambda: (s for s in ["x", "X", " x "])) == ["x"]  # one subject
+    assert subject_ids({"k"}) == ["k"]
+    keys = keys_for(range(3), "count", ["2026-w10", "2026-W10", "2026-w11"], tenant="ACME")
+    assert keys == [key_for(str(i), "count", w, tenant="acme") for w in WINDOWS for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    ("subjects", "message"),
+    [
+        ("alice", "a template renders to a string"),
+        ({"a": 1}, "not a mapping"),
+        ([], "subjects is empty"),
+        (lambda: [], "subjects is empty"),
+        ([True], "subject must be a string"),
+        ([1.5], "subject must be a string"),
+        (["ok", ""], "subject must not be empty"),
+        (7, "got int"),
+    ],
+)
+def test_bad_subjects_are_refused_before_any_database_work(subjects, message):
+    with pytest.raises(ValueError, match=message):
+        keys_for(subjects, "count", WINDOWS)
