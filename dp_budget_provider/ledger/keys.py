@@ -22,7 +22,7 @@ from __future__ import annotations
 import numbers
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 MAX_PART_LENGTH = 256
@@ -181,24 +181,22 @@ def key_for(subject: str, query_type: str, window: str, *, tenant: str = "defaul
     return LedgerKey(tenant=tenant, subject=subject, query_type=query_type, window=window)
 
 
-SubjectSource = Iterable[object] | Callable[[], Iterable[object]]
+SubjectSource = Iterable[object]
 
 
 def subject_ids(subjects: SubjectSource) -> list[str]:
     """The distinct canonical subject ids of a release, from wherever its data lists them.
 
     ``subjects`` is any iterable of ids (a list, a set, a numpy array, a pandas Series,
-    the list an upstream task returned through XCom) or a callable that returns one;
-    an id is a string or an integer (``17`` is the subject ``"17"``). Ids that are the
+    the list an upstream task returned through XCom); an id is a string or an integer
+    (``17`` is the subject ``"17"``). Ids that are the
     same canonical id ("Alice" and "alice") are one subject, charged once. A single
     string is refused: it would be a list of its characters.
     """
-    if callable(subjects):
-        subjects = subjects()
     if isinstance(subjects, str | bytes) or not isinstance(subjects, Iterable):
         raise ValueError(
             "subjects must be a collection of subject ids (a list, an array, an upstream "
-            f"task's output) or a callable that returns one, got {type(subjects).__name__}"
+            f"task's output), got {type(subjects).__name__}"
             + (
                 ": a template renders to a string; pass the upstream task's .output"
                 if isinstance(subjects, str)

@@ -93,7 +93,8 @@ class DPReleaseOperator(BaseOperator):
     :param l1_sensitivity: L1 sensitivity of the answer (Laplace).
     :param subject: the privacy unit charged; or ``subjects`` for one release over many:
         any collection of ids from the data (a list, a numpy array, an upstream task's
-        ``.output``) or a callable that returns one, read when the task runs; ids that
+        ``.output``), or a callable that Airflow calls with ``context`` and ``jinja_env``
+        when the task runs (as for any templated field) and that returns one; ids that
         are one canonical id are one subject, charged once.
     :param tenant: ledger tenant. :param query_type: release family.
     :param window: one budget window, a canonical label of the scope's calendar (e.g. the

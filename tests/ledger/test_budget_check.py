@@ -45,9 +45,7 @@ MECHANISMS = [
 ]
 COHORTS = st.lists(st.sampled_from(SUBJECTS), min_size=1, max_size=len(SUBJECTS), unique=True)
 STEPS = st.lists(
-    st.tuples(
-        COHORTS, st.sampled_from(WINDOWS), st.sampled_from(MECHANISMS), st.booleans()
-    ),
+    st.tuples(COHORTS, st.sampled_from(WINDOWS), st.sampled_from(MECHANISMS), st.booleans()),
     max_size=8,
 )
 _query_types = itertools.count()
@@ -153,10 +151,10 @@ def test_many_keys_are_one_grouped_read_per_window_and_chunk(ledger, monkeypatch
     assert check.epsilon > ledger.prospective_epsilon(keys[0], GaussianMechanism(5.0))
 
 
-def test_subjects_come_from_any_collection_or_a_callable():
+def test_subjects_come_from_any_collection():
     assert subject_ids(np.array(["Alice", "bob"])) == ["alice", "bob"]
     assert subject_ids(np.arange(3)) == ["0", "1", "2"]
-    assert subject_ids(lambda: (s for s in ["x", "X", " x "])) == ["x"]  # one subject
+    assert subject_ids(s for s in ["x", "X", " x "]) == ["x"]  # one subject
     assert subject_ids({"k"}) == ["k"]
     keys = keys_for(range(3), "count", ["2026-w10", "2026-W10", "2026-w11"], tenant="ACME")
     assert keys == [key_for(str(i), "count", w, tenant="acme") for w in WINDOWS for i in range(3)]
@@ -168,7 +166,7 @@ def test_subjects_come_from_any_collection_or_a_callable():
         ("alice", "a template renders to a string"),
         ({"a": 1}, "not a mapping"),
         ([], "subjects is empty"),
-        (lambda: [], "subjects is empty"),
+        (lambda: ["a"], "got function"),
         ([True], "subject must be a string"),
         ([1.5], "subject must be a string"),
         (["ok", ""], "subject must not be empty"),
