@@ -2,19 +2,18 @@
 
 When this week's budget cannot fit the release, the sensor defers to the start of the
 next window without holding a worker slot, re-checks there, and hands the window label
-that has room to the release task.
+that has room to the release task. Both take the cohort from an upstream task's output.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, task
 
 from dp_budget_provider.operators.release import DPReleaseOperator
 from dp_budget_provider.sensors.budget import BudgetSensor
 
-SUBJECTS = [f"user-{i:03d}" for i in range(50)]
 MECHANISM = {"kind": "gaussian", "noise_multiplier": 4.0}
 
 
@@ -32,10 +31,17 @@ with DAG(
     tags=["dp-budget", "example"],
     doc_md=__doc__,
 ) as dag:
+
+    @task
+    def list_cohort() -> list[str]:
+        """The subjects in today's data (synthetic; in production a query on the data)."""
+        return [f"user-{i:03d}" for i in range(50)]
+
+    cohort = list_cohort()
     wait_for_budget = BudgetSensor(
         task_id="wait_for_budget",
         mechanism=MECHANISM,
-        subjects=SUBJECTS,
+        subjects=cohort,
         query_type="heatmap",
         tenant="{{ params.tenant }}",
         deferrable=True,
@@ -46,7 +52,7 @@ with DAG(
         python_callable=mean_dwell_minutes,
         mechanism=MECHANISM,
         l2_sensitivity=1.0,
-        subjects=SUBJECTS,
+        subjects=cohort,
         query_type="heatmap",
         tenant="{{ params.tenant }}",
         window=wait_for_budget.output,

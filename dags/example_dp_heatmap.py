@@ -7,7 +7,8 @@ declares its shape too: ``cells=16`` (the 4 x 4 grid) and ``integer=True`` (an i
 answer, which snapping to the lattice leaves unchanged, so the charge is that of
 sensitivity 1; a float heatmap would pay for snapping each cell). An answer with more
 cells, or of a float dtype, would fail before noise, charged. Every subject in the data is
-charged: one release over many subjects.
+charged: an upstream task lists the week's cohort from the data, and the release charges
+each of its subjects (one release over many subjects).
 """
 
 from __future__ import annotations
@@ -15,17 +16,25 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 import numpy as np
-from airflow.sdk import DAG
+from airflow.sdk import DAG, task
 
 from dp_budget_provider.operators.release import DPReleaseOperator
 
-SUBJECTS = [f"user-{i:03d}" for i in range(50)]
+
+def weekly_visits() -> tuple[np.ndarray, np.ndarray]:
+    """This week's visits, one clipped visit per subject: (subject ids, grid cells).
+
+    Synthetic and fixed (the *data*, not the noise); in production, a query on the
+    week's table.
+    """
+    rng = np.random.default_rng(20260101)
+    subjects = np.array([f"user-{i:03d}" for i in range(50)])
+    return subjects, rng.integers(0, 16, size=subjects.size)
 
 
 def weekly_heatmap() -> list[list[int]]:
-    """Exact counts of one clipped visit per subject on a 4 x 4 grid (synthetic data)."""
-    rng = np.random.default_rng(20260101)  # the *data*, not the noise: fixed synthetic input
-    cells = rng.integers(0, 16, size=len(SUBJECTS))
+    """Exact counts of the week's visits on a 4 x 4 grid."""
+    _, cells = weekly_visits()
     return np.bincount(cells, minlength=16).reshape(4, 4).tolist()
 
 
@@ -38,6 +47,14 @@ with DAG(
     tags=["dp-budget", "example"],
     doc_md=__doc__,
 ) as dag:
+
+    @task
+    def list_cohort() -> list[str]:
+        """Who is in this week's data: the subjects the release charges (read from the
+        data when the run starts, never written into the DAG file)."""
+        subjects, _ = weekly_visits()
+        return sorted(set(subjects.tolist()))
+
     DPReleaseOperator(
         task_id="release_heatmap",
         python_callable=weekly_heatmap,
@@ -46,7 +63,7 @@ with DAG(
         granularity=1,
         cells=16,
         integer=True,
-        subjects=SUBJECTS,
+        subjects=list_cohort(),
         query_type="heatmap",
         tenant="{{ params.tenant }}",
     )

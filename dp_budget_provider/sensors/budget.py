@@ -33,6 +33,10 @@ class BudgetSensor(BaseSensorOperator):
     check time, so a release refused this week passes once next week opens. The window
     label that has room is the sensor's XCom value, for the release task to use.
 
+    ``subjects`` takes what the operator's does (any collection of ids, an upstream
+    task's ``.output``, a callable template field), and the whole cohort is checked in
+    one grouped read (:meth:`~dp_budget_provider.ledger.PrivacyBudgetLedger.budget_check`).
+
     Passing reserves nothing: the budget stays shared, so several sensors can pass on the
     same headroom and only the releases' own reservations decide which of them runs. A
     sensor that reserved would hold budget for releases that may never come.

@@ -6,6 +6,7 @@ import asyncio
 import time
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pytest
 from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferred
 
@@ -93,6 +94,24 @@ def test_a_release_too_big_for_any_window_fails_immediately(ledger, monkeypatch)
 
     with pytest.raises(AirflowFailException, match="no window will ever fit"):
         sensor(mechanism=GaussianMechanism(0.5)).execute({})
+
+
+def test_one_subject_of_a_large_cohort_past_the_cap_defers_the_whole_release(
+    ledger, monkeypatch, capsys
+):
+    """One grouped check over the cohort (not one read per subject) finds the one
+    subject whose window is full, and names it."""
+    cohort = np.array([f"user-{i}" for i in range(20_000)])
+    ledger.spend(key_for("user-123", "heatmap", "2026-w29"), BIG)
+    at(monkeypatch, datetime(2026, 7, 14, 12, 0, tzinfo=UTC))
+    with pytest.raises(TaskDeferred):
+        sensor(subject=None, subjects=cohort).execute({})
+    logged = capsys.readouterr()
+    logged = logged.out + logged.err
+    assert "20000 key(s) in 2 distinct state(s); the closest to its cap, " in logged
+    assert "default/user-123/heatmap/2026-w29" in logged
+    at(monkeypatch, datetime(2026, 7, 20, 0, 0, 1, tzinfo=UTC))
+    assert sensor(subject=None, subjects=cohort).execute({}) == "2026-w30"
 
 
 SENSOR_DAG = """
