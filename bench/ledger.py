@@ -17,6 +17,11 @@ before it, because this machine's speed drifts from minute to minute.
   vs one ``UPDATE ... FROM unnest(ids)`` of the same rows in a copy of the accounts.
 * embedded SQLite: releases/s of ``spend`` from one process vs the same transaction
   shape (BEGIN IMMEDIATE; SELECT; UPDATE; INSERT; COMMIT) in raw sqlite3.
+* cohort releases (``--cohort-size``, default 10^6 on PostgreSQL, a tenth on SQLite):
+  building the keys, a first release over a new cohort, the same release again, a
+  ``budget_check`` over the cohort, and the rows the repeated release writes, each
+  against loading the same ids into a table at best (PostgreSQL ``COPY``; SQLite one
+  INSERT transaction).
 
 ``--only NAME`` (repeatable) runs only the named benchmarks. The CPU figures read the
 machine's busy time (``/proc/stat``), so run nothing else meanwhile.
@@ -25,6 +30,7 @@ machine's busy time (``/proc/stat``), so run nothing else meanwhile.
 from __future__ import annotations
 
 import argparse
+import io
 import multiprocessing
 import os
 import re
@@ -40,10 +46,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 import psycopg2
+import sqlalchemy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dp_budget_provider.accounting import GaussianMechanism
-from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
+from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for, keys_for
 from tests.scratch_postgres import dsn_part, scratch_database  # noqa: E402
 
 PROCESSES = 8
@@ -355,6 +362,92 @@ def bench_many_subjects() -> list[tuple]:
     return rows
 
 
+_TABLES = ("dp_accounts", "dp_reservation_keys", "dp_reservations", "dp_history")
+
+
+def _rows(ledger: PrivacyBudgetLedger) -> int:
+    """Rows in the ledger's growing tables (what a release writes, accounts included)."""
+    with ledger.reading() as connection:
+        return sum(
+            connection.execute(sqlalchemy.text(f"SELECT count(*) FROM {table}")).scalar_one()
+            for table in _TABLES
+        )
+
+
+def _copy_baseline(size: int, url: str) -> float:
+    """Seconds to load ``size`` subject ids into a fresh table at best: PostgreSQL COPY,
+    SQLite one executemany INSERT in one transaction."""
+    ids = "".join(f"cohort-subject-{i:07d}\n" for i in range(size))
+    if url.startswith("sqlite"):
+        with tempfile.TemporaryDirectory() as tmp:
+            raw = sqlite3.connect(Path(tmp) / "raw.db", isolation_level=None)
+            raw.execute("CREATE TABLE ids (subject TEXT PRIMARY KEY)")
+            start = time.perf_counter()
+            raw.execute("BEGIN")
+            raw.executemany("INSERT INTO ids VALUES (?)", ((s,) for s in ids.split()))
+            raw.execute("COMMIT")
+            elapsed = time.perf_counter() - start
+            raw.close()
+            return elapsed
+    database = url.rsplit("/", 1)[1]
+    with connect(database) as connection, connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE ids (subject text PRIMARY KEY)")
+        connection.commit()
+        start = time.perf_counter()
+        cursor.copy_expert("COPY ids (subject) FROM STDIN", io.StringIO(ids))
+        connection.commit()
+        elapsed = time.perf_counter() - start
+        cursor.execute("DROP TABLE ids")
+    connection.close()
+    return elapsed
+
+
+def _cohort_rows(backend: str, size: int, url: str) -> list[tuple]:
+    """The release shapes of a real population (issue: cohorts and spend classes)."""
+    copy = _copy_baseline(size, url)
+    ledger = PrivacyBudgetLedger(cap=CAP, url=url)
+    subjects = [f"cohort-subject-{i:07d}" for i in range(size)]
+    timed: dict[str, float] = {}
+    start = time.perf_counter()
+    keys = keys_for(subjects, "count", [WINDOW])
+    timed["keys"] = time.perf_counter() - start
+    for name in ("first", "repeated"):
+        before = _rows(ledger)
+        start = time.perf_counter()
+        ledger.commit(ledger.reserve(keys, MECHANISM))
+        timed[name] = time.perf_counter() - start
+        timed[f"{name} rows"] = _rows(ledger) - before
+    start = time.perf_counter()
+    check = ledger.budget_check(keys, MECHANISM)
+    timed["check"] = time.perf_counter() - start
+    assert not check.exceeds and check.states == 1
+    ledger.close()
+    print(f"  {backend} {size}: {timed} against COPY {copy:.3f} s", file=sys.stderr)
+    label = f"{backend}, {size:.0e} subjects"
+    baseline = "COPY of the ids s" if backend == "PostgreSQL" else "one INSERT txn of the ids s"
+    return [
+        (f"{label}: build the keys", timed["keys"], "s", copy, baseline, timed["keys"] / copy,
+         "(info)"),
+        (f"{label}: first release (reserve + commit)", timed["first"], "s", copy, baseline,
+         timed["first"] / copy, "<= 3"),
+        (f"{label}: the same release again", timed["repeated"], "s", copy, baseline,
+         timed["repeated"] / copy, "<= 0.05"),
+        (f"{label}: budget_check over the cohort", timed["check"], "s", copy, baseline,
+         timed["check"] / copy, "<= 0.1"),
+        (f"{label}: rows written by the repeated release", timed["repeated rows"], "rows",
+         size, "subjects", timed["repeated rows"] / size, "O(1)"),
+    ]  # fmt: skip
+
+
+def bench_cohort(pg_size: int, sqlite_size: int) -> list[tuple]:
+    rows = []
+    with scratch_database("dpb_bench_cohort") as (_name, url):
+        rows += _cohort_rows("PostgreSQL", pg_size, url)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows += _cohort_rows("SQLite", sqlite_size, f"sqlite:///{Path(tmp) / 'ledger.db'}")
+    return rows
+
+
 def bench_sqlite(duration: float) -> list[tuple]:
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'ledger.db'}"
@@ -420,8 +513,14 @@ def main() -> None:
     parser.add_argument(
         "--only",
         action="append",
-        choices=["hot", "distinct", "subjects", "sqlite"],
+        choices=["hot", "distinct", "subjects", "sqlite", "cohort"],
         help="run only this benchmark (repeatable; default: all)",
+    )
+    parser.add_argument(
+        "--cohort-size",
+        type=int,
+        default=10**6,
+        help="subjects of the cohort benchmark on PostgreSQL (SQLite: a tenth)",
     )
     arguments = parser.parse_args()
     duration, rounds = arguments.duration, arguments.rounds
@@ -430,6 +529,10 @@ def main() -> None:
         "distinct": ("distinct keys", lambda: bench_distinct_keys(duration, rounds)),
         "subjects": ("many subjects", bench_many_subjects),
         "sqlite": ("embedded SQLite", lambda: bench_sqlite(duration)),
+        "cohort": (
+            "cohort releases",
+            lambda: bench_cohort(arguments.cohort_size, arguments.cohort_size // 10),
+        ),
     }
     rows: list[tuple] = []
     for title, run in (benchmarks[name] for name in arguments.only or benchmarks):
