@@ -14,26 +14,44 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Select, any_, bindparam, func, literal, literal_column, select
 
 from dp_budget_provider.ledger.keys import LedgerKey
+from dp_budget_provider.ledger.schema import Account
 from dp_budget_provider.ledger.spend import Pending, Spend
+from dp_budget_provider.ledger.standing import SPEND_COLUMNS
 
 # Subjects per statement: bounds the parameter (and the server's unpacked list) in memory.
 CHUNK = 100_000
 
-# The stored spend columns, in the order Spend.from_columns and Pending.from_columns read.
-_STATE = "rho, residual, gaussian_mu2, pending_rho, pending_residual, pending_mu2, pending_others"
-_GROUPED = (
-    f"SELECT {_STATE}, count(*), min(subject) FROM dp_accounts "
-    'WHERE tenant = :tenant AND query_type = :query_type AND "window" = :window '
-    "AND subject {members} GROUP BY {_STATE}"
-)
-# Canonical key parts hold no control character, so a newline separates subjects safely.
-_MEMBERS = {
-    "postgresql": "= ANY(string_to_array(:subjects, E'\\n'))",
-    "sqlite": "IN (SELECT value FROM json_each(:subjects))",
-}
+
+def _grouped(dialect: str) -> Select:
+    """Distinct stored spends of one window's listed subjects, with how many hold each.
+
+    The subjects are one parameter that the server unpacks: PostgreSQL splits a
+    newline-separated text (canonical key parts hold no control character), SQLite reads
+    a JSON array.
+    """
+    subjects = bindparam("subjects")
+    if dialect == "postgresql":
+        members = Account.subject == any_(func.string_to_array(subjects, literal("\n")))
+    elif dialect == "sqlite":
+        listed = select(literal_column("value")).select_from(func.json_each(subjects))
+        members = Account.subject.in_(listed.scalar_subquery())
+    else:
+        raise ValueError(f"no grouped read for the {dialect} dialect")
+    return (
+        select(
+            *SPEND_COLUMNS, func.count().label("holders"), func.min(Account.subject).label("first")
+        )
+        .where(
+            Account.tenant == bindparam("tenant"),
+            Account.query_type == bindparam("query_type"),
+            Account.window == bindparam("window"),
+            members,
+        )
+        .group_by(*SPEND_COLUMNS)
+    )
 
 
 @dataclass(frozen=True)
@@ -56,10 +74,8 @@ class HeldState:
 def held_states(connection: Connection, keys: Sequence[LedgerKey], size: int) -> list[HeldState]:
     """The distinct (committed, pending) states of ``keys`` (distinct keys), grouped per
     window; a key with no account holds the zero state."""
-    members = _MEMBERS.get(connection.dialect.name)
-    if members is None:
-        raise ValueError(f"no grouped read for the {connection.dialect.name} dialect")
-    statement = text(_GROUPED.format(members=members, _STATE=_STATE))
+    dialect = connection.dialect.name
+    statement = _grouped(dialect)
     by_window: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for key in keys:
         by_window[(key.tenant, key.query_type, key.window)].append(key.subject)
@@ -67,22 +83,28 @@ def held_states(connection: Connection, keys: Sequence[LedgerKey], size: int) ->
     for (tenant, query_type, window), subjects in by_window.items():
         for start in range(0, len(subjects), CHUNK):
             chunk = subjects[start : start + CHUNK]
-            packed = json.dumps(chunk) if connection.dialect.name == "sqlite" else "\n".join(chunk)
+            packed = json.dumps(chunk) if dialect == "sqlite" else "\n".join(chunk)
             rows = connection.execute(
                 statement,
                 {"tenant": tenant, "query_type": query_type, "window": window, "subjects": packed},
             ).all()
             touched = 0
             for row in rows:
-                touched += row[7]
+                touched += row.holders
                 states.append(
                     HeldState(
                         tenant,
                         query_type,
-                        Spend.from_columns(row[0], row[1], row[2], size),
-                        Pending.from_columns(row[3], row[4], row[5], row[6], size),
-                        row[7],
-                        LedgerKey.from_canonical(tenant, row[8], query_type, window),
+                        Spend.from_columns(row.rho, row.residual, row.gaussian_mu2, size),
+                        Pending.from_columns(
+                            row.pending_rho,
+                            row.pending_residual,
+                            row.pending_mu2,
+                            row.pending_others,
+                            size,
+                        ),
+                        row.holders,
+                        LedgerKey.from_canonical(tenant, row.first, query_type, window),
                     )
                 )
             if touched < len(chunk):
