@@ -19,6 +19,8 @@ Commands (each takes ``--url URL`` or ``--conn-id ID``)::
     dp-budget db adopt-key
     dp-budget init --epsilon E --delta D [--warn-fraction F] [--conversion improved|classic]
     dp-budget status [--window W] [--tenant T] [--limit N] [--offset N] [--json]
+    dp-budget classes [--tenant T] [--query-type Q] [--window W] [--subject S] [--state S]
+                      [--members CLASS] [--limit N] [--offset N] [--json]
     dp-budget show SUBJECT QUERY_TYPE WINDOW [--tenant T] [--json]
     dp-budget history [--limit N] [--after SEQ] [--before SEQ] [--newest-first] [--json]
     dp-budget verify [--checkpoint FILE]
@@ -65,10 +67,12 @@ from dp_budget_provider.ledger import (
     key_for,
     queries,
     report,
+    spend_classes,
 )
 from dp_budget_provider.ledger.checkpoints import CheckpointFile
 from dp_budget_provider.ledger.keys import MAX_STORED_INT, canonical_part
 from dp_budget_provider.ledger.policy import DEFAULT_GRACE, DEFAULT_MIN_WINDOW
+from dp_budget_provider.ledger.queries import MAX_PAGE
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.schema import LedgerConfig
 from dp_budget_provider.ledger.windows import CALENDAR_KINDS
@@ -460,6 +464,23 @@ _HELD_LEGEND = (
 )
 
 
+_STANDING_HEADERS = ("EPS", "HELD", "CAP", "REMAINING", "USED", "OPEN", "RELEASES", "STATE")
+
+
+def _standing(status: AccountStatus) -> tuple[Any, ...]:
+    """An account's numbers and state, the columns under ``_STANDING_HEADERS``."""
+    return (
+        f"{status.epsilon:.4f}",
+        f"{status.held_epsilon:.4f}",
+        f"{status.cap_epsilon:.4f}",
+        f"{status.remaining_after_held:.4f}",
+        _pct(status.fraction),
+        status.open_reservations,
+        status.releases,
+        status.state,
+    )
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """Every live account: spend, cap, headroom, reservations, state."""
     window, tenant = _filters(args)
@@ -487,24 +508,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             print("no accounts" + ("" if total == 0 else f" at offset {args.offset}"))
         else:
             rows = [
-                (
-                    s.key.tenant,
-                    s.key.subject,
-                    s.key.query_type,
-                    s.key.window,
-                    f"{s.epsilon:.4f}",
-                    f"{s.held_epsilon:.4f}",
-                    f"{s.cap_epsilon:.4f}",
-                    f"{s.remaining_after_held:.4f}",
-                    _pct(s.fraction),
-                    s.open_reservations,
-                    s.releases,
-                    s.state,
-                )
+                (s.key.tenant, s.key.subject, s.key.query_type, s.key.window, *_standing(s))
                 for s in statuses
             ]
-            headers = ["TENANT", "SUBJECT", "QUERY TYPE", "WINDOW", "EPS", "HELD", "CAP"]
-            headers += ["REMAINING", "USED", "OPEN", "RELEASES", "STATE"]
+            headers = ["TENANT", "SUBJECT", "QUERY TYPE", "WINDOW", *_STANDING_HEADERS]
             _print(_columns(headers, rows, right=range(4, 11)))
         shown = args.offset + len(statuses)
         if shown < total:
@@ -517,6 +524,107 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"{first}{total} account(s)")
         if any(s.open_reservations for s in statuses):
             print(_HELD_LEGEND)
+    return 0
+
+
+def _every_page(fetch: Any, limit: int, offset: int) -> tuple[int, list[Any]]:
+    """``limit`` items from ``offset`` (0: all of them) of a paged query, and the total."""
+    items: list[Any] = []
+    while True:
+        size = MAX_PAGE if limit == 0 else min(MAX_PAGE, limit - len(items))
+        page = fetch(limit=size, offset=offset + len(items))
+        if page is None:
+            return 0, []
+        items += page.items
+        if not page.items or len(items) >= page.total - offset or len(items) == limit:
+            return page.total, items
+
+
+def cmd_classes(args: argparse.Namespace) -> int:
+    """Spend classes: the subjects of a window holding the same spend, one row each; or,
+    with ``--members``, one class's subjects."""
+    with _ledger(args) as ledger:
+        if args.members is not None:
+            return _class_members(args, ledger)
+        filters = queries.AccountFilter(
+            tenant=args.tenant, query_type=args.query_type, window=args.window,
+            subject=args.subject, state=args.state,
+        )  # fmt: skip
+        total, found = _every_page(
+            lambda **page: spend_classes.find_classes(ledger, filters, **page),
+            args.limit,
+            args.offset,
+        )
+        if args.json:
+            _print_json(
+                {
+                    "total": total,
+                    "offset": args.offset,
+                    "classes": [
+                        {
+                            "id": c.id,
+                            "subjects": c.subjects,
+                            "first_subject": c.status.key.subject,
+                            **report.account_record(c.status, ledger.delta),
+                        }
+                        for c in found
+                    ],
+                }
+            )
+            return 0
+        print(_header(ledger))
+        if not found:
+            print("no spend classes" + ("" if total == 0 else f" at offset {args.offset}"))
+            return 0
+        rows = [
+            (
+                c.status.key.tenant,
+                c.status.key.query_type,
+                c.status.key.window,
+                f"{c.subjects:,}",
+                c.status.key.subject,
+                *_standing(c.status),
+                c.id,
+            )
+            for c in found
+        ]
+        headers = ["TENANT", "QUERY TYPE", "WINDOW", "SUBJECTS", "FIRST", *_STANDING_HEADERS]
+        _print(_columns([*headers, "CLASS"], rows, right=(3, *range(5, 12))))
+        shown = args.offset + len(found)
+        print(
+            f"showing {args.offset + 1}-{shown} of {total} spend class(es); members: "
+            "dp-budget classes --members CLASS --tenant T --query-type Q --window W"
+        )
+    return 0
+
+
+def _class_members(args: argparse.Namespace, ledger: PrivacyBudgetLedger) -> int:
+    if args.query_type is None or args.window is None:
+        raise UsageError("--members needs the class's --query-type and --window (and --tenant)")
+    total, members = _every_page(
+        lambda **page: spend_classes.class_members(
+            ledger, args.tenant or "default", args.query_type, args.window, args.members, **page
+        ),
+        args.limit,
+        args.offset,
+    )
+    if total == 0:
+        raise CommandError(
+            f"no spend class {args.members} in that window (a release since may have changed "
+            "its members' spend: list the classes again)"
+        )
+    if args.json:
+        _print_json(
+            {
+                "class": args.members,
+                "total": total,
+                "offset": args.offset,
+                "accounts": [report.account_record(s, ledger.delta) for s in members],
+            }
+        )
+        return 0
+    _print([s.key.subject for s in members])
+    print(f"showing {args.offset + 1}-{args.offset + len(members)} of {total} subject(s)")
     return 0
 
 
@@ -866,6 +974,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--offset", type=_count, default=0, help="rows to skip")
     status.add_argument("--json", action="store_true", help=_JSON_HELP)
+
+    classes = command(
+        commands,
+        "classes",
+        cmd_classes,
+        "spend classes: the subjects of a window holding the same spend, one row each",
+        epilog="Search for one person with --subject; list a class's subjects with --members.",
+    )
+    classes.add_argument("--tenant", help="only this tenant")
+    classes.add_argument("--query-type", dest="query_type", help="only this query type")
+    classes.add_argument("--window", help=f"only this window ({WINDOW_LABELS})")
+    classes.add_argument("--subject", help="only the classes of this subject (* for any text)")
+    classes.add_argument("--state", help="only classes in this state: ok, warning or exhausted")
+    classes.add_argument(
+        "--members", metavar="CLASS", help="list this class's subjects (the CLASS column)"
+    )
+    classes.add_argument(
+        "--limit",
+        type=_count,
+        default=DEFAULT_STATUS_LIMIT,
+        help=f"rows to show (default {DEFAULT_STATUS_LIMIT}; 0 for all)",
+    )
+    classes.add_argument("--offset", type=_count, default=0, help="rows to skip")
+    classes.add_argument("--json", action="store_true", help=_JSON_HELP)
 
     show = command(
         commands,

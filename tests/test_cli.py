@@ -412,6 +412,35 @@ def test_status_of_an_empty_ledger(sqlite_url, capsys):
     assert code == 0 and "no accounts" in out
 
 
+def test_classes_group_a_cohort_and_list_a_class_members(ledger_url, capsys):
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url)
+    keys = [key_for(f"user{i:03d}", "count", CLOSED) for i in range(60)]
+    ledger.commit(ledger.reserve(keys, GaussianMechanism(5.0)))
+    ledger.commit(ledger.reserve(keys[:45], GaussianMechanism(5.0)))
+    ledger.close()
+    code, out, _ = call(capsys, "--url", ledger_url, "classes")
+    assert code == 0
+    header, rows = table(out)
+    assert header.split()[:5] == ["TENANT", "QUERY", "TYPE", "WINDOW", "SUBJECTS"]
+    assert [row.split()[3:5] for row in rows] == [["45", "user000"], ["15", "user045"]]
+    assert "showing 1-2 of 2 spend class(es)" in out
+    bigger = rows[0].split()[-1]
+    code, out, _ = call(
+        capsys, "--url", ledger_url, "classes", "--members", bigger, "--query-type", "count",
+        "--window", CLOSED, "--limit", "3", "--offset", "1",
+    )  # fmt: skip
+    assert code == 0
+    assert out.splitlines() == ["user001", "user002", "user003", "showing 2-4 of 45 subject(s)"]
+    code, out, _ = call(capsys, "--url", ledger_url, "classes", "--subject", "user05*", "--json")
+    found = json.loads(out)["classes"]
+    assert [(c["subjects"], c["first_subject"], c["releases"]) for c in found] == [
+        (10, "user050", 1)
+    ]
+    missing = run("classes", "--members", bigger, url=ledger_url)
+    assert_one_line_error(missing)
+    assert missing.returncode == 2 and "--query-type" in missing.stderr
+
+
 # ---------------------------------------------------------------------- show, history
 
 

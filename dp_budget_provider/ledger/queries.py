@@ -162,7 +162,7 @@ def _pattern(name: str, value: str) -> str | None:
     return escaped.replace(WILDCARD, "%")
 
 
-def _filtered(query: Select[Any], filters: AccountFilter) -> Select[Any]:
+def filtered(query: Select[Any], filters: AccountFilter) -> Select[Any]:
     for name, column in zip(KEY_FIELDS, _account_columns(), strict=True):
         value = getattr(filters, name)
         if value is None or value == "":
@@ -175,7 +175,7 @@ def _filtered(query: Select[Any], filters: AccountFilter) -> Select[Any]:
     return query
 
 
-def _page_bounds(limit: int, offset: int) -> tuple[int, int]:
+def page_bounds(limit: int, offset: int) -> tuple[int, int]:
     if not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit must be an integer in [1, {MAX_PAGE}], got {limit!r}")
     return limit, whole_number("offset", offset)
@@ -203,7 +203,7 @@ class _Epsilons:
         return spend.epsilon(self._orders, self._delta, self._conversion).epsilon
 
 
-class _Policies:
+class PolicyCache:
     """The policy of each (tenant, query type), looked up once."""
 
     def __init__(self, ledger: PrivacyBudgetLedger) -> None:
@@ -241,11 +241,11 @@ def find_accounts(
     releases share a group, so this stays fast for releases over many subjects.
     """
     filters = filters or AccountFilter()
-    limit, offset = _page_bounds(limit, offset)
+    limit, offset = page_bounds(limit, offset)
     if sort not in SORTS:
         raise ValueError(f"sort must be one of {', '.join(SORTS)}; got {sort!r}")
     standings = Standings(ledger)
-    policies = _Policies(ledger)
+    policies = PolicyCache(ledger)
     if filters.state is None and sort in SQL_SORTS:
         return _sql_page(ledger, filters, sort, descending, limit, offset, standings, policies)
     groups = _groups(ledger, filters, standings, policies)
@@ -257,7 +257,7 @@ def find_accounts(
     if len(groups) > MAX_GROUPS:
         rows = _full_pass(ledger, filters, groups, sort, descending, limit, offset)
     elif sort in SQL_SORTS:
-        query = _filtered(select(Account), filters).where(or_(*map(_group_match, groups)))
+        query = filtered(select(Account), filters).where(or_(*map(_group_match, groups)))
         query = query.order_by(*_sql_order(sort, descending)).offset(offset).limit(limit)
         with ledger.reading() as connection:
             rows = list(connection.execute(query))
@@ -303,10 +303,10 @@ def _groups(
     ledger: PrivacyBudgetLedger,
     filters: AccountFilter,
     standings: Standings,
-    policies: _Policies,
+    policies: PolicyCache,
 ) -> list[_Group]:
     columns = (Account.tenant, Account.query_type, *SPEND_COLUMNS)
-    query = _filtered(select(*columns, func.count().label("count")), filters).group_by(*columns)
+    query = filtered(select(*columns, func.count().label("count")), filters).group_by(*columns)
     with ledger.reading() as connection:
         rows = list(connection.execute(query))
     groups = []
@@ -358,7 +358,7 @@ def _banded(
                 skip = max(0, offset - position)
                 take = min(size, end - position) - skip
                 query = (
-                    _filtered(select(Account), filters)
+                    filtered(select(Account), filters)
                     .where(or_(*map(_group_match, band)))
                     .order_by(*_account_columns())
                     .offset(skip)
@@ -382,7 +382,7 @@ def _full_pass(
 ) -> list[Any]:
     """The page when almost every account differs: rank them all, then read the page."""
     by_signature = {group.signature: group for group in groups}
-    query = _filtered(select(Account.id, *_account_columns(), *SPEND_COLUMNS), filters)
+    query = filtered(select(Account.id, *_account_columns(), *SPEND_COLUMNS), filters)
     if sort in SQL_SORTS and sort != "key":
         query = query.add_columns(getattr(Account, sort).label("sort_value"))
     with ledger.reading() as connection:
@@ -431,11 +431,11 @@ def _sql_page(
     limit: int,
     offset: int,
     standings: Standings,
-    policies: _Policies,
+    policies: PolicyCache,
 ) -> Page[AccountStatus]:
     order = _sql_order(sort, descending)
-    count = _filtered(select(func.count()).select_from(Account), filters)
-    page = _filtered(select(Account), filters).order_by(*order).offset(offset).limit(limit)
+    count = filtered(select(func.count()).select_from(Account), filters)
+    page = filtered(select(Account), filters).order_by(*order).offset(offset).limit(limit)
     with ledger.reading() as connection:
         total = int(connection.execute(count).scalar_one())
         rows = list(connection.execute(page))
@@ -539,7 +539,7 @@ def key_history(
     payload, hash) plus, when it belongs to a reservation, that reservation's
     ``attempt_id``, ``mechanism``, ``count``, ``key_count`` and ``state``.
     """
-    limit, offset = _page_bounds(limit, offset)
+    limit, offset = page_bounds(limit, offset)
     columns = (
         HistoryEntry.seq,
         HistoryEntry.at,
@@ -673,7 +673,7 @@ def key_reservations(
     offset: int = 0,
 ) -> Page[dict[str, Any]]:
     """Reservations holding ``key`` (newest first), optionally only in ``states``."""
-    limit, offset = _page_bounds(limit, offset)
+    limit, offset = page_bounds(limit, offset)
     wanted = None if states is None else sorted(set(states))
     for state in wanted or []:
         if state not in RESERVATION_STATES:

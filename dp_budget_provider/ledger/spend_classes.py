@@ -1,0 +1,174 @@
+"""Spend classes: the subjects of a window that hold the same spend, shown as one row.
+
+A release charges every subject it covers the same cost, so the subjects that the same
+releases covered hold the same stored spend (committed and pending), release count and
+open reservations. Listing them one per subject shows 50 identical rows for a release
+over 50 subjects and a million for a population; a class row says "48,211 subjects, eps
+1.99 of 3" once, and its members are a drill-down away. Classes are read from the
+accounts by grouping (one GROUP BY per page); a class's id is a digest of what its
+members share, so it names the class while no release changes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, func, select
+
+from dp_budget_provider.ledger.keys import canonical_part, whole_number
+from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
+from dp_budget_provider.ledger.queries import (
+    AccountFilter,
+    Page,
+    PolicyCache,
+    filtered,
+    page_bounds,
+)
+from dp_budget_provider.ledger.records import AccountStatus
+from dp_budget_provider.ledger.schema import Account
+from dp_budget_provider.ledger.standing import SPEND_COLUMNS, Standings
+
+# What the members of a class share: their window, and everything their status reads.
+SHARED = (
+    Account.tenant,
+    Account.query_type,
+    Account.window,
+    *SPEND_COLUMNS,
+    Account.releases,
+    Account.open_reservations,
+    Account.rescoped_to,
+)
+
+
+@dataclass(frozen=True)
+class SpendClass:
+    """Subjects of one window holding the same spend.
+
+    ``status`` is that of the class's least subject: every member's status but for its
+    key and update time (``updated_at`` is the latest of the members'). ``subjects``
+    counts the members (those matching a subject filter, when one is given).
+    """
+
+    id: str
+    subjects: int
+    status: AccountStatus
+
+
+def _class_id(row: Any) -> str:
+    shared = [getattr(row, column.key) for column in SHARED]
+    text = json.dumps(shared, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _grouped(filters: AccountFilter) -> Any:
+    return filtered(
+        select(
+            *SHARED,
+            func.count().label("subjects"),
+            func.min(Account.subject).label("subject"),
+            func.max(Account.updated_at).label("updated_at"),
+        ),
+        filters,
+    ).group_by(*SHARED)
+
+
+def _classes(ledger: PrivacyBudgetLedger, filters: AccountFilter) -> list[SpendClass]:
+    with ledger.reading() as connection:
+        rows = list(connection.execute(_grouped(filters)))
+    policies = PolicyCache(ledger)
+    classes = [
+        SpendClass(
+            _class_id(row),
+            int(row.subjects),
+            AccountStatus.of(row, standing, policies(row.tenant, row.query_type)),
+        )
+        for row, standing in zip(rows, Standings(ledger).of_rows(rows), strict=True)
+    ]
+    if filters.state is not None:
+        classes = [c for c in classes if c.status.state.lower() == filters.state.lower()]
+    return classes
+
+
+def find_classes(
+    ledger: PrivacyBudgetLedger,
+    filters: AccountFilter | None = None,
+    *,
+    limit: int = 50,
+    offset: int = 0,
+) -> Page[SpendClass]:
+    """The spend classes of the accounts matching ``filters``, one page, with the total.
+
+    Ordered by tenant, query type and window, then the largest class first. A subject
+    filter finds the classes of the matching subjects (the search for one person).
+    """
+    filters = filters or AccountFilter()
+    limit, offset = page_bounds(limit, offset)
+    classes = sorted(
+        _classes(ledger, filters),
+        key=lambda c: (
+            c.status.key.tenant,
+            c.status.key.query_type,
+            c.status.key.window,
+            -c.subjects,
+            c.status.key.subject,
+        ),
+    )
+    return Page(
+        total=len(classes), offset=offset, limit=limit, items=classes[offset : offset + limit]
+    )
+
+
+def class_members(
+    ledger: PrivacyBudgetLedger,
+    tenant: str,
+    query_type: str,
+    window: str,
+    class_id: str,
+    *,
+    limit: int = 50,
+    offset: int = 0,
+) -> Page[AccountStatus] | None:
+    """The accounts of one spend class, by subject, one page; None when the window has no
+    class of that id (it never had, or a release has since changed its members' spend)."""
+    limit, offset = page_bounds(limit, offset)
+    scope = AccountFilter(
+        tenant=canonical_part("tenant", tenant),
+        query_type=canonical_part("query_type", query_type),
+        window=canonical_part("window", window),
+    )
+    if not isinstance(class_id, str) or not class_id:
+        raise ValueError(f"class id must be a non-empty string, got {class_id!r}")
+    with ledger.reading() as connection:
+        shared = next(
+            (row for row in connection.execute(_grouped(scope)) if _class_id(row) == class_id),
+            None,
+        )
+        if shared is None:
+            return None
+        members = (
+            select(Account)
+            .where(_same(shared))
+            .order_by(Account.subject)
+            .offset(whole_number("offset", offset))
+            .limit(limit)
+        )
+        rows = list(connection.execute(members))
+    policy = PolicyCache(ledger)(shared.tenant, shared.query_type)
+    items = [
+        AccountStatus.of(row, standing, policy)
+        for row, standing in zip(rows, Standings(ledger).of_rows(rows), strict=True)
+    ]
+    return Page(total=int(shared.subjects), offset=offset, limit=limit, items=items)
+
+
+def _same(shared: Any) -> ColumnElement[bool]:
+    """Accounts holding exactly what ``shared`` (a grouped row) holds."""
+
+    def same(column: Any) -> ColumnElement[bool]:
+        value = getattr(shared, column.key)
+        return column.is_(None) if value is None else column == value
+
+    return and_(*map(same, SHARED))
