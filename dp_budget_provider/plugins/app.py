@@ -29,7 +29,14 @@ from sqlalchemy.engine import make_url
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import dp_budget_provider
-from dp_budget_provider.ledger import LedgerError, LedgerKey, Policy, PrivacyBudgetLedger, queries
+from dp_budget_provider.ledger import (
+    LedgerError,
+    LedgerKey,
+    Policy,
+    PrivacyBudgetLedger,
+    queries,
+    spend_classes,
+)
 from dp_budget_provider.ledger.keys import MAX_STORED_INT
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.report import (
@@ -508,6 +515,85 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
             limit=found.limit,
             sort=sort,
             order=order,
+            accounts=[_account_model(request, account, delta) for account in found.items],
+        )
+
+    @app.get("/api/classes", response_model=schemas.ClassesPage, tags=["accounts"])
+    def api_classes(
+        request: Request,
+        ledger: Ledger,
+        tenant: Annotated[str | None, Query(description="exact, or * wildcards")] = None,
+        subject: Annotated[
+            str | None, Query(description="the classes of these subjects (exact, or * wildcards)")
+        ] = None,
+        query_type: Annotated[str | None, Query(description="exact, or * wildcards")] = None,
+        window: Annotated[str | None, Query(description="exact, or * wildcards")] = None,
+        state: Annotated[str | None, Query(description="ok, warning or exhausted")] = None,
+        limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
+        offset: Annotated[int, Query(ge=0, le=MAX_STORED_INT)] = 0,
+    ) -> schemas.ClassesPage:
+        """Spend classes: the subjects of a window holding the same spend, one page."""
+        try:
+            filters = queries.AccountFilter(tenant, subject, query_type, window, state)
+            found = spend_classes.find_classes(ledger, filters, limit=limit, offset=offset)
+        except ValueError as error:
+            raise HTTPException(status_code=422, detail=str(error)) from error
+        delta = ledger.delta
+        return schemas.ClassesPage(
+            total=found.total,
+            offset=found.offset,
+            limit=found.limit,
+            classes=[
+                schemas.SpendClassModel(
+                    id=spend_class.id,
+                    subjects=spend_class.subjects,
+                    account=_account_model(request, spend_class.status, delta),
+                    members_url=_url(
+                        request,
+                        "/api/classes/members",
+                        {
+                            "tenant": spend_class.status.key.tenant,
+                            "query_type": spend_class.status.key.query_type,
+                            "window": spend_class.status.key.window,
+                            "class_id": spend_class.id,
+                        },
+                    ),
+                )
+                for spend_class in found.items
+            ],
+        )
+
+    @app.get("/api/classes/members", response_model=schemas.AccountsPage, tags=["accounts"])
+    def api_class_members(
+        request: Request,
+        ledger: Ledger,
+        tenant: str,
+        query_type: str,
+        window: str,
+        class_id: Annotated[str, Query(min_length=1, max_length=64)],
+        limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
+        offset: Annotated[int, Query(ge=0, le=MAX_STORED_INT)] = 0,
+    ) -> schemas.AccountsPage:
+        """The accounts of one spend class, by subject; 404 once a release has changed it."""
+        try:
+            found = spend_classes.class_members(
+                ledger, tenant, query_type, window, class_id, limit=limit, offset=offset
+            )
+        except ValueError as error:
+            raise HTTPException(status_code=422, detail=str(error)) from error
+        if found is None:
+            raise HTTPException(
+                status_code=404,
+                detail="no such spend class in that window (a release may have changed its "
+                "members' spend: list the classes again)",
+            )
+        delta = ledger.delta
+        return schemas.AccountsPage(
+            total=found.total,
+            offset=found.offset,
+            limit=found.limit,
+            sort="subject",
+            order="asc",
             accounts=[_account_model(request, account, delta) for account in found.items],
         )
 

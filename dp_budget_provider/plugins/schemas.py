@@ -55,6 +55,26 @@ class AccountsPage(BaseModel):
     accounts: list[AccountModel]
 
 
+class SpendClassModel(BaseModel):
+    """Subjects of one window holding the same spend: one row for a whole cohort."""
+
+    id: str = Field(description="names the class while no release changes its members' spend")
+    subjects: int = Field(description="members (those matching a subject filter, if given)")
+    account: AccountModel = Field(
+        description="the status of its least subject: every member's but for the key"
+    )
+    members_url: str = Field(description="the API page of its members")
+
+
+class ClassesPage(BaseModel):
+    """One page of the spend classes matching a filter; ``total`` counts every class."""
+
+    total: int
+    offset: int
+    limit: int
+    classes: list[SpendClassModel]
+
+
 class PolicyModel(BaseModel):
     """The cap of one (tenant, query type) scope, ``*`` meaning any."""
 

@@ -16,6 +16,8 @@ ROUTES = (
     "/policies",
     "/openapi.json",
     "/api/accounts",
+    "/api/classes",
+    "/api/classes/members",
     "/api/account",
     "/api/account/history",
     "/api/account/reservations",
@@ -104,6 +106,35 @@ def test_openapi_documents_the_api_and_its_auth(client):
 
 
 # ---------------------------------------------------------------------- accounts
+
+
+def test_classes_show_a_cohort_once_and_its_members_on_demand(client, seeded):
+    body = client.get("/api/classes", params={"tenant": "acme"}).json()
+    assert body["total"] == 4
+    rows = [
+        (c["subjects"], c["account"]["subject"], c["account"]["state"]) for c in body["classes"]
+    ]
+    assert rows == [
+        (10, "user-010", "ok"), (10, "user-020", "ok"), (9, "user-001", "WARNING"),
+        (1, "user-000", "EXHAUSTED"),
+    ]  # fmt: skip
+    warning = body["classes"][2]
+    members = client.get(warning["members_url"] + "&limit=4&offset=2")
+    assert members.status_code == 200, (warning["members_url"], members.text)
+    members = members.json()
+    assert members["total"] == 9
+    assert [a["subject"] for a in members["accounts"]] == [f"user-00{i}" for i in range(3, 7)]
+    assert {a["epsilon"] for a in members["accounts"]} == {warning["account"]["epsilon"]}
+    search = client.get("/api/classes", params={"subject": "user-00*", "state": "warning"})
+    assert [c["subjects"] for c in search.json()["classes"]] == [9]
+    seeded.ledger.spend(seeded.heatmap[5], GaussianMechanism(40.0))  # subject 5 leaves it
+    after = client.get(warning["members_url"]).json()
+    assert after["total"] == 8 and "user-005" not in {a["subject"] for a in after["accounts"]}
+    gone = client.get("/api/classes/members", params={**key_params(seeded.heatmap[0]),
+                                                       "class_id": "0" * 16})  # fmt: skip
+    assert gone.status_code == 404 and "list the classes again" in gone.json()["detail"]
+    bad = client.get("/api/classes", params={"state": "broke"})
+    assert bad.status_code == 422 and "state must be one of" in bad.json()["detail"]
 
 
 def test_accounts_match_the_ledger(client, seeded):
