@@ -35,9 +35,11 @@ from dp_budget_provider.ledger.errors import LedgerUnavailable
 from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.policy import ANY, lookup_order
+from dp_budget_provider.ledger.queries import AccountFilter
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.schema import Account, ReservationKey
 from dp_budget_provider.ledger.spend import Spend
+from dp_budget_provider.ledger.spend_classes import every_class
 
 REPORT_FORMAT = 1
 SCHEDULE_ACTIONS = ("reserve", "commit", "release", "reap", "correction", "rescope", "reset")
@@ -504,6 +506,12 @@ def build_report(
         record["compliance_clause"] = scopes[scope].compliance_clause
         accounts.append(record)
 
+    classes = [
+        {"id": c.id, "subjects": c.subjects, "first_subject": c.status.key.subject,
+         **account_record(c.status, delta)}
+        for c in every_class(ledger, AccountFilter(tenant=tenant, window=window))
+    ]  # fmt: skip
+
     entries = ledger.history()
     mechanisms = mechanisms_by_reservation(entries)
     epsilon_alone = EpsilonAlone(ledger)
@@ -586,6 +594,7 @@ def build_report(
         "accountant": {**ACCOUNTANT, "order_count": len(orders)},
         "conversion": CONVERSIONS[ledger.conversion],
         "orders": orders,
+        "classes": classes,
         "accounts": accounts,
         "schedule": schedule,
         "corrections": corrections,
@@ -682,6 +691,27 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"- Scope: {scope_text}",
         f"- Code: {version['package']} {version['version']}{commit}",
         f"- {verified}",
+        "",
+        "## Spend classes",
+        "",
+        "The subjects of a window that hold the same spend (the same releases covered them), "
+        "one row each: every member's guarantee is the row's.",
+        "",
+    ]
+    if report["classes"]:
+        out += _table(
+            ["tenant", "query type", "window", "subjects", "first subject", "epsilon", "cap",
+             "held (open reservations charged)", "state", "releases", "class"],
+            (
+                (c["tenant"], c["query_type"], c["window"], f"{c['subjects']:,}",
+                 c["first_subject"], _eps(c["epsilon"]), _eps(c["cap_epsilon"]),
+                 _eps(c["held_epsilon"]), c["state"], c["releases"], c["id"])
+                for c in report["classes"]
+            ),
+        )  # fmt: skip
+    else:
+        out.append("No live accounts in scope.")
+    out += [
         "",
         "## Guarantee per account",
         "",

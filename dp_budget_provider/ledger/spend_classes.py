@@ -104,10 +104,19 @@ def find_classes(
     Ordered by tenant, query type and window, then the largest class first. A subject
     filter finds the classes of the matching subjects (the search for one person).
     """
-    filters = filters or AccountFilter()
     limit, offset = page_bounds(limit, offset)
-    classes = sorted(
-        _classes(ledger, filters),
+    classes = every_class(ledger, filters)
+    return Page(
+        total=len(classes), offset=offset, limit=limit, items=classes[offset : offset + limit]
+    )
+
+
+def every_class(
+    ledger: PrivacyBudgetLedger, filters: AccountFilter | None = None
+) -> list[SpendClass]:
+    """Every spend class matching ``filters``, in :func:`find_classes` order."""
+    return sorted(
+        _classes(ledger, filters or AccountFilter()),
         key=lambda c: (
             c.status.key.tenant,
             c.status.key.query_type,
@@ -115,9 +124,6 @@ def find_classes(
             -c.subjects,
             c.status.key.subject,
         ),
-    )
-    return Page(
-        total=len(classes), offset=offset, limit=limit, items=classes[offset : offset + limit]
     )
 
 

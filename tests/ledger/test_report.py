@@ -326,3 +326,18 @@ def test_verify_reports_an_edited_entry_instead_of_crashing(sqlite_url):
     ledger.close()
     assert not result.ok
     assert any(p.startswith("entry 4:") for p in result.problems)
+
+
+def test_report_groups_a_cohort_into_its_spend_classes(ledger):
+    cohort = [key_for(f"user-{i:02d}", "heatmap", "2020-w03") for i in range(30)]
+    ledger.commit(ledger.reserve(cohort, GaussianMechanism(5.0)))
+    ledger.commit(ledger.reserve(cohort[:12], GaussianMechanism(5.0)))
+    document = report.build_report(ledger, window="2020-w03")
+    classes = [(c["subjects"], c["first_subject"], c["releases"]) for c in document["classes"]]
+    assert classes == [(18, "user-12", 1), (12, "user-00", 2)]
+    assert sum(c["subjects"] for c in document["classes"]) == len(document["accounts"]) == 30
+    every = {(a["subject"], a["epsilon"]) for a in document["accounts"]}
+    for spend_class in document["classes"]:
+        assert (spend_class["first_subject"], spend_class["epsilon"]) in every
+    text = report.render_markdown(document)
+    assert "## Spend classes" in text and "| 18 | user-12 |" in text
