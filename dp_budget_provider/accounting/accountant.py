@@ -10,6 +10,10 @@ While every release is Gaussian, the accountant also keeps mu^2 = sum(count / z^
 the composition is then exactly one Gaussian with that mu (Dong-Roth-Su), and the
 default report is the exact analytical eps when it is smaller than the RDP bound. It is
 never below the true loss.
+
+Every sum is rounded up as it is made (``accounting.rounding``), so rho, the residual
+and mu^2 are never below the exact sums of the releases' float costs, whether ten or ten
+million releases were composed, at once or one by one.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from dp_budget_provider.accounting.conversion import (
 )
 from dp_budget_provider.accounting.mechanisms import GaussianMechanism, Mechanism
 from dp_budget_provider.accounting.orders import DEFAULT_ORDERS, validate_orders
+from dp_budget_provider.accounting.rounding import dot_up, sum_up
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,12 @@ def _exact_gaussian_epsilon(mu: float, delta: float) -> float:
 
 
 def _mu_rounded_up(mu_squared: float) -> float:
-    """sqrt(mu^2) raised by the rounding the summed mu^2 may carry and rounded up."""
+    """sqrt(mu^2) raised by the error its terms may carry, and rounded up.
+
+    The sum itself is rounded up as it is made (``compose_many``); each of its terms,
+    count / z^2, rounds twice, a relative error that ``CURVE_ROUNDING`` covers with room
+    for the rounding of this product, and the square root is rounded up.
+    """
     return math.nextafter(math.sqrt(mu_squared * (1.0 + CURVE_ROUNDING)), math.inf)
 
 
@@ -160,9 +170,14 @@ class RDPAccountant:
 
         Each item is a mechanism or a ``(mechanism, count)`` pair. Every item is
         validated before anything is added, so a bad item leaves the accountant as it was.
+        Every sum is rounded up (``rounding.dot_up`` for the items, ``rounding.sum_up``
+        onto what was held), so the curve and mu^2 held are never below the exact sums of
+        the releases' float costs, however many releases are composed, at once or one by one.
         """
-        rho = self._rho
-        mu_squared = self._gaussian_mu_squared
+        linear_counts: list[int] = []
+        linear_rhos: list[float] = []
+        gaussian_only = self._gaussian_mu_squared is not None
+        mu_squared_terms: list[float] = []
         nonlinear: dict[type[Mechanism], tuple[list[Mechanism], list[int]]] = defaultdict(
             lambda: ([], [])
         )
@@ -172,23 +187,31 @@ class RDPAccountant:
                 raise ValueError(f"mechanism must be a Mechanism, got {mechanism!r}")
             count = check.count("count", count)
             if not isinstance(mechanism, GaussianMechanism):
-                mu_squared = None
-            elif mu_squared is not None:
-                mu_squared += mechanism.mu_squared(count)
-            if mechanism.zcdp_rho is not None:
-                rho += count * mechanism.zcdp_rho
+                gaussian_only = False
+            elif gaussian_only:
+                mu_squared_terms.append(mechanism.mu_squared(count))
+            rho = mechanism.zcdp_rho
+            if rho is not None:
+                linear_counts.append(count)
+                linear_rhos.append(rho)
             else:
                 mechanisms, counts = nonlinear[type(mechanism)]
                 mechanisms.append(mechanism)
                 counts.append(count)
-        residual = self._residual.copy()
+        total_rho = self._rho
+        if linear_rhos:
+            total_rho = sum_up(total_rho, float(dot_up(np.array(linear_counts), linear_rhos)))
+        mu_squared = self._gaussian_mu_squared if gaussian_only else None
+        if mu_squared is not None and mu_squared_terms:
+            ones = np.ones(len(mu_squared_terms))
+            mu_squared = sum_up(mu_squared, float(dot_up(ones, mu_squared_terms)))
+        residual = self._residual
         for cls, (mechanisms, counts) in nonlinear.items():
-            residual += cls.composed_rdp(
-                mechanisms, np.array(counts, dtype=np.float64), self._orders
-            )
+            composed = cls.composed_rdp(mechanisms, np.array(counts), self._orders)
+            residual = sum_up(residual, composed)
         if np.any(np.isnan(residual)) or np.any(residual < 0.0):
             raise ValueError("a mechanism produced a NaN or negative RDP curve")
-        self._rho, self._residual, self._gaussian_mu_squared = rho, residual, mu_squared
+        self._rho, self._residual, self._gaussian_mu_squared = total_rho, residual, mu_squared
 
     def epsilon_bound(self, delta: float, conversion: Conversion = "improved") -> EpsilonBound:
         """The tightest sound epsilon at ``delta`` and the method that produced it."""

@@ -11,16 +11,20 @@ The improved formula is evaluated as dp_accounting evaluates it (including its
 KL-divergence shortcut and its a > 1.01 stability floor), so that our numbers equal the
 oracle's on the same grid up to the outward rounding below.
 
-Outward rounding. A curve is a sum of float upper bounds, each within a few ulps of
-its mechanism's curve or above it, and the sum itself rounds: n non-negative summands
-lose at most (n - 1) u relative (u = 2^-53). The conversion therefore raises the curve
-by ``CURVE_ROUNDING`` (2^-42, covering 2^11 worst-case roundings, i.e. a few thousand
-releases composed one by one in an accountant; a release of ``count`` invocations is one
-multiplication; the ledger's stored sums are rounded up as they are made, see
-``dp_budget_provider.ledger.spend.ROUND_UP``)
-and the result by a bound of the conversion's own rounding (a few ulps of each of its
-three terms). The eps returned is then an upper bound of the exact conversion of the
-exact curve; it exceeds the float evaluation by ~1e-13 relative.
+Outward rounding. A composed curve is a sum of the releases' float curves, and every
+addition in it is rounded up (``accounting.rounding``: the accountant's composition and
+the ledger's stored sums alike), so it is never below the exact sum of those float
+curves, however many releases it holds. What remains is a relative error of each term,
+which does not grow with their number: each mechanism's own evaluation of its curve
+(a few ulps: the closed forms, and the last steps of the subsampled Gaussian, whose
+series bound their own rounding), and the two roundings of reading the curve as
+rho * a + residual. ``CURVE_ROUNDING`` (2^-42, 2.3e-13) is the allowance
+for these: the conversion raises the curve by it, so the tests hold every mechanism's
+float curve to within a quarter of it of the exact curve (mpmath, 60 digits). The
+result is then raised by a bound of the conversion's own rounding (a few ulps of each
+of its three terms). The eps returned is an upper bound of the exact conversion of the
+exact curve; it exceeds the float evaluation by ~1e-13 relative, plus what the upward
+sums added (about 4u per addition, 2u per term of a vectorised sum).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from dp_budget_provider.accounting.orders import validate_orders
 
 Conversion = Literal["improved", "classic"]
 CONVERSIONS: tuple[Conversion, ...] = ("improved", "classic")
-# Relative allowance for the rounding a stored curve carries (see the module docstring).
+# Relative allowance for each term's own evaluation error (see the module docstring).
 CURVE_ROUNDING = 2.0**-42
 _UNIT_ROUNDOFF = 2.0**-53
 _LOG_MAX_DOUBLE = math.log(2.0**1023)

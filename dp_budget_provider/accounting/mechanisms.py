@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dp_budget_provider.accounting import validation as check
+from dp_budget_provider.accounting.rounding import dot_up
 from dp_budget_provider.accounting.subsampled_gaussian import poisson_subsampled_gaussian_rdp
 
 _REGISTRY: dict[str, type[Mechanism]] = {}
@@ -49,15 +50,18 @@ class Mechanism(ABC):
     def composed_rdp(
         cls, mechanisms: Sequence[Mechanism], counts: np.ndarray, orders: np.ndarray
     ) -> np.ndarray:
-        """Summed curve of ``counts[i]`` invocations of ``mechanisms[i]`` (all of this class).
+        """Summed curve of ``counts[i]`` invocations of ``mechanisms[i]`` (all of this class),
+        never below the exact sum of their float curves (``rounding.dot_up``)."""
+        return dot_up(counts, cls.curves(mechanisms, orders))
+
+    @classmethod
+    def curves(cls, mechanisms: Sequence[Mechanism], orders: np.ndarray) -> np.ndarray:
+        """The curves of ``mechanisms`` (all of this class) on ``orders``, one per row.
 
         Subclasses with a vectorisable closed form override this; composing ten
         thousand releases is then a handful of numpy operations, not ten thousand.
         """
-        total = np.zeros_like(orders, dtype=np.float64)
-        for mechanism, count in zip(mechanisms, counts, strict=True):
-            total += count * mechanism.rdp(orders)
-        return total
+        return np.stack([mechanism.rdp(orders) for mechanism in mechanisms])
 
     def to_spec(self) -> dict[str, Any]:
         """JSON-serialisable description: ``{"kind": ..., <parameters>}``."""
@@ -208,12 +212,9 @@ class LaplaceMechanism(Mechanism):
         return _laplace_rdp(np.float64(self.epsilon0), np.asarray(orders, dtype=np.float64))
 
     @classmethod
-    def composed_rdp(
-        cls, mechanisms: Sequence[Mechanism], counts: np.ndarray, orders: np.ndarray
-    ) -> np.ndarray:
+    def curves(cls, mechanisms: Sequence[Mechanism], orders: np.ndarray) -> np.ndarray:
         eps0 = np.array([m.epsilon0 for m in mechanisms])[:, None]  # type: ignore[attr-defined]
-        curves = _laplace_rdp(eps0, np.asarray(orders, dtype=np.float64)[None, :])
-        return np.asarray(counts, dtype=np.float64) @ curves
+        return _laplace_rdp(eps0, np.asarray(orders, dtype=np.float64)[None, :])
 
 
 def _pure_dp_rdp(epsilon0: float, orders: np.ndarray) -> np.ndarray:

@@ -47,6 +47,7 @@ from dp_budget_provider.accounting import (
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.conversion import check_conversion
 from dp_budget_provider.accounting.orders import validate_orders
+from dp_budget_provider.accounting.rounding import ROUND_UP
 from dp_budget_provider.ledger import (
     audit,
     database,
@@ -102,7 +103,7 @@ from dp_budget_provider.ledger.schema import (
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.schema import Window as WindowRow
-from dp_budget_provider.ledger.spend import ROUND_UP, Pending, Spend, prospective
+from dp_budget_provider.ledger.spend import Pending, Spend, prospective
 from dp_budget_provider.ledger.standing import Standings
 from dp_budget_provider.ledger.windows import WindowCalendar, is_closed, window_bounds
 

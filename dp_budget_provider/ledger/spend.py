@@ -3,6 +3,12 @@
 This is :class:`AccountantState` without its grid, plus addition, so that an account,
 a reservation's cost and a prospective total are all the same kind of value and are
 converted to epsilon by the one function the accountant uses.
+
+Every sum the ledger keeps (an account's spend, its pending spend, a prospective total)
+is rounded up as it is made, on every backend, with the accountant's own
+``accounting.rounding.sum_up`` / ``difference_up`` (the SQL updates bind the same factor,
+``ROUND_UP``, and make the same exception for zero: ``statements._sum_up``). So a stored
+sum is never below the exact sum of what it adds, however many additions it went through.
 """
 
 from __future__ import annotations
@@ -22,38 +28,8 @@ from dp_budget_provider.accounting import (
     RDPAccountant,
     epsilon_bound,
 )
+from dp_budget_provider.accounting.rounding import difference_up, sum_up
 from dp_budget_provider.ledger.errors import LedgerCorrupt
-
-# Every sum the ledger keeps (an account's spend, its pending spend, a prospective total)
-# is rounded up as it is made: ``(a + b) * ROUND_UP``, on every backend (the SQL updates
-# bind the same factor). For doubles a, b >= 0 (normal range, u = 2^-53):
-# fl(a + b) >= (a + b)(1 - u), so fl(fl(a + b) * (1 + 4u)) >= (a + b)(1 - u)(1 + 4u)(1 - u)
-# = (a + b)(1 + 2u - 7u^2 + 4u^3) >= a + b. The same holds for a difference a - b >= 0,
-# whose rounding is also within u relative. So a stored sum is never below the exact sum
-# of what it adds, however many additions it went through; each costs at most ~5u
-# relative (5e-10 after 10^6 of them). The factor 1 + 2^-51 is exact in a double. Adding
-# or taking away zero rounds nothing, so it is left exact (an account charged once holds
-# exactly its cost); the SQL mirrors (``statements._sum_up``) make the same exception.
-ROUND_UP = 1.0 + 2.0**-51
-
-
-def sum_up(a: Any, b: Any) -> Any:
-    """a + b rounded up (floats or arrays of them; see ``ROUND_UP``). Adding zero is
-    exact, so it is not raised: an account charged once holds exactly its one cost."""
-    total = a + b
-    if isinstance(total, np.ndarray):
-        return np.where((np.asarray(a) == 0.0) | (np.asarray(b) == 0.0), total, total * ROUND_UP)
-    return total if a == 0.0 or b == 0.0 else total * ROUND_UP
-
-
-def difference_up(a: Any, b: Any) -> Any:
-    """max(0, a - b) rounded up (floats or arrays; see ``ROUND_UP``); taking nothing away
-    is exact."""
-    difference = a - b
-    if isinstance(difference, np.ndarray):
-        raised = np.where(np.asarray(b) == 0.0, difference, difference * ROUND_UP)
-        return np.maximum(0.0, raised)
-    return max(0.0, difference if b == 0.0 else difference * ROUND_UP)
 
 
 def prospective(committed: Spend, pending: Pending, cost: Spend) -> Spend:

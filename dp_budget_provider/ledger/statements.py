@@ -17,10 +17,11 @@ from typing import Any
 from sqlalchemy import Float, and_, bindparam, case, or_, select, update
 from sqlalchemy.dialects import sqlite
 
+from dp_budget_provider.accounting.rounding import ROUND_UP
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.schema import Account, ReservationKey
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
-from dp_budget_provider.ledger.spend import ROUND_UP, Pending, Spend
+from dp_budget_provider.ledger.spend import Pending, Spend
 
 KEY_COLUMNS = (Account.tenant, Account.subject, Account.query_type, Account.window)
 
@@ -186,12 +187,12 @@ def accounts_by_key(
 
 
 def _round_up() -> Any:
-    """``spend.ROUND_UP`` as a bound double (never a SQL literal a parser might round)."""
+    """``rounding.ROUND_UP`` as a bound double (never a SQL literal a parser might round)."""
     return bindparam("round_up", ROUND_UP, type_=Float(53))
 
 
 def _sum_up(column: Any, value: Any) -> Any:
-    """:func:`spend.sum_up` in SQL: exact when either side is zero, else raised."""
+    """:func:`rounding.sum_up` in SQL: exact when either side is zero, else raised."""
     return case(
         (or_(column == 0, value == 0), column + value), else_=(column + value) * _round_up()
     )

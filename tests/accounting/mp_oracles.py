@@ -61,3 +61,18 @@ def subsampled_gaussian_rdp(z: float, q: float, order: float) -> mp.mpf:
             lambda x: mp.exp(log_integrand(x) - log_integrand(mode)), [-mp.inf, *points, mp.inf]
         )
         return (mp.log(integral) + log_integrand(mode) - mp.log(mp.sqrt(2 * mp.pi) * z)) / (a - 1)
+
+
+def subsampled_gaussian_rdp_binomial(z: float, q: float, order: int) -> mp.mpf:
+    """The same curve at an integer order, as its finite binomial sum (Mironov-Talwar-Zhang
+    2019, Sec. 3.2): sum_i C(a, i) q^i (1-q)^(a-i) e^{(i^2-i)/(2z^2)}, in exact terms."""
+    with mp.workdps(DIGITS):
+        z, q = mp.mpf(z), mp.mpf(q)
+        excess = mp.fsum(
+            mp.binomial(order, i)
+            * q**i
+            * (1 - q) ** (order - i)
+            * mp.expm1((i * i - i) / (2 * z * z))
+            for i in range(2, order + 1)
+        )
+        return mp.log1p(excess) / (order - 1)

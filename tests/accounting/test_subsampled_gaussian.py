@@ -309,7 +309,29 @@ def test_fractional_orders_are_upper_bounds_of_the_exact_curve(z, q, order):
 def test_integer_orders_match_the_exact_curve(z, q, order):
     # Also checks the oracle's quadrature against the finite binomial sum.
     exact = mp_oracles.subsampled_gaussian_rdp(z, q, order)
-    assert float(abs(rdp(z, q, np.array([order]))[0] - exact) / exact) < 1e-13
+    binomial = mp_oracles.subsampled_gaussian_rdp_binomial(z, q, int(order))
+    assert abs(exact - binomial) / binomial < 1e-40
+    ours = rdp(z, q, np.array([order]))[0]
+    assert 0 <= float((ours - exact) / exact) < 1e-13
+
+
+@pytest.mark.parametrize(
+    ("z", "q", "order"),
+    [
+        (222.77831096910003, 0.010696740049061158, 512),  # was 2.9e-13 below exact
+        (81.17766357143489, 0.004882996010938129, 512),  # was 2.1e-13 below
+        (50.0, 0.01, 4096),  # was 1.3e-12 below
+        (200.0, 0.01, 4096),  # was 1.5e-12 below
+        (3.0, 0.01, 63),
+        (100.0, 1e-6, 2),
+    ],
+)
+def test_integer_orders_bound_the_exact_curve_where_log_factorials_cancel(z, q, order):
+    # log C(a, i) = log a! - log i! - log (a-i)! loses ulps of log a!: the sum is raised by
+    # that, so it is at or above exact, and by at most ~1e-10 relative at order 4096.
+    exact = mp_oracles.subsampled_gaussian_rdp_binomial(z, q, order)
+    ours = rdp(z, q, np.array([float(order)]))[0]
+    assert 0 <= float((ours - exact) / exact) < 2e-10
 
 
 def test_a_grid_with_a_large_fractional_order_never_reports_zero():

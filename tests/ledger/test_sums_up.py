@@ -1,4 +1,4 @@
-"""The ledger's sums are never below the exact sums of what they add (spend.ROUND_UP).
+"""The ledger's sums are never below the exact sums of what they add (rounding.ROUND_UP).
 
 Plain float addition rounds to nearest, so after enough additions an account's stored
 spend can sit below the exact total of its charges: an eps below the true loss. Every
@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dp_budget_provider.accounting import GaussianMechanism
+from dp_budget_provider.accounting.rounding import ROUND_UP, difference_up, sum_up
 from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
-from dp_budget_provider.ledger.spend import ROUND_UP, Pending, Spend, difference_up, sum_up
+from dp_budget_provider.ledger.spend import Pending, Spend
 
 COSTS = st.floats(min_value=1e-300, max_value=1e3, allow_nan=False, allow_infinity=False)
 
