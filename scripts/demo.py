@@ -7,7 +7,8 @@
    to the start of the next window (the demo tenant uses 60-second windows so you can
    watch it), the trigger fires at that start, the sensor re-checks, and the release
    happens in the new window. Each run's Airflow log goes to ``.demo/logs/``.
-3. ``dp-budget status`` shows the ledger.
+3. ``dp-budget classes`` shows the ledger by spend class (the 50 subjects: one row per
+   window).
 
 Everything lives under ``.demo/`` in the repository (Airflow home, metadata DB, ledger).
 """
@@ -166,7 +167,11 @@ def main() -> None:
     )
     print(flush=True)
     dp_budget = str(Path(sys.executable).with_name("dp-budget"))
-    subprocess.run([dp_budget, "--url", ledger.url, "status", "--limit", "6"], check=True)
+    say(
+        "the ledger by spend class (one row per window for the 50 subjects; `status` lists "
+        "each subject):"
+    )
+    subprocess.run([dp_budget, "--url", ledger.url, "classes"], check=True)
 
 
 def load(dag_id: str):  # noqa: ANN201 - returns an Airflow DAG
