@@ -940,7 +940,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub = group.add_parser(
             name, parents=[common], help=help_text, description=help_text, **kwargs
         )
-        sub.set_defaults(run=handler)
+        sub.set_defaults(run=handler, cli_words=False)
         return sub
 
     db = commands.add_parser("db", help="schema management")
@@ -958,6 +958,7 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument(
         "--delta", type=_number, required=True, help="the ledger's fixed delta (never changes)"
     )
+    init.set_defaults(cli_words=True)  # its errors name Python parameters
     init.add_argument("--warn-fraction", type=_fraction, default=0.8, help="default 0.8")
     init.add_argument(
         "--conversion", choices=CONVERSIONS, default="improved", help="default improved"
@@ -1057,6 +1058,7 @@ def build_parser() -> argparse.ArgumentParser:
     clear = command(
         quarantine_commands, "clear", cmd_quarantine_clear, "let releases run again (audited)"
     )
+    clear.set_defaults(cli_words=True)  # its errors name Python parameters
     clear.add_argument("--reason", required=True, help="what was found and done (recorded)")
 
     reset = command(commands, "reset", cmd_reset, "drop the accounts of closed windows")
@@ -1072,6 +1074,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="e.g. 30m, 2h, 1d",
     )
+    reap.set_defaults(cli_words=True)  # its errors name Python parameters
     reap.add_argument(
         "--now",
         type=parse_moment,
@@ -1092,6 +1095,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_policy_set,
         "create or replace a policy (options not given keep the scope's current values)",
     )
+    policy_set.set_defaults(cli_words=True)  # its errors name Python parameters
     policy_set.add_argument("--tenant", default=ANY, help="default '*' (any)")
     policy_set.add_argument("--query-type", default=ANY, help="default '*' (any)")
     policy_set.add_argument(
@@ -1155,11 +1159,14 @@ _CLI_WORDS = (
 )
 
 
-def _one_line(error: BaseException) -> str:
+def _one_line(error: BaseException, cli_words: bool = False) -> str:
+    """The error as one line; ``cli_words`` (commands whose values the ledger checks under
+    its Python names) says it with the options the user typed. Only those commands: the
+    words could be a subject's or a query type's name in any other error."""
     text = str(error)
     if isinstance(error, SQLAlchemyError):
         text = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-    for pattern, words in _CLI_WORDS:
+    for pattern, words in _CLI_WORDS if cli_words else ():
         text = pattern.sub(words, text)
     return " ".join(text.split()) or type(error).__name__
 
@@ -1173,10 +1180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dp-budget: error: {error}", file=sys.stderr)
         return 2
     except ValueError as error:  # a value the ledger refuses to take: a usage error too
-        print(f"dp-budget: error: {_one_line(error)}", file=sys.stderr)
+        print(f"dp-budget: error: {_one_line(error, args.cli_words)}", file=sys.stderr)
         return 2
     except (CommandError, LedgerError) as error:
-        print(f"dp-budget: error: {_one_line(error)}", file=sys.stderr)
+        print(f"dp-budget: error: {_one_line(error, args.cli_words)}", file=sys.stderr)
         return 1
     except SQLAlchemyError as error:
         print(f"dp-budget: error: database: {_one_line(error)}", file=sys.stderr)

@@ -504,6 +504,15 @@ def test_show_unknown_key_fails(seeded):
     assert "no account and no history" in result.stderr
 
 
+def test_names_in_errors_are_kept_as_written(seeded, capsys):
+    """Option wording is for the commands that check values under Python names; a key
+    part spelled like one stays as it is."""
+    code, _, err = call(capsys, "--url", seeded, "show", "set_policy", "cap_epsilon", CLOSED)
+    assert code == 1 and "default/set_policy/cap_epsilon/2020-w01" in err
+    code, _, err = call(capsys, "--url", seeded, "policy", "set", "--epsilon", "-1")
+    assert code == 2 and "--epsilon" in err and "cap_epsilon" not in err
+
+
 def test_show_a_reset_account_keeps_its_history(seeded, capsys):
     assert call(capsys, "--url", seeded, "reset", "--window", CLOSED)[0] == 0
     code, out, _ = call(capsys, "--url", seeded, "show", "alice", "heatmap", CLOSED)
