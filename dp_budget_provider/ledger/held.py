@@ -18,18 +18,21 @@ from sqlalchemy import Connection, text
 
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.spend import Pending, Spend
+from dp_budget_provider.ledger.statements import newline_joined
 
 # Subjects per statement: bounds the parameter (and the server's unpacked list) in memory.
 CHUNK = 100_000
 
 # The stored spend columns, in the order Spend.from_columns and Pending.from_columns read.
 _STATE = "rho, residual, gaussian_mu2, pending_rho, pending_residual, pending_mu2, pending_others"
+# Re-scoped accounts form their own groups: no release may charge them.
 _GROUPED = (
-    f"SELECT {_STATE}, count(*), min(subject) FROM dp_accounts "
+    f"SELECT {_STATE}, count(*), min(subject), rescoped_to FROM dp_accounts "
     'WHERE tenant = :tenant AND query_type = :query_type AND "window" = :window '
-    "AND subject {members} GROUP BY {_STATE}"
+    "AND subject {members} GROUP BY {_STATE}, rescoped_to"
 )
-# Canonical key parts hold no control character, so a newline separates subjects safely.
+# Canonical key parts hold no control character, so a newline separates subjects safely
+# (``newline_joined`` refuses a part that holds one).
 _MEMBERS = {
     "postgresql": "= ANY(string_to_array(:subjects, E'\\n'))",
     "sqlite": "IN (SELECT value FROM json_each(:subjects))",
@@ -42,7 +45,8 @@ class HeldState:
 
     ``example`` is the least key holding it; None only for the untouched (zero) state of
     a window some of whose keys are touched: zero spend is below every touched state of
-    the same scope, so it is never the worst and never needs naming.
+    the same scope, so it is never the worst and never needs naming. ``rescoped_to`` is
+    the query type the keys' spend moved to if they were re-scoped (never chargeable).
     """
 
     tenant: str
@@ -51,6 +55,7 @@ class HeldState:
     pending: Pending
     keys: int
     example: LedgerKey | None
+    rescoped_to: str | None = None
 
 
 def held_states(connection: Connection, keys: Sequence[LedgerKey], size: int) -> list[HeldState]:
@@ -67,7 +72,9 @@ def held_states(connection: Connection, keys: Sequence[LedgerKey], size: int) ->
     for (tenant, query_type, window), subjects in by_window.items():
         for start in range(0, len(subjects), CHUNK):
             chunk = subjects[start : start + CHUNK]
-            packed = json.dumps(chunk) if connection.dialect.name == "sqlite" else "\n".join(chunk)
+            packed = (
+                json.dumps(chunk) if connection.dialect.name == "sqlite" else newline_joined(chunk)
+            )
             rows = connection.execute(
                 statement,
                 {"tenant": tenant, "query_type": query_type, "window": window, "subjects": packed},
@@ -83,12 +90,14 @@ def held_states(connection: Connection, keys: Sequence[LedgerKey], size: int) ->
                         Pending.from_columns(row[3], row[4], row[5], row[6], size),
                         row[7],
                         LedgerKey.from_canonical(tenant, row[8], query_type, window),
+                        row[9],
                     )
                 )
             if touched < len(chunk):
-                first = min(chunk)
                 example = (
-                    None if rows else LedgerKey.from_canonical(tenant, first, query_type, window)
+                    None
+                    if rows
+                    else LedgerKey.from_canonical(tenant, min(chunk), query_type, window)
                 )
                 states.append(
                     HeldState(tenant, query_type, Spend(), Pending(), len(chunk) - touched, example)
