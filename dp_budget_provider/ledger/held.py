@@ -4,7 +4,8 @@ A release charges every key it covers the same cost, so the keys of a cohort hol
 distinct (committed, pending) states however many subjects it has. Reading them grouped
 by state lets one check decide for a million keys with a handful of conversions; the
 subjects travel to the database as one parameter per window and chunk (a list the
-server unpacks), never as one bound parameter or one round trip per key.
+server unpacks), never as one bound parameter or one round trip per key. Equal states
+of different chunks and windows are merged: one state per scope and stored value.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import Connection, Select, any_, bindparam, func, literal, literal_column, select
 
@@ -20,6 +21,7 @@ from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.schema import Account
 from dp_budget_provider.ledger.spend import Pending, Spend
 from dp_budget_provider.ledger.standing import SPEND_COLUMNS
+from dp_budget_provider.ledger.statements import newline_joined
 
 # Subjects per statement: bounds the parameter (and the server's unpacked list) in memory.
 CHUNK = 100_000
@@ -40,17 +42,17 @@ def _grouped(dialect: str) -> Select:
         members = Account.subject.in_(listed.scalar_subquery())
     else:
         raise ValueError(f"no grouped read for the {dialect} dialect")
+    # Re-scoped accounts form their own groups: no release may charge them.
+    grouping = (*SPEND_COLUMNS, Account.rescoped_to)
     return (
-        select(
-            *SPEND_COLUMNS, func.count().label("holders"), func.min(Account.subject).label("first")
-        )
+        select(*grouping, func.count().label("holders"), func.min(Account.subject).label("first"))
         .where(
             Account.tenant == bindparam("tenant"),
             Account.query_type == bindparam("query_type"),
             Account.window == bindparam("window"),
             members,
         )
-        .group_by(*SPEND_COLUMNS)
+        .group_by(*grouping)
     )
 
 
@@ -58,9 +60,11 @@ def _grouped(dialect: str) -> Select:
 class HeldState:
     """One distinct state among the keys asked about, and how many keys hold it.
 
-    ``example`` is the least key holding it; None only for the untouched (zero) state of
-    a window some of whose keys are touched: zero spend is below every touched state of
-    the same scope, so it is never the worst and never needs naming.
+    ``example`` is the least key holding it; None only for the untouched (zero) state
+    when every chunk of keys it came from also held touched keys: zero spend is below
+    every touched state of the same scope, so it is never the worst and never needs
+    naming. ``rescoped_to`` is the query type the keys' spend moved to if they were
+    re-scoped (never chargeable).
     """
 
     tenant: str
@@ -69,21 +73,34 @@ class HeldState:
     pending: Pending
     keys: int
     example: LedgerKey | None
+    rescoped_to: str | None = None
+
+
+def _least(a: LedgerKey | None, b: LedgerKey | None) -> LedgerKey | None:
+    return b if a is None else a if b is None else min(a, b)
 
 
 def held_states(connection: Connection, keys: Sequence[LedgerKey], size: int) -> list[HeldState]:
-    """The distinct (committed, pending) states of ``keys`` (distinct keys), grouped per
-    window; a key with no account holds the zero state."""
+    """The distinct (committed, pending) states of ``keys`` (distinct keys), one per scope
+    and stored value; a key with no account holds the zero state."""
     dialect = connection.dialect.name
     statement = _grouped(dialect)
     by_window: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for key in keys:
         by_window[(key.tenant, key.query_type, key.window)].append(key.subject)
-    states: list[HeldState] = []
+    merged: dict[tuple[object, ...], HeldState] = {}
+
+    def add(signature: tuple[object, ...], state: HeldState) -> None:
+        seen = merged.get(signature)
+        if seen is not None:
+            example = _least(seen.example, state.example)
+            state = replace(seen, keys=seen.keys + state.keys, example=example)
+        merged[signature] = state
+
     for (tenant, query_type, window), subjects in by_window.items():
         for start in range(0, len(subjects), CHUNK):
             chunk = subjects[start : start + CHUNK]
-            packed = json.dumps(chunk) if dialect == "sqlite" else "\n".join(chunk)
+            packed = json.dumps(chunk) if dialect == "sqlite" else newline_joined(chunk)
             rows = connection.execute(
                 statement,
                 {"tenant": tenant, "query_type": query_type, "window": window, "subjects": packed},
@@ -91,7 +108,9 @@ def held_states(connection: Connection, keys: Sequence[LedgerKey], size: int) ->
             touched = 0
             for row in rows:
                 touched += row.holders
-                states.append(
+                stored = tuple(getattr(row, column.key) for column in SPEND_COLUMNS)
+                add(
+                    (tenant, query_type, row.rescoped_to, stored),
                     HeldState(
                         tenant,
                         query_type,
@@ -105,14 +124,17 @@ def held_states(connection: Connection, keys: Sequence[LedgerKey], size: int) ->
                         ),
                         row.holders,
                         LedgerKey.from_canonical(tenant, row.first, query_type, window),
-                    )
+                        row.rescoped_to,
+                    ),
                 )
             if touched < len(chunk):
-                first = min(chunk)
-                example = (
-                    None if rows else LedgerKey.from_canonical(tenant, first, query_type, window)
+                first = (
+                    None
+                    if rows
+                    else LedgerKey.from_canonical(tenant, min(chunk), query_type, window)
                 )
-                states.append(
-                    HeldState(tenant, query_type, Spend(), Pending(), len(chunk) - touched, example)
+                add(
+                    (tenant, query_type, None, "untouched"),
+                    HeldState(tenant, query_type, Spend(), Pending(), len(chunk) - touched, first),
                 )
-    return states
+    return list(merged.values())

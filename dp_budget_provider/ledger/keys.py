@@ -182,6 +182,8 @@ def key_for(subject: str, query_type: str, window: str, *, tenant: str = "defaul
 
 
 SubjectSource = Iterable[object]
+# An integer id is its decimal digits, so it has fewer than MAX_PART_LENGTH of them.
+_INT_LIMIT = 10**MAX_PART_LENGTH
 
 
 def subject_ids(subjects: SubjectSource) -> list[str]:
@@ -191,7 +193,8 @@ def subject_ids(subjects: SubjectSource) -> list[str]:
     the list an upstream task returned through XCom); an id is a string or an integer
     (``17`` is the subject ``"17"``). Ids that are the
     same canonical id ("Alice" and "alice") are one subject, charged once. A single
-    string is refused: it would be a list of its characters.
+    string is refused: it would be a list of its characters; so is anything that is not
+    one-dimensional (a table iterates over its column labels, a 0-d array not at all).
     """
     if isinstance(subjects, str | bytes) or not isinstance(subjects, Iterable):
         raise ValueError(
@@ -205,10 +208,22 @@ def subject_ids(subjects: SubjectSource) -> list[str]:
         )
     if isinstance(subjects, Mapping):
         raise ValueError("subjects must be a collection of subject ids, not a mapping")
+    dimensions = getattr(subjects, "ndim", 1)
+    if dimensions != 1:
+        raise ValueError(
+            "subjects must be one-dimensional (a list or a column of ids, e.g. "
+            f"frame['user_id']), got a {dimensions}-dimensional {type(subjects).__name__}"
+        )
     distinct: dict[str, None] = {}
     for subject in subjects:
         if isinstance(subject, numbers.Integral) and not isinstance(subject, bool):
-            subject = str(int(subject))
+            number = int(subject)
+            if not -_INT_LIMIT < number < _INT_LIMIT:
+                raise ValueError(
+                    f"subject is an integer of more than {MAX_PART_LENGTH} digits; the limit "
+                    f"is {MAX_PART_LENGTH} characters"
+                )
+            subject = str(number)
         distinct[canonical_part("subject", subject)] = None
     if not distinct:
         raise ValueError("subjects is empty: a release must charge at least one subject")
@@ -221,6 +236,11 @@ def keys_for(
     """One key per distinct subject and window (see :func:`subject_ids`), each part
     canonicalised once: a release over a million subjects builds its keys in about a
     second."""
+    if isinstance(windows, str | bytes):
+        raise ValueError(
+            "windows must be a collection of window labels, not one string (it would be "
+            f"a list of its characters): pass [{windows!r}]"
+        )
     ids = subject_ids(subjects)
     tenant = canonical_part("tenant", tenant)
     query_type = canonical_part("query_type", query_type)

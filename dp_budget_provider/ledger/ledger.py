@@ -66,7 +66,7 @@ from dp_budget_provider.ledger.errors import (
     ReservationStateError,
     WindowSealed,
 )
-from dp_budget_provider.ledger.held import held_states
+from dp_budget_provider.ledger.held import HeldState, held_states
 from dp_budget_provider.ledger.keys import (
     LedgerKey,
     canonical_part,
@@ -456,9 +456,9 @@ class PrivacyBudgetLedger:
         scopes = sorted({(key.tenant, key.query_type, key.window) for key in keys})
         if pipe.postgresql:
             parts = {
-                "tenants": "\n".join(scope[0] for scope in scopes),
-                "query_types": "\n".join(scope[1] for scope in scopes),
-                "windows": "\n".join(scope[2] for scope in scopes),
+                "tenants": statements.newline_joined([scope[0] for scope in scopes]),
+                "query_types": statements.newline_joined([scope[1] for scope in scopes]),
+                "windows": statements.newline_joined([scope[2] for scope in scopes]),
             }
             rows = pipe.query(statements.PG_LOCK_WINDOWS, {**parts, "now": now})
         else:
@@ -470,17 +470,10 @@ class PrivacyBudgetLedger:
         if len(rows) != len(scopes):
             raise LedgerCorrupt(f"{len(scopes)} windows charged but {len(rows)} window rows found")
         if rows[0][4] is not None:
-            reason = pipe.query(statements.QUARANTINE_REASON)[0][0]
-            raise LedgerQuarantined(
-                f"the ledger is quarantined since {rows[0][4]} ({reason}){_CLEAR}"
-            )
+            raise _quarantined(rows[0][4], pipe.query(statements.QUARANTINE_REASON)[0][0])
         for tenant, query_type, window, sealed_at, _ in rows:
             if sealed_at is not None:
-                raise WindowSealed(
-                    f"window {window!r} of tenant {tenant!r}, query type {query_type!r} was "
-                    f"sealed at {sealed_at} (reset after its grace period): nothing can be "
-                    "charged to it any more"
-                )
+                raise _sealed(tenant, query_type, window, sealed_at)
 
     @staticmethod
     def _check_windows(
@@ -514,10 +507,37 @@ class PrivacyBudgetLedger:
         for key in keys:
             moved = locked[key].rescoped_to
             if moved is not None:
-                raise WindowSealed(
-                    f"{key} was re-scoped to query type {moved!r}: its spend lives there now, "
-                    "and this key can never be charged again"
-                )
+                raise _rescoped(key, moved)
+
+    def _refuse_unchargeable(
+        self,
+        connection: Connection,
+        keys: Sequence[LedgerKey],
+        states: Sequence[HeldState],
+        policies: Policies,
+    ) -> None:
+        """Raise what :meth:`_lock_chargeable` raises whatever the budget, in its order,
+        reading without locking or creating anything: a quarantined ledger, a sealed
+        window, a label that is not its calendar's or has not begun, a re-scoped key."""
+        config = connection.execute(
+            select(LedgerConfig.quarantined_at, LedgerConfig.quarantine_reason)
+        ).one()
+        if config.quarantined_at is not None:
+            raise _quarantined(config.quarantined_at, config.quarantine_reason)
+        scope_keys = {(key.tenant, key.query_type, key.window): key for key in keys}
+        scope = (WindowRow.tenant, WindowRow.query_type, WindowRow.window)
+        for chunk in _chunks(sorted(scope_keys)):
+            sealed = connection.execute(
+                select(*scope, WindowRow.sealed_at)
+                .where(tuple_(*scope).in_(chunk), WindowRow.sealed_at.is_not(None))
+                .limit(1)
+            ).first()
+            if sealed is not None:
+                raise _sealed(*sealed)
+        self._check_windows(list(scope_keys.values()), policy_lookup(policies), _now())
+        for state in states:
+            if state.rescoped_to is not None:
+                raise _rescoped(state.example, state.rescoped_to)
 
     def _lock_reservation(
         self, connection: Connection, reservation_id: str, key_count: int
@@ -1117,15 +1137,32 @@ class PrivacyBudgetLedger:
 
         Committed spend and every open reservation count, summed as the reservation's own
         check sums them, so a release this finds fitting is refused only if something
-        else is reserved or committed first. One grouped read per window (and 10^5
-        subjects) and one conversion per distinct held state: the subjects of a cohort
-        that has had the same releases hold one state, however many they are.
+        else is reserved or committed first. What the reservation refuses whatever the
+        budget (a quarantined ledger, a sealed window or re-scoped key, a window label
+        that is not its calendar's or has not begun) this raises as the reservation
+        raises it. One grouped read per window (and 10^5 subjects) and one conversion per
+        distinct held state: the subjects of a cohort that has had the same releases hold
+        one state, however many they are.
         """
+        return self._check(keys, mechanism, count, chargeable=True)
+
+    def _check(
+        self,
+        keys: LedgerKey | Iterable[LedgerKey],
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int,
+        *,
+        chargeable: bool,
+    ) -> BudgetCheck:
+        """:meth:`budget_check`; with ``chargeable`` False, keys no release may charge
+        are priced all the same (what a key would reach, as a number to look at)."""
         distinct = self._distinct_keys(keys)
         cost = self._cost(self._mechanism(mechanism), check.count("count", count))
         with self.reading() as connection:
             states = held_states(connection, distinct, self._orders.size)
             policies = self._policy_store.read(connection)
+            if chargeable:
+                self._refuse_unchargeable(connection, distinct, states, policies)
         worst: tuple[float, bool, LedgerKey, float, float] | None = None
         for state in states:
             cap = policy_for(policies, LedgerKey(state.tenant, "-", state.query_type, "-"))
@@ -1172,8 +1209,9 @@ class PrivacyBudgetLedger:
     def prospective_epsilon(
         self, key: LedgerKey, mechanism: Mechanism | Mapping[str, Any], count: int = 1
     ) -> float:
-        """The eps ``key`` would reach with this release on top of committed and reserved spend."""
-        return self.budget_check(self._one_key(key), mechanism, count).epsilon
+        """The eps ``key`` would reach with this release on top of committed and reserved
+        spend (also for a key no release may charge any more: see :meth:`budget_check`)."""
+        return self._check(self._one_key(key), mechanism, count, chargeable=False).epsilon
 
     # ------------------------------------------------------------------ reading
 
@@ -1691,6 +1729,24 @@ class PrivacyBudgetLedger:
                 .values(chain_key_id=key.key_id, keyed_from=seq)
             )
         self._key = key
+
+
+def _quarantined(since: str, reason: str) -> LedgerQuarantined:
+    return LedgerQuarantined(f"the ledger is quarantined since {since} ({reason}){_CLEAR}")
+
+
+def _sealed(tenant: str, query_type: str, window: str, sealed_at: str) -> WindowSealed:
+    return WindowSealed(
+        f"window {window!r} of tenant {tenant!r}, query type {query_type!r} was sealed at "
+        f"{sealed_at} (reset after its grace period): nothing can be charged to it any more"
+    )
+
+
+def _rescoped(key: object, moved: str) -> WindowSealed:
+    return WindowSealed(
+        f"{key} was re-scoped to query type {moved!r}: its spend lives there now, and this "
+        "key can never be charged again"
+    )
 
 
 def _reason(reason: object) -> str:

@@ -142,22 +142,27 @@ POLICY_ROWS = (
 )
 
 
-def key_parts(keys: Sequence[LedgerKey]) -> dict[str, str]:
-    """The keys as four newline-separated texts, split on the server (``_PG_SPLIT``).
+def newline_joined(parts: Sequence[str]) -> str:
+    """Key parts as one newline-separated text, for ``string_to_array(..., E'\\n')``.
 
-    Four strings instead of four arrays of 10^5 quoted elements: canonical key parts
-    cannot hold a newline (control characters are refused), which is checked here too.
+    One string instead of an array of 10^5 quoted elements: canonical key parts cannot
+    hold a newline (control characters are refused), which is checked here too, so a key
+    made without canonicalisation is refused rather than split into two on the server.
     """
-    parts = {
-        "tenants": "\n".join(k.tenant for k in keys),
-        "subjects": "\n".join(k.subject for k in keys),
-        "query_types": "\n".join(k.query_type for k in keys),
-        "windows": "\n".join(k.window for k in keys),
+    joined = "\n".join(parts)
+    if joined.count("\n") != len(parts) - 1:
+        raise ValueError("a key part contains a newline")
+    return joined
+
+
+def key_parts(keys: Sequence[LedgerKey]) -> dict[str, str]:
+    """The keys as four newline-separated texts (see :func:`newline_joined`)."""
+    return {
+        "tenants": newline_joined([k.tenant for k in keys]),
+        "subjects": newline_joined([k.subject for k in keys]),
+        "query_types": newline_joined([k.query_type for k in keys]),
+        "windows": newline_joined([k.window for k in keys]),
     }
-    for joined in parts.values():
-        if joined.count("\n") != len(keys) - 1:
-            raise ValueError("a key part contains a newline")
-    return parts
 
 
 def accounts_by_key(

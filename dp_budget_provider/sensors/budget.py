@@ -17,7 +17,14 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, A
 
 from dp_budget_provider.accounting import Mechanism
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
-from dp_budget_provider.ledger import PrivacyBudgetLedger, SubjectSource, key_for, keys_for
+from dp_budget_provider.ledger import (
+    LedgerQuarantined,
+    PrivacyBudgetLedger,
+    SubjectSource,
+    WindowSealed,
+    key_for,
+    keys_for,
+)
 from dp_budget_provider.triggers.budget_window import BudgetWindowTrigger
 
 
@@ -36,6 +43,9 @@ class BudgetSensor(BaseSensorOperator):
     ``subjects`` takes what the operator's does (any collection of ids, an upstream
     task's ``.output``, a callable template field), and the whole cohort is checked in
     one grouped read (:meth:`~dp_budget_provider.ledger.PrivacyBudgetLedger.budget_check`).
+    A release the ledger would refuse whatever the budget (a sealed window or re-scoped
+    subject, a window that has not begun, a quarantined ledger, no subjects) fails the
+    sensor at once: waiting cannot make it fit.
 
     Passing reserves nothing: the budget stays shared, so several sensors can pass on the
     same headroom and only the releases' own reservations decide which of them runs. A
@@ -83,14 +93,19 @@ class BudgetSensor(BaseSensorOperator):
 
     def _fits(self, ledger: PrivacyBudgetLedger, window: str) -> bool:
         subjects = [self.subject] if self.subject is not None else self.subjects
-        keys = keys_for(subjects, self.query_type, [window], tenant=self.tenant)
-        fresh = key_for("-", self.query_type, window, tenant=self.tenant)
-        if ledger.would_exceed(fresh, self.mechanism, self.count):
+        try:
+            keys = keys_for(subjects, self.query_type, [window], tenant=self.tenant)
+            fresh = key_for("-", self.query_type, window, tenant=self.tenant)
+            too_big = ledger.would_exceed(fresh, self.mechanism, self.count)
+            check = ledger.budget_check(keys, self.mechanism, self.count)
+        except (ValueError, WindowSealed, LedgerQuarantined) as refusal:
+            # What the release would refuse whatever the budget: waiting cannot help.
+            raise AirflowFailException(f"no release can follow: {refusal}") from refusal
+        if too_big:
             raise AirflowFailException(
                 f"{self.count} x {self.mechanism.to_spec()} exceeds the cap even on an empty "
                 "account: no window will ever fit it"
             )
-        check = ledger.budget_check(keys, self.mechanism, self.count)
         self.log.info(
             "%d key(s) in %d distinct state(s); the closest to its cap, %s, would reach eps "
             "%.6g of %.6g",

@@ -24,8 +24,11 @@ from dp_budget_provider.accounting import (
 from dp_budget_provider.ledger import (
     BudgetCap,
     BudgetExhausted,
+    LedgerKey,
+    LedgerQuarantined,
     Policy,
     PrivacyBudgetLedger,
+    WindowSealed,
     held,
     key_for,
     keys_for,
@@ -143,9 +146,8 @@ def test_many_keys_are_one_grouped_read_per_window_and_chunk(ledger, monkeypatch
     finally:
         sa.event.remove(engine, "before_cursor_execute", count_reads)
     assert len(reads) == 2 * 3  # two windows, 100 subjects in chunks of 40
-    # Per chunk, each state once: committed + untouched, untouched, untouched (first
-    # window); open + untouched, open + untouched, untouched (second window).
-    assert check.keys == 200 and check.states == 9
+    # Committed, open and untouched: equal states of different chunks and windows merge.
+    assert check.keys == 200 and check.states == 3
     assert check.key in keys[130:150]  # the open Laplace costs more than the committed z=5
     assert check.epsilon == ledger.prospective_epsilon(keys[130], GaussianMechanism(5.0))
     assert check.epsilon > ledger.prospective_epsilon(keys[0], GaussianMechanism(5.0))
@@ -176,3 +178,110 @@ def test_subjects_come_from_any_collection():
 def test_bad_subjects_are_refused_before_any_database_work(subjects, message):
     with pytest.raises(ValueError, match=message):
         keys_for(subjects, "count", WINDOWS)
+
+
+# ---------------------------------------------------------------- what reserve refuses anyway
+
+
+def _sealed(ledger):
+    key = key_for("alice", "count", "2026-w10")
+    ledger.spend(key, GaussianMechanism(5.0))
+    ledger.reset("2026-w10")
+    return [key]
+
+
+def _rescoped(ledger):
+    old = key_for("bob", "snapshot", "2026-w11")
+    ledger.spend(old, GaussianMechanism(5.0))
+    ledger.rescope(old, key_for("bob", "trajectory", "2026-w11"))
+    return keys_for(["alice", "bob", "carol"], "snapshot", ["2026-w11"])
+
+
+def _not_begun(ledger):
+    return keys_for(["alice"], "count", ["2026-w11", "2099-w10"])
+
+
+def _not_a_label(ledger):
+    return keys_for(["alice"], "count", ["campaign-q3"])
+
+
+def _quarantined(ledger):
+    ledger.quarantine(reason="verify found a broken chain")
+    return keys_for(["alice"], "count", ["2026-w11"])
+
+
+@pytest.mark.parametrize(
+    ("keys_of", "refusal"),
+    [
+        (_sealed, WindowSealed),
+        (_rescoped, WindowSealed),
+        (_not_begun, ValueError),
+        (_not_a_label, ValueError),
+        (_quarantined, LedgerQuarantined),
+    ],
+)
+def test_the_check_refuses_what_the_reservation_refuses_whatever_the_budget(
+    ledger, keys_of, refusal
+):
+    """A sealed window, a re-scoped key, a window label that is not its calendar's or has
+    not begun, a quarantined ledger: the reservation refuses them however much budget is
+    left, so the check refuses them too (with the reservation's error), never "fits"."""
+    keys = keys_of(ledger)
+    with pytest.raises(refusal) as reserved:
+        ledger.reserve(keys, GaussianMechanism(5.0))
+    with pytest.raises(refusal) as checked:
+        ledger.budget_check(keys, GaussianMechanism(5.0))
+    assert str(checked.value) == str(reserved.value)
+    with pytest.raises(refusal):
+        ledger.would_exceed(keys, GaussianMechanism(5.0))
+    # What a key would reach stays a number to look at (no release is implied).
+    assert ledger.prospective_epsilon(keys[0], GaussianMechanism(5.0)) > 0
+
+
+def test_a_key_part_holding_a_newline_is_refused_not_split(postgres_url):
+    """PostgreSQL receives the subjects newline-separated: a key that did not come through
+    canonicalisation (from_canonical with raw text) is refused as the reservation refuses
+    it, not read as the two subjects around its newline."""
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=postgres_url)
+    ledger.spend(key_for("a", "count", "2026-w11"), GaussianMechanism(3.0))
+    forged = LedgerKey.from_canonical("default", "a\nb", "count", "2026-w11")
+    try:
+        for attempt in (ledger.reserve, ledger.budget_check):
+            with pytest.raises(ValueError, match="newline"):
+                attempt([forged], GaussianMechanism(3.0))
+    finally:
+        ledger.close()
+
+
+def test_windows_given_as_one_string_are_refused():
+    with pytest.raises(ValueError, match="windows must be a collection"):
+        keys_for(["a"], "count", "2026-w10")
+
+
+class _Frame:
+    """A two-dimensional table that iterates over its column labels, as a pandas DataFrame
+    does (pandas is not a dependency): its labels must never become subjects."""
+
+    ndim = 2
+
+    def __iter__(self):
+        return iter(["user_id", "value"])
+
+
+@pytest.mark.parametrize(
+    ("subjects", "message"),
+    [
+        (_Frame(), "one-dimensional"),
+        (np.array([["a", "b"], ["c", "d"]]), "one-dimensional"),
+        (np.array("alice"), "one-dimensional"),
+        ([10**5000], "more than 256 digits"),
+        ([np.bytes_(b"alice")], "subject must be a string, got bytes_"),
+        ([np.True_], "subject must be a string, got bool_"),
+        ([1.0], "subject must be a string, got float"),
+        ([None], "subject must be a string, got NoneType"),
+        ([["a"]], "subject must be a string, got list"),
+    ],
+)
+def test_ids_that_are_not_a_column_of_ids_are_refused(subjects, message):
+    with pytest.raises(ValueError, match=message):
+        subject_ids(subjects)

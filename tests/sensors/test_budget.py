@@ -96,6 +96,27 @@ def test_a_release_too_big_for_any_window_fails_immediately(ledger, monkeypatch)
         sensor(mechanism=GaussianMechanism(0.5)).execute({})
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"window": "2026-w10"}, "was sealed at"),  # reset below: its accounts are gone
+        ({"window": "2099-w10"}, "has not begun"),
+        ({"subject": None, "subjects": []}, "subjects is empty"),
+    ],
+)
+def test_a_release_the_ledger_would_refuse_whatever_the_budget_fails_at_once(
+    ledger, monkeypatch, overrides, message
+):
+    """Not "fits": the release's own reservation would refuse it, and waiting cannot help."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    ledger.spend(key_for("alice", "heatmap", "2026-w10"), BIG)
+    ledger.reset("2026-w10")
+    at(monkeypatch, datetime(2026, 7, 14, 12, 0, tzinfo=UTC))
+    with pytest.raises(AirflowFailException, match=message):
+        sensor(**overrides).execute({})
+
+
 def test_one_subject_of_a_large_cohort_past_the_cap_defers_the_whole_release(
     ledger, monkeypatch, capsys
 ):
