@@ -4,11 +4,12 @@ Mounted by Airflow's API server at ``/dp-budget`` (see :mod:`.dp_budget`). Every
 ``/openapi.json`` included, depends on :func:`.auth.budget_reader`; every route is a GET
 (the UI is read-only). The ledger is read through :mod:`dp_budget_provider.ledger` only.
 
-Pages: ``/accounts`` (filter, sort, server-side pagination), ``/account?tenant=…&
-subject=…&query_type=…&window=…`` (the key travels in the query string: key parts may
-contain ``/``), ``/policies``. API: ``/api/accounts``, ``/api/account``,
-``/api/account/history``, ``/api/account/reservations``, ``/api/policies``,
-``/api/report``, ``/api/verification``.
+Pages: ``/accounts`` (filter, sort, server-side pagination), ``/classes`` (the same
+filters, one row per spend class) and ``/classes/members?tenant=…&query_type=…&window=…&
+class_id=…``, ``/account?tenant=…&subject=…&query_type=…&window=…`` (the key travels in
+the query string: key parts may contain ``/``), ``/policies``. API: ``/api/accounts``,
+``/api/classes``, ``/api/classes/members``, ``/api/account``, ``/api/account/history``,
+``/api/account/reservations``, ``/api/policies``, ``/api/report``, ``/api/verification``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dp_budget_provider.ledger import (
     queries,
     spend_classes,
 )
-from dp_budget_provider.ledger.keys import MAX_STORED_INT
+from dp_budget_provider.ledger.keys import MAX_STORED_INT, canonical_part
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.report import (
     EpsilonAlone,
@@ -55,6 +56,9 @@ from dp_budget_provider.plugins.templates import environment
 
 LedgerSource = Callable[[], PrivacyBudgetLedger]
 Reader = Annotated[Any, Depends(budget_reader)]
+PageNumber = Annotated[int, Query(ge=1, le=MAX_STORED_INT // 1000)]
+PerPage = Annotated[int, Query(ge=1, le=500)]
+ClassId = Annotated[str, Query(min_length=1, max_length=64)]
 
 PAGE_SIZES = (25, 50, 100, 200)
 HISTORY_PAGE = 50
@@ -66,12 +70,10 @@ KEY_FIELDS = (
     ("query_type", "query type"),
     ("window", "window"),
 )
+MEMBERS_PAGE = 50
 # (sort key or None, header, right-aligned); _DESCENDING_FIRST sorts start largest first.
-COLUMNS = (
-    ("tenant", "tenant", False),
-    ("subject", "subject", False),
-    ("query_type", "query type", False),
-    ("window", "window", False),
+# STATUS_COLUMNS are what every account or class row shows of its standing.
+STATUS_COLUMNS = (
     ("epsilon", "ε spent", True),
     (None, "ε held", True),
     (None, "cap", True),
@@ -81,6 +83,28 @@ COLUMNS = (
     ("open_reservations", "open reservations", True),
     ("releases", "releases", True),
     ("updated_at", "updated", False),
+)
+COLUMNS = (
+    ("tenant", "tenant", False),
+    ("subject", "subject", False),
+    ("query_type", "query type", False),
+    ("window", "window", False),
+    *STATUS_COLUMNS,
+)
+_UNSORTED_STATUS = tuple((None, label, numeric) for _, label, numeric in STATUS_COLUMNS)
+CLASS_COLUMNS = (
+    (None, "tenant", False),
+    (None, "query type", False),
+    (None, "window", False),
+    (None, "subjects", True),
+    (None, "first subject", False),
+    *_UNSORTED_STATUS,
+    (None, "members", False),
+)
+MEMBER_COLUMNS = ((None, "subject", False), *_UNSORTED_STATUS)
+STALE_CLASS = (
+    "no such spend class in that window (a release may have changed its members' spend: "
+    "list the classes again)"
 )
 _DESCENDING_FIRST = {"epsilon", "fraction", "state", "open_reservations", "releases", "updated_at"}
 
@@ -185,9 +209,68 @@ def _account_url(request: Request, key: LedgerKey) -> str:
     return _url(request, "/account", key.as_dict())
 
 
+def _members_url(request: Request, path: str, spend_class: spend_classes.SpendClass) -> str:
+    """The members listing (page or API, ``path``) of one spend class."""
+    key = spend_class.status.key
+    return _url(
+        request,
+        path,
+        {
+            "tenant": key.tenant,
+            "query_type": key.query_type,
+            "window": key.window,
+            "class_id": spend_class.id,
+        },
+    )
+
+
+def _page_filters(
+    tenant: str | None = None,
+    subject: str | None = None,
+    query_type: str | None = None,
+    window: str | None = None,
+    state: str | None = None,
+) -> dict[str, str | None]:
+    """The filters of the accounts and classes pages, as typed (the form shows them back)."""
+    return {
+        "tenant": tenant,
+        "subject": subject,
+        "query_type": query_type,
+        "window": window,
+        "state": state,
+    }
+
+
+PageFilters = Annotated[dict[str, str | None], Depends(_page_filters)]
+
+
+def _account_filter(raw: Mapping[str, str | None]) -> queries.AccountFilter:
+    """The ledger's filter of a page's form values (an empty field matches anything)."""
+    return queries.AccountFilter(**{name: value or None for name, value in raw.items()})
+
+
 def _key(tenant: str, subject: str, query_type: str, window: str) -> LedgerKey:
     try:
         return LedgerKey(tenant, subject, query_type, window)
+    except ValueError as error:
+        raise HTTPException(status_code=422, detail=str(error)) from error
+
+
+def _class_members(
+    ledger: PrivacyBudgetLedger,
+    tenant: str,
+    query_type: str,
+    window: str,
+    class_id: str,
+    limit: int,
+    offset: int,
+) -> queries.Page[AccountStatus] | None:
+    """One page of a spend class's members, None once no account holds its spend (422 when
+    the tenant, query type or window cannot be a key part)."""
+    try:
+        return spend_classes.class_members(
+            ledger, tenant, query_type, window, class_id, limit=limit, offset=offset
+        )
     except ValueError as error:
         raise HTTPException(status_code=422, detail=str(error)) from error
 
@@ -319,6 +402,7 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
                 "heading": headings.get(error.status_code, "Error"),
                 "message": str(error.detail),
                 "login_url": login_url,
+                "back": None,
                 "info": None,
                 "user": "",
             },
@@ -346,29 +430,17 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         request: Request,
         user: Reader,
         ledger: Ledger,
-        tenant: str | None = None,
-        subject: str | None = None,
-        query_type: str | None = None,
-        window: str | None = None,
-        state: str | None = None,
+        raw: PageFilters,
         sort: str = "key",
         order: Literal["asc", "desc"] = "asc",
-        page: Annotated[int, Query(ge=1, le=MAX_STORED_INT // 1000)] = 1,
-        per_page: Annotated[int, Query(ge=1, le=500)] = 50,
+        page: PageNumber = 1,
+        per_page: PerPage = 50,
     ) -> HTMLResponse:
-        raw = {
-            "tenant": tenant,
-            "subject": subject,
-            "query_type": query_type,
-            "window": window,
-            "state": state,
-        }
         error = None
         try:
-            filters = queries.AccountFilter(**{k: v or None for k, v in raw.items()})
             found = queries.find_accounts(
                 ledger,
-                filters,
+                _account_filter(raw),
                 sort=sort,
                 descending=order == "desc",
                 limit=per_page,
@@ -412,8 +484,105 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
                 "page_link": page_link,
                 "sort_link": sort_link,
                 "account_link": lambda key: _account_url(request, key),
+                "classes_link": _url(request, "/classes", {**raw, "per_page": per_page}),
             },
             status_code=200 if error is None else 422,
+        )
+
+    @app.get("/classes", response_class=HTMLResponse, summary="Spend classes page")
+    def classes_page(
+        request: Request,
+        user: Reader,
+        ledger: Ledger,
+        raw: PageFilters,
+        page: PageNumber = 1,
+        per_page: PerPage = 50,
+    ) -> HTMLResponse:
+        error = None
+        try:
+            found = spend_classes.find_classes(
+                ledger, _account_filter(raw), limit=per_page, offset=(page - 1) * per_page
+            )
+        except ValueError as problem:
+            error = str(problem)
+            found = queries.Page(total=0, offset=0, limit=per_page)
+        params = {**raw, "per_page": per_page}
+        return _render(
+            request,
+            "classes.html",
+            {
+                "info": _info(ledger),
+                "user": _user_name(user),
+                "classes": found.items,
+                "total": found.total,
+                "page": page,
+                "pages": _pages(found.total, per_page),
+                "per_page": per_page,
+                "page_sizes": sorted({*PAGE_SIZES, per_page}),
+                "filters": raw,
+                "key_fields": KEY_FIELDS,
+                "states": queries.STATES,
+                "columns": CLASS_COLUMNS,
+                "error": error,
+                "page_link": lambda n: _url(request, "/classes", {**params, "page": n}),
+                "members_link": lambda c: _members_url(request, "/classes/members", c),
+                "account_link": lambda key: _account_url(request, key),
+                "accounts_link": _url(request, "/accounts", params),
+            },
+            status_code=200 if error is None else 422,
+        )
+
+    @app.get("/classes/members", response_class=HTMLResponse, summary="Spend class members page")
+    def class_members_page(
+        request: Request,
+        user: Reader,
+        ledger: Ledger,
+        tenant: str,
+        query_type: str,
+        window: str,
+        class_id: ClassId,
+        page: PageNumber = 1,
+    ) -> HTMLResponse:
+        found = _class_members(
+            ledger, tenant, query_type, window, class_id, MEMBERS_PAGE, (page - 1) * MEMBERS_PAGE
+        )
+        scope = {
+            name: canonical_part(name, value)
+            for name, value in (("tenant", tenant), ("query_type", query_type), ("window", window))
+        }
+        classes_link = _url(request, "/classes", scope)
+        if found is None:
+            return _render(
+                request,
+                "message.html",
+                {
+                    "heading": "Spend class not found",
+                    "message": STALE_CLASS,
+                    "login_url": None,
+                    "back": (classes_link, "the spend classes of this window"),
+                    "info": _info(ledger),
+                    "user": _user_name(user),
+                },
+                status_code=404,
+            )
+        params = {**scope, "class_id": class_id}
+        return _render(
+            request,
+            "members.html",
+            {
+                "info": _info(ledger),
+                "user": _user_name(user),
+                "scope": scope,
+                "class_id": class_id,
+                "members": found.items,
+                "total": found.total,
+                "page": page,
+                "pages": _pages(found.total, MEMBERS_PAGE),
+                "columns": MEMBER_COLUMNS,
+                "page_link": lambda n: _url(request, "/classes/members", {**params, "page": n}),
+                "account_link": lambda key: _account_url(request, key),
+                "classes_link": classes_link,
+            },
         )
 
     @app.get("/account", response_class=HTMLResponse, summary="Account page")
@@ -425,8 +594,8 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         subject: str,
         query_type: str,
         window: str,
-        page: Annotated[int, Query(ge=1, le=MAX_STORED_INT // 1000)] = 1,
-        rpage: Annotated[int, Query(ge=1, le=MAX_STORED_INT // 1000)] = 1,
+        page: PageNumber = 1,
+        rpage: PageNumber = 1,
     ) -> HTMLResponse:
         key = _key(tenant, subject, query_type, window)
         account = queries.account_status(ledger, key)
@@ -548,16 +717,7 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
                     id=spend_class.id,
                     subjects=spend_class.subjects,
                     account=_account_model(request, spend_class.status, delta),
-                    members_url=_url(
-                        request,
-                        "/api/classes/members",
-                        {
-                            "tenant": spend_class.status.key.tenant,
-                            "query_type": spend_class.status.key.query_type,
-                            "window": spend_class.status.key.window,
-                            "class_id": spend_class.id,
-                        },
-                    ),
+                    members_url=_members_url(request, "/api/classes/members", spend_class),
                 )
                 for spend_class in found.items
             ],
@@ -570,23 +730,14 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         tenant: str,
         query_type: str,
         window: str,
-        class_id: Annotated[str, Query(min_length=1, max_length=64)],
+        class_id: ClassId,
         limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
         offset: Annotated[int, Query(ge=0, le=MAX_STORED_INT)] = 0,
     ) -> schemas.AccountsPage:
         """The accounts of one spend class, by subject; 404 once a release has changed it."""
-        try:
-            found = spend_classes.class_members(
-                ledger, tenant, query_type, window, class_id, limit=limit, offset=offset
-            )
-        except ValueError as error:
-            raise HTTPException(status_code=422, detail=str(error)) from error
+        found = _class_members(ledger, tenant, query_type, window, class_id, limit, offset)
         if found is None:
-            raise HTTPException(
-                status_code=404,
-                detail="no such spend class in that window (a release may have changed its "
-                "members' spend: list the classes again)",
-            )
+            raise HTTPException(status_code=404, detail=STALE_CLASS)
         delta = ledger.delta
         return schemas.AccountsPage(
             total=found.total,

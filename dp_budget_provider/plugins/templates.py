@@ -102,9 +102,13 @@ _MACROS = """
 {{ '%.1f' % (fraction * 100) }}%
 {%- endmacro %}
 {% macro eps(value) -%}{{ '%.4f' % value }}{%- endmacro %}
+{% macro subjects(count) -%}
+{{ count | thousands }} {{ 'subject' if count == 1 else 'subjects' }}
+{%- endmacro %}
 {% macro pager(page, pages, total, link, noun) -%}
 <div class="pager">
-  <span class="muted">{{ total }} {{ noun }}{% if pages > 1 %}, page {{ page }} of {{ pages }}
+  <span class="muted">{{ total | thousands }} {{ noun }}{% if pages > 1 %}, page {{ page }} of
+  {{ pages }}
   {%- endif %}</span>
   {% if page > 1 %}<a href="{{ link(1) }}">« first</a>
   <a href="{{ link(page - 1) }}" rel="prev">‹ previous</a>{% endif %}
@@ -112,13 +116,7 @@ _MACROS = """
   <a href="{{ link(pages) }}">last »</a>{% endif %}
 </div>
 {%- endmacro %}
-"""
-
-_ACCOUNTS = """{% extends "base.html" %}
-{% from "macros.html" import badge, bar, eps, pager %}
-{% block title %}DP budget · accounts{% endblock %}
-{% block body %}
-<form class="filters" method="get" action="{{ root }}/accounts">
+{% macro filter_fields(key_fields, filters, states) -%}
   {% for name, label in key_fields %}
   <label>{{ label }}<input name="{{ name }}" value="{{ filters[name] or '' }}"
     placeholder="exact, or * wildcard"></label>
@@ -128,23 +126,14 @@ _ACCOUNTS = """{% extends "base.html" %}
     {% for s in states %}<option value="{{ s }}" {% if filters.state == s %}selected{% endif %}>
       {{ s }}</option>{% endfor %}
   </select></label>
-  <label>sort<select name="sort">
-    {% for s in sorts %}<option value="{{ s }}" {% if sort == s %}selected{% endif %}>{{ s }}
-    </option>{% endfor %}
-  </select></label>
-  <label>order<select name="order">
-    <option value="asc" {% if order == 'asc' %}selected{% endif %}>ascending</option>
-    <option value="desc" {% if order == 'desc' %}selected{% endif %}>descending</option>
-  </select></label>
+{%- endmacro %}
+{% macro per_page_field(page_sizes, per_page) -%}
   <label>per page<select name="per_page">
     {% for n in page_sizes %}<option value="{{ n }}" {% if per_page == n %}selected{% endif %}>
       {{ n }}</option>{% endfor %}
   </select></label>
-  <button type="submit">Apply</button> <a href="{{ root }}/accounts">reset</a>
-</form>
-{% if error %}<p class="error" role="alert">{{ error }}</p>{% endif %}
-{{ pager(page, pages, total, page_link, "accounts") }}
-<table id="accounts">
+{%- endmacro %}
+{% macro column_headers(columns, sort=none, order=none, sort_link=none) -%}
 <thead><tr>
   {% for column, label, numeric in columns %}
   <th class="{{ 'num' if numeric }}">{% if column %}<a href="{{ sort_link(column) }}">{{ label }}
@@ -152,14 +141,8 @@ _ACCOUNTS = """{% extends "base.html" %}
   {%- else %}{{ label }}{% endif %}</th>
   {% endfor %}
 </tr></thead>
-<tbody>
-{% for a in accounts %}
-<tr>
-  <td class="key" title="{{ a.key.tenant }}">{{ a.key.tenant }}</td>
-  <td class="key" title="{{ a.key.subject }}"><a href="{{ account_link(a.key) }}">
-    {{- a.key.subject }}</a></td>
-  <td class="key" title="{{ a.key.query_type }}">{{ a.key.query_type }}</td>
-  <td class="key" title="{{ a.key.window }}">{{ a.key.window }}</td>
+{%- endmacro %}
+{% macro status_cells(a) -%}
   <td class="num">{{ eps(a.epsilon) }}</td>
   <td class="num held">{{ eps(a.held_epsilon) }}</td>
   <td class="num">{{ '%g' % a.cap_epsilon }}</td>
@@ -170,6 +153,40 @@ _ACCOUNTS = """{% extends "base.html" %}
     {{ a.open_reservations }} open</span>{% else %}0{% endif %}</td>
   <td class="num">{{ a.releases }}</td>
   <td class="muted nowrap">{{ a.updated_at | when }}</td>
+{%- endmacro %}
+"""
+
+_ACCOUNTS = """{% extends "base.html" %}
+{% from "macros.html" import column_headers, filter_fields, pager, per_page_field, status_cells %}
+{% block title %}DP budget · accounts{% endblock %}
+{% block body %}
+<p class="views">Per subject · <a id="by-class" href="{{ classes_link }}">by spend class</a></p>
+<form class="filters" method="get" action="{{ root }}/accounts">
+  {{ filter_fields(key_fields, filters, states) }}
+  <label>sort<select name="sort">
+    {% for s in sorts %}<option value="{{ s }}" {% if sort == s %}selected{% endif %}>{{ s }}
+    </option>{% endfor %}
+  </select></label>
+  <label>order<select name="order">
+    <option value="asc" {% if order == 'asc' %}selected{% endif %}>ascending</option>
+    <option value="desc" {% if order == 'desc' %}selected{% endif %}>descending</option>
+  </select></label>
+  {{ per_page_field(page_sizes, per_page) }}
+  <button type="submit">Apply</button> <a href="{{ root }}/accounts">reset</a>
+</form>
+{% if error %}<p class="error" role="alert">{{ error }}</p>{% endif %}
+{{ pager(page, pages, total, page_link, "accounts") }}
+<table id="accounts">
+{{ column_headers(columns, sort, order, sort_link) }}
+<tbody>
+{% for a in accounts %}
+<tr>
+  <td class="key" title="{{ a.key.tenant }}">{{ a.key.tenant }}</td>
+  <td class="key" title="{{ a.key.subject }}"><a href="{{ account_link(a.key) }}">
+    {{- a.key.subject }}</a></td>
+  <td class="key" title="{{ a.key.query_type }}">{{ a.key.query_type }}</td>
+  <td class="key" title="{{ a.key.window }}">{{ a.key.window }}</td>
+  {{ status_cells(a) }}
 </tr>
 {% else %}
 <tr><td colspan="{{ columns | length }}" class="muted">No accounts match.</td></tr>
@@ -177,6 +194,79 @@ _ACCOUNTS = """{% extends "base.html" %}
 </tbody>
 </table>
 {{ pager(page, pages, total, page_link, "accounts") }}
+{% endblock %}
+"""
+
+_CLASSES = """{% extends "base.html" %}
+{% from "macros.html" import column_headers, filter_fields, pager, per_page_field, status_cells,
+  subjects %}
+{% block title %}DP budget · spend classes{% endblock %}
+{% block body %}
+<p class="views"><a id="per-subject" href="{{ accounts_link }}">Per subject</a> · by spend class
+</p>
+<p class="muted">A spend class is the subjects of one window that every release so far has
+covered alike: they hold the same spend, shown once. A subject filter finds the classes of the
+matching subjects (and counts only those).</p>
+<form class="filters" method="get" action="{{ root }}/classes">
+  {{ filter_fields(key_fields, filters, states) }}
+  {{ per_page_field(page_sizes, per_page) }}
+  <button type="submit">Apply</button> <a href="{{ root }}/classes">reset</a>
+</form>
+{% if error %}<p class="error" role="alert">{{ error }}</p>{% endif %}
+{{ pager(page, pages, total, page_link, "classes") }}
+<table id="classes">
+{{ column_headers(columns) }}
+<tbody>
+{% for c in classes %}
+{% set a = c.status %}
+<tr>
+  <td class="key" title="{{ a.key.tenant }}">{{ a.key.tenant }}</td>
+  <td class="key" title="{{ a.key.query_type }}">{{ a.key.query_type }}</td>
+  <td class="key" title="{{ a.key.window }}">{{ a.key.window }}</td>
+  <td class="num subjects">{{ subjects(c.subjects) }}</td>
+  <td class="key" title="{{ a.key.subject }}"><a href="{{ account_link(a.key) }}">
+    {{- a.key.subject }}</a></td>
+  {{ status_cells(a) }}
+  <td><a class="members" href="{{ members_link(c) }}">members</a></td>
+</tr>
+{% else %}
+<tr><td colspan="{{ columns | length }}" class="muted">No classes match.</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{{ pager(page, pages, total, page_link, "classes") }}
+{% endblock %}
+"""
+
+_MEMBERS = """{% extends "base.html" %}
+{% from "macros.html" import column_headers, eps, pager, status_cells, subjects %}
+{% block title %}DP budget · spend class {{ class_id }}{% endblock %}
+{% block body %}
+<p><a href="{{ classes_link }}">Spend classes</a> ›
+  <span class="key" id="class-scope">{{ scope.tenant }} / {{ scope.query_type }} /
+  {{ scope.window }}</span> › class <code>{{ class_id }}</code></p>
+{% if members %}
+{% set a = members[0] %}
+<p id="class-summary">{{ subjects(total) }}, ε {{ eps(a.epsilon) }} spent of
+  {{ '%g' % a.cap_epsilon }} (held {{ eps(a.held_epsilon) }}), {{ a.state }}; each member
+  holds this spend.</p>
+{% endif %}
+{{ pager(page, pages, total, page_link, "subjects") }}
+<table id="members">
+{{ column_headers(columns) }}
+<tbody>
+{% for a in members %}
+<tr>
+  <td class="key" title="{{ a.key.subject }}"><a href="{{ account_link(a.key) }}">
+    {{- a.key.subject }}</a></td>
+  {{ status_cells(a) }}
+</tr>
+{% else %}
+<tr><td colspan="{{ columns | length }}" class="muted">No members on this page.</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{{ pager(page, pages, total, page_link, "subjects") }}
 {% endblock %}
 """
 
@@ -406,6 +496,7 @@ _MESSAGE = """{% extends "base.html" %}
 <h2>{{ heading }}</h2>
 <p class="error" role="alert">{{ message }}</p>
 {% if login_url %}<p><a href="{{ login_url }}" target="_top">Sign in to Airflow</a></p>{% endif %}
+{% if back %}<p><a id="back" href="{{ back[0] }}">{{ back[1] }}</a></p>{% endif %}
 {% endblock %}
 """
 
@@ -413,6 +504,8 @@ TEMPLATES = {
     "base.html": _BASE,
     "macros.html": _MACROS,
     "accounts.html": _ACCOUNTS,
+    "classes.html": _CLASSES,
+    "members.html": _MEMBERS,
     "account.html": _ACCOUNT,
     "policies.html": _POLICIES,
     "message.html": _MESSAGE,
@@ -422,6 +515,11 @@ TEMPLATES = {
 def when(stamp: str) -> str:
     """``2026-07-14T12:00:00.123456Z`` as ``2026-07-14 12:00:00Z`` (the ledger's UTC stamps)."""
     return f"{stamp[:10]} {stamp[11:19]}Z" if len(stamp) >= 19 and stamp[10] == "T" else stamp
+
+
+def thousands(count: int) -> str:
+    """``48211`` as ``48,211``: class sizes and totals read at a glance."""
+    return f"{count:,}"
 
 
 def environment() -> Environment:
@@ -434,4 +532,5 @@ def environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters["when"] = when
+    env.filters["thousands"] = thousands
     return env

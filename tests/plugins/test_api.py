@@ -12,6 +12,8 @@ from tests.plugins.conftest import CLAUSE, WINDOW, XSS
 ROUTES = (
     "/",
     "/accounts",
+    "/classes",
+    "/classes/members",
     "/account",
     "/policies",
     "/openapi.json",

@@ -177,6 +177,35 @@ def test_accounts_page_in_the_airflow_ui(page, server, tmp_path):
     assert page.dialogs == []  # the tenant named like a script tag never ran
 
 
+def test_spend_classes_inside_the_airflow_ui(page, server):
+    """The three acme releases covered the same 50 subjects: one class of 49 and user-007,
+    set apart by its release in flight; drill down to the members, then to one account."""
+    log_in(page, server)
+    page.goto(f"{server.url}/plugin/dp-budget/dp-budget/classes?tenant=acme")
+    page.get_by_role("button", name="Browse").wait_for()  # inside Airflow's navigation
+    frame = page.frame_locator("iframe")
+    rows = frame.locator("table#classes tbody tr")
+    rows.first.wait_for()
+    assert rows.count() == 2
+    assert rows.first.locator("td.subjects").inner_text() == "49 subjects"
+    assert "WARNING" in rows.first.inner_text()
+    assert rows.nth(1).locator("td.subjects").inner_text() == "1 subject"
+    assert "user-007" in rows.nth(1).inner_text() and "EXHAUSTED" in rows.nth(1).inner_text()
+    rows.first.locator("a.members").click()
+    members = frame.locator("table#members tbody tr")
+    members.first.wait_for()
+    assert members.count() == 49
+    assert "49 subjects" in frame.locator("#class-summary").inner_text()
+    assert "user-007" not in frame.locator("table#members").inner_text()
+    member = members.nth(1).locator("td a")
+    subject = member.inner_text()
+    member.click()
+    frame.locator("svg#spend-chart").wait_for()
+    assert subject in frame.locator("#account-key").inner_text()
+    page.wait_for_url("**/plugin/dp-budget/dp-budget/account?*")  # the address follows
+    assert page.dialogs == []
+
+
 def test_account_page_shows_the_chart_history_and_audit(page, server, tmp_path):
     log_in(page, server)
     page.goto(

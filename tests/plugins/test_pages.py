@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
-from tests.plugins.conftest import CLAUSE, XSS
+from dp_budget_provider.accounting import GaussianMechanism
+from dp_budget_provider.ledger import key_for
+from tests.plugins.conftest import CLAUSE, WINDOW, XSS
 
 
 class Page(HTMLParser):
@@ -170,7 +172,7 @@ def test_unauthenticated_page_offers_the_login_and_nothing_else(anonymous):
 def test_a_quarantined_ledger_says_so_on_every_page(client, seeded):
     assert "QUARANTINED" not in client.get("/accounts").text
     seeded.ledger.quarantine("test: an operator stopped releases")
-    for path in ("/accounts", "/policies"):
+    for path in ("/accounts", "/classes", "/policies"):
         text = Page(client.get(path).text).plain
         assert "QUARANTINED since" in text and "test: an operator stopped releases" in text
     assert "history NOT keyed" in Page(client.get("/accounts").text).plain
@@ -187,3 +189,101 @@ def test_pages_show_what_open_reservations_hold(client, seeded):
     listing = client.get("/accounts", params={"tenant": "default"}).text
     assert f'<td class="num held">{status.held_epsilon:.4f}</td>' in listing
     assert f'<td class="num remaining">{status.remaining_after_held:.4f}</td>' in listing
+
+
+# ---------------------------------------------------------------------- spend classes
+
+
+def links(page: Page, prefix: str) -> list[str]:
+    return [a["href"] for a in page.all("a") if (a.get("href") or "").startswith(prefix)]
+
+
+def test_the_classes_page_shows_a_cohort_once_and_links_the_accounts_both_ways(client):
+    accounts = Page(client.get("/accounts", params={"tenant": "acme", "state": "warning"}).text)
+    (by_class,) = [a["href"] for a in accounts.all("a") if a.get("id") == "by-class"]
+    assert by_class == "/classes?tenant=acme&state=warning&per_page=50"  # the filters kept
+    response = client.get(by_class)
+    assert response.status_code == 200
+    page = Page(response.text)
+    assert len(page.all("tr")) == 1 + 1 and "1 classes" in page.plain
+    assert "9 subjects" in page.plain and "user-001" in page.plain and "WARNING" in page.plain
+    (per_subject,) = [a["href"] for a in page.all("a") if a.get("id") == "per-subject"]
+    assert per_subject == "/accounts?tenant=acme&state=warning&per_page=50"
+    every = Page(client.get("/classes", params={"tenant": "acme"}).text)
+    rows = [text for text in every.text if re.fullmatch(r"[\d,]+ subjects?", text)]
+    assert rows == ["10 subjects", "10 subjects", "9 subjects", "1 subject"]
+    assert len(links(every, "/classes/members?tenant=acme&query_type=heatmap&window=2026-w28")) == 4
+    assert links(every, "/account?")[0].startswith("/account?tenant=acme&subject=user-010&")
+    search = Page(client.get("/classes", params={"subject": "user-005"}).text)
+    assert "1 classes" in search.plain and "1 subject" in search.plain  # the person's class
+    assert "WARNING" in search.plain and "user-005" in search.plain
+    bad = client.get("/classes", params={"state": "broke"})
+    assert bad.status_code == 422 and "state must be one of" in Page(bad.text).plain
+
+
+def test_class_members_page_lists_the_accounts_by_subject_with_paging(client, seeded):
+    cohort = [key_for(f"member-{i:04d}", "survey", WINDOW, tenant="acme") for i in range(1234)]
+    seeded.ledger.commit(seeded.ledger.reserve(cohort, GaussianMechanism(8.0)))
+    classes = Page(client.get("/classes", params={"query_type": "survey"}).text)
+    assert "1,234 subjects" in classes.plain
+    (members_link,) = links(classes, "/classes/members?")
+    first = Page(client.get(members_link).text)
+    assert "1,234 subjects, page 1 of 25" in first.plain
+    assert "acme / survey / 2026-w28" in first.plain
+    member_links = links(first, "/account?")
+    assert len(member_links) == 50 and "subject=member-0000" in member_links[0]
+    next_page = {a["href"] for a in first.all("a") if a.get("rel") == "next"}
+    assert len(next_page) == 1  # the pagers above and below the table agree
+    second = Page(client.get(next_page.pop()).text)
+    assert "page 2 of 25" in second.plain
+    assert "subject=member-0050" in links(second, "/account?")[0]
+    account = client.get(member_links[1])
+    assert account.status_code == 200 and "member-0001" in Page(account.text).plain
+    back = [a["href"] for a in first.all("a") if a["href"].startswith("/classes?")]
+    assert back == ["/classes?tenant=acme&query_type=survey&window=2026-w28"]
+
+
+def test_a_changed_class_is_a_clear_404(client, seeded):
+    classes = Page(client.get("/classes", params={"state": "exhausted"}).text)
+    (members_link,) = links(classes, "/classes/members?")
+    assert client.get(members_link).status_code == 200
+    # its one member moves on (a correction: the account is past its cap already)
+    seeded.ledger.correct(seeded.exhausted, GaussianMechanism(40.0), reason="late release")
+    response = client.get(members_link)
+    assert response.status_code == 404
+    page = Page(response.text)
+    assert "Spend class not found" in page.plain and "list the classes again" in page.plain
+    assert page.all("table") == []
+    (back,) = [a["href"] for a in page.all("a") if a.get("id") == "back"]
+    assert back == "/classes?tenant=acme&query_type=heatmap&window=2026-w28"
+    assert "content-security-policy" in response.headers
+    assert response.headers["cache-control"] == "no-store"
+    bad = client.get("/classes/members", params={**seeded.xss.as_dict(), "class_id": "x" * 65})
+    assert bad.status_code == 422
+
+
+def test_class_pages_render_the_script_subject_as_text(client, seeded):
+    response = client.get("/classes", params={"tenant": "default"})
+    page = Page(response.text)
+    assert XSS in page.plain and "1 subject" in page.plain
+    assert_no_injected_markup(response)
+    (members_link,) = links(page, "/classes/members?")
+    members = client.get(members_link)
+    assert XSS in Page(members.text).plain
+    assert_no_injected_markup(members)
+    attack = '"><script>alert(2)</script>'
+    reflected = client.get("/classes", params={"subject": attack, "tenant": "<img src=x>"})
+    assert attack in [attrs.get("value") for attrs in Page(reflected.text).all("input")]
+    assert Page(reflected.text).all("img") == []
+    assert_no_injected_markup(reflected)
+    stale = client.get(
+        "/classes/members",
+        params={
+            "tenant": attack,
+            "query_type": "<img src=x>",
+            "window": WINDOW,
+            "class_id": attack,
+        },
+    )
+    assert stale.status_code == 404 and Page(stale.text).all("img") == []
+    assert_no_injected_markup(stale)
