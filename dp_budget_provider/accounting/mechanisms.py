@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from dp_budget_provider.accounting import validation as check
+from dp_budget_provider.accounting.laplace import laplace_rdp
 from dp_budget_provider.accounting.rounding import dot_up
 from dp_budget_provider.accounting.subsampled_gaussian import poisson_subsampled_gaussian_rdp
 
@@ -150,46 +151,10 @@ def _not_underflowed(value: float) -> float:
     return value if value >= _SMALLEST_NORMAL else math.nextafter(value, math.inf)
 
 
-def _expm1_minus_identity(x: np.ndarray) -> np.ndarray:
-    """e^x - 1 - x >= 0 without cancellation: Taylor series (to x^18) where |x| < 1,
-    where the difference would lose digits, and the plain difference elsewhere."""
-    small = np.abs(x) < 1.0
-    t = np.where(small, x, 0.0)
-    series = np.zeros_like(t)
-    for k in range(18, 1, -1):  # x^2/2! + x^3/3! + ... by Horner; the first dropped < 2^-55
-        series = (series + 1.0 / math.factorial(k)) * t
-    series *= t
-    with np.errstate(over="ignore"):
-        return np.where(small, series, np.expm1(x) - x)
-
-
-def _laplace_rdp(epsilon0: np.ndarray, orders: np.ndarray) -> np.ndarray:
-    """Exact Laplace RDP (Mironov 2017, Prop. 6), broadcast over eps0 and orders.
-
-    Mironov's form log(a/(2a-1) e^{(a-1)e} + (a-1)/(2a-1) e^{-ae}) / (a-1) cancels at
-    small eps0 (the result is ~ a e^2 / 2) and overflows at a * e ~ 710. With
-    g(x) = e^x - 1 - x >= 0 it equals
-    log1p((a g((a-1)e) + (a-1) g(-ae)) / (2a-1)) / (a-1), a sum of non-negative terms,
-    accurate to a few ulps, used while (a-1) e < 700. Beyond, the factored form
-    e + log1p((a-1)/(2a-1) expm1((1-2a) e)) / (a-1) cannot overflow, and its correction
-    (at most log 2 / (a-1)) is small against e.
-    """
-    a = orders
-    excess = (a - 1.0) * epsilon0
-    with np.errstate(over="ignore", invalid="ignore"):  # only where ``factored`` is used
-        positive = a * _expm1_minus_identity(excess) + (a - 1.0) * _expm1_minus_identity(
-            -a * epsilon0
-        )
-        accurate = np.log1p(positive / (2.0 * a - 1.0)) / (a - 1.0)
-    factored = epsilon0 + np.log1p(
-        (a - 1.0) / (2.0 * a - 1.0) * np.expm1((1.0 - 2.0 * a) * epsilon0)
-    ) / (a - 1.0)
-    return np.where(excess < 700.0, accurate, factored)
-
-
 @dataclass(frozen=True)
 class LaplaceMechanism(Mechanism):
-    """Continuous Laplace noise with ``epsilon0 = L1-sensitivity / scale``; exact RDP.
+    """Continuous Laplace noise with ``epsilon0 = L1-sensitivity / scale``; its exact RDP
+    curve to 2^-46 relative (``accounting.laplace``).
 
     Not valid for *discrete* Laplace noise, whose Rényi divergence is larger: account
     that as :class:`PureDPMechanism`.
@@ -209,12 +174,12 @@ class LaplaceMechanism(Mechanism):
         return cls(epsilon0=l1_sensitivity / scale)
 
     def rdp(self, orders: np.ndarray) -> np.ndarray:
-        return _laplace_rdp(np.float64(self.epsilon0), np.asarray(orders, dtype=np.float64))
+        return laplace_rdp(np.array([self.epsilon0]), orders)[0]
 
     @classmethod
     def curves(cls, mechanisms: Sequence[Mechanism], orders: np.ndarray) -> np.ndarray:
-        eps0 = np.array([m.epsilon0 for m in mechanisms])[:, None]  # type: ignore[attr-defined]
-        return _laplace_rdp(eps0, np.asarray(orders, dtype=np.float64)[None, :])
+        eps0 = np.array([m.epsilon0 for m in mechanisms])  # type: ignore[attr-defined]
+        return laplace_rdp(eps0, orders)
 
 
 def _pure_dp_rdp(epsilon0: float, orders: np.ndarray) -> np.ndarray:

@@ -27,9 +27,15 @@ def randomised_response_rdp(order: float, epsilon0: float) -> mp.mpf:
 
 
 def laplace_rdp(order: float, epsilon0: float) -> mp.mpf:
-    """Mironov 2017, Prop. 6, in exact arithmetic."""
-    with mp.workdps(DIGITS):
-        a, e = mp.mpf(order), mp.mpf(epsilon0)
+    """Mironov 2017, Prop. 6, in exact arithmetic.
+
+    Its inner sum is 1 + ~a (a-1) eps0^2 / 2, so the log loses about as many digits as
+    that excess is small: they are added to the working precision (60 digits remain).
+    """
+    a, e = mp.mpf(order), mp.mpf(epsilon0)
+    excess = a * (a - 1) * e * e / 2
+    lost = max(0, int(-mp.log10(excess))) if excess < 1 else 0
+    with mp.workdps(DIGITS + lost):
         inner = a / (2 * a - 1) * mp.exp((a - 1) * e) + (a - 1) / (2 * a - 1) * mp.exp(-a * e)
         return mp.log(inner) / (a - 1)
 

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dp_budget_provider.accounting import (
@@ -201,6 +201,71 @@ def test_pure_dp_curve_bounds_exact_randomised_response(eps0):
 def test_laplace_curve_bounds_exact_curve(eps0):
     ours = LaplaceMechanism(eps0).rdp(ORDERS_UP_TO_HUGE)
     assert_bounds_exact(ours, lambda a: mp_oracles.laplace_rdp(a, eps0))
+
+
+LAPLACE_BOUND = 2.0**-46  # what accounting/laplace.py proves
+# Fractional and large orders; 2^48 (1 - 2^-53) and 2^48 fall in different groups of the
+# series (48 binades each), 1 + 2^-52 is the smallest order above 1.
+LAPLACE_EDGE_ORDERS = np.array(
+    [
+        1 + 2.0**-52,
+        1.01,
+        1.5,
+        2.0,
+        10.5,
+        63.0,
+        1024.0,
+        1e5,
+        2.0**48 * (1 - 2.0**-53),
+        2.0**48,
+        1e300,
+    ]
+)
+
+
+def laplace_edge_epsilons():
+    """For every order: eps0 one ulp either side of r = a eps0 = 1 (series / expm1 - x)
+    and of x1 = (a-1) eps0 = 8 (expm1 - x / factored form), and x1 = 699 (where a times
+    e^x1 overflowed once); then tiny eps0 (subnormal curves) and huge ones."""
+    edges = []
+    for order in LAPLACE_EDGE_ORDERS:
+        for target in (1.0 / order, 8.0 / (order - 1.0)):
+            edges += [np.nextafter(target, 0.0), target, np.nextafter(target, np.inf)]
+        edges.append(699.0 / (order - 1.0))
+    return np.array(edges + [5e-324, 1e-310, 1e-200, 1e-160, 1e-20, 3e-9, 0.3, 1e3, 1e300])
+
+
+def assert_laplace_within_bound(value, order, epsilon0):
+    exact = mp_oracles.laplace_rdp(float(order), float(epsilon0))
+    if exact >= 2.0**-1022:
+        error = (mp_oracles.mp.mpf(float(value)) - exact) / exact
+        assert abs(error) <= LAPLACE_BOUND, (order, epsilon0, value, exact)
+    else:  # subnormal: at or above exact, by at most the 2^-1073 added and 2^-1074 rounding
+        assert exact <= value <= exact + 2.0**-1072, (order, epsilon0, value, exact)
+
+
+def test_laplace_curve_within_its_bound_at_region_edges():
+    epsilons = laplace_edge_epsilons()
+    batched = LaplaceMechanism.curves([LaplaceMechanism(e) for e in epsilons], LAPLACE_EDGE_ORDERS)
+    with np.errstate(over="ignore"):
+        r = epsilons[:, None] * LAPLACE_EDGE_ORDERS
+        x1 = epsilons[:, None] * (LAPLACE_EDGE_ORDERS - 1.0)
+    for region in (r < 1.0, (r >= 1.0) & (x1 < 8.0), x1 >= 8.0):  # every region reached
+        assert region.any(axis=0).all()
+    for row, epsilon0 in enumerate(epsilons):
+        single = LaplaceMechanism(epsilon0).rdp(LAPLACE_EDGE_ORDERS)
+        for column, order in enumerate(LAPLACE_EDGE_ORDERS):
+            assert_laplace_within_bound(batched[row, column], order, epsilon0)
+            assert_laplace_within_bound(single[column], order, epsilon0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(-28.0, 7.0), st.floats(1e-6, 14.0))
+def test_laplace_curve_within_its_bound_anywhere(log_epsilon0, log_order_excess):
+    epsilon0, order = math.exp(log_epsilon0), 1.0 + math.expm1(log_order_excess)
+    assert_laplace_within_bound(
+        LaplaceMechanism(epsilon0).rdp(np.array([order]))[0], order, epsilon0
+    )
 
 
 @pytest.mark.parametrize("z", [1e-200, 1e-160, 1e154, 1e300])
