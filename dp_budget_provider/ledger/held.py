@@ -24,7 +24,9 @@ from dp_budget_provider.ledger.standing import SPEND_COLUMNS
 from dp_budget_provider.ledger.statements import newline_joined
 
 # Subjects per statement: bounds the parameter (and the server's unpacked list) in memory.
-CHUNK = 100_000
+# One statement scans the window's accounts once (~1.2 s for 10^6 on PostgreSQL); ten
+# chunks of a million-subject cohort would scan it ten times.
+CHUNK = 1_000_000
 
 
 def _grouped(dialect: str) -> Select:

@@ -1140,7 +1140,7 @@ class PrivacyBudgetLedger:
         else is reserved or committed first. What the reservation refuses whatever the
         budget (a quarantined ledger, a sealed window or re-scoped key, a window label
         that is not its calendar's or has not begun) this raises as the reservation
-        raises it. One grouped read per window (and 10^5 subjects) and one conversion per
+        raises it. One grouped read per window (and 10^6 subjects) and one conversion per
         distinct held state: the subjects of a cohort that has had the same releases hold
         one state, however many they are.
         """
