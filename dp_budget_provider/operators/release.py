@@ -258,7 +258,11 @@ class DPReleaseOperator(BaseOperator):
 
     def execute(self, context: Any) -> Any:
         ledger = DPBudgetHook(dp_budget_conn_id=self.dp_budget_conn_id).get_ledger()
-        keys = self._keys(ledger, context)
+        try:
+            keys = self._keys(ledger, context)
+        except ValueError as refusal:
+            # Bad subjects or windows: the same on every try, so fail without retrying.
+            raise AirflowFailException(f"no release: {refusal}") from refusal
         mechanism = self._auto_mechanism(ledger, keys) if self._auto else self._fixed_mechanism()
         plan = self._plan(mechanism)
         try:

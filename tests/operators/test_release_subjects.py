@@ -16,7 +16,7 @@ from tests.airflow.dag_runner import load_dag, stored_xcom, task_states
 
 WINDOW = "2026-w28"
 COHORT_DAG = """
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 import numpy as np
 from airflow.sdk import DAG, task
 from dp_budget_provider.operators.release import DPReleaseOperator
@@ -37,16 +37,19 @@ with DAG("DAG_ID", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezon
         subjects={subjects},
         query_type="count",
         window="{window}",
+        retries={retries},
+        retry_delay=timedelta(seconds=0),
     )
 """
 
 
-def run(size, subjects, mechanism=None):
+def run(size, subjects, mechanism=None, retries=0):
     source = COHORT_DAG.format(
         size=size,
         subjects=subjects,
         mechanism=mechanism or {"kind": "gaussian", "noise_multiplier": 5.0},
         window=WINDOW,
+        retries=retries,
     )
     dag_run = load_dag(source).test()
     return dag_run, stored_xcom(dag_run, "release", "dp_budget_receipt")
@@ -81,8 +84,9 @@ def test_subjects_from_an_array_or_a_callable(ledger, subjects):
 
 
 def test_a_template_string_is_refused_before_anything_is_reserved(ledger):
-    dag_run, _ = run(5, "'{{ ti.xcom_pull(task_ids=\"list_cohort\") }}'")
-    assert task_states(dag_run)["release"] == "failed"
+    dag_run, _ = run(5, "'{{ ti.xcom_pull(task_ids=\"list_cohort\") }}'", retries=2)
+    release = next(ti for ti in dag_run.get_task_instances() if ti.task_id == "release")
+    assert str(release.state) == "failed" and release.try_number == 1  # not retried
     assert ledger.history(after_seq=0)[-1]["action"] != "reserve"
 
 
