@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import TracebackType
+from typing import Protocol
 
 from dp_budget_provider.ledger.errors import ReservationStateError
 
@@ -32,6 +33,12 @@ MIN_LEASE = timedelta(seconds=1)
 MAX_LEASE = timedelta(days=1)
 
 _log = logging.getLogger(__name__)
+
+
+class WarningLog(Protocol):
+    """Where failed renewals are told: a logger (the task's own, in Airflow)."""
+
+    def warning(self, msg: str, *args: object) -> object: ...
 
 
 def check_lease(lease: object, name: str = "lease") -> timedelta:
@@ -73,12 +80,12 @@ class LeaseKeeper:
         renew: Callable[[], datetime],
         lease: timedelta,
         reservation_id: str,
-        log: logging.Logger | logging.LoggerAdapter | None = None,
+        log: WarningLog | None = None,
     ) -> None:
         self._renew = renew
         self.interval = check_lease(lease).total_seconds() / 3
         self.reservation_id = reservation_id
-        self._log = log or _log
+        self._log: WarningLog = log or _log
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"dp-budget-lease-{reservation_id}", daemon=True

@@ -17,7 +17,6 @@ import getpass
 import hashlib
 import hmac
 import json
-import logging
 import math
 import secrets
 import socket
@@ -78,7 +77,7 @@ from dp_budget_provider.ledger.keys import (
     plain_text,
     whole_number,
 )
-from dp_budget_provider.ledger.lease import DEFAULT_LEASE, LeaseKeeper, check_lease
+from dp_budget_provider.ledger.lease import DEFAULT_LEASE, LeaseKeeper, WarningLog, check_lease
 from dp_budget_provider.ledger.opening import NewLedger, open_ledger
 from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
 from dp_budget_provider.ledger.policy_store import (
@@ -1127,7 +1126,7 @@ class PrivacyBudgetLedger:
     def keep_alive(
         self,
         reservation: Reservation,
-        log: logging.Logger | logging.LoggerAdapter | None = None,
+        log: WarningLog | None = None,
     ) -> LeaseKeeper:
         """A context manager renewing ``reservation``'s lease every third of :attr:`lease`
         (a daemon thread) until its block ends: wrap the work on the data in it.
