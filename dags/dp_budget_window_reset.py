@@ -1,18 +1,19 @@
 """dp_budget_window_reset: the ledger's maintenance DAG.
 
 Reaps reservations abandoned by dead workers (charging them: they may have touched the
-data), seals budget windows past their grace period and drops their accounts (never an
-open one, never the history), then verifies the ledger against its last checkpoint and,
-if it passes, checkpoints its chain heads outside the ledger database (the Airflow
-Variable ``dp_budget_checkpoint.<conn id>``, or ``[dp_budget] checkpoint_path``). A
-failed verify quarantines the ledger: no release runs until an operator clears it with
-``dp-budget quarantine clear --reason ...``. Running it twice in a row changes nothing
-but the checkpoint's time.
+data; ``dp_budget_reap`` does so every few minutes, this run makes sure none is left
+before the reset), seals budget windows past their grace period and drops their accounts
+(never an open one, never the history), then verifies the ledger against its last
+checkpoint and, if it passes, checkpoints its chain heads outside the ledger database
+(the Airflow Variable ``dp_budget_checkpoint.<conn id>``, or ``[dp_budget]
+checkpoint_path``). A failed verify quarantines the ledger: no release runs until an
+operator clears it with ``dp-budget quarantine clear --reason ...``. Running it twice in
+a row changes nothing but the checkpoint's time.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 from airflow.sdk import dag, task
@@ -36,8 +37,7 @@ CONN_ID = DPBudgetHook.default_conn_name
 def dp_budget_window_reset() -> None:
     @task
     def reap_abandoned_reservations() -> list[str]:
-        reap_after = timedelta(seconds=conf.getint("dp_budget", "reap_after", fallback=86400))
-        return DPBudgetHook(CONN_ID).get_ledger().reap(reap_after)
+        return DPBudgetHook(CONN_ID).reap()
 
     @task
     def reset_closed_windows() -> dict[str, int]:

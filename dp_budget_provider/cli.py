@@ -26,7 +26,7 @@ Commands (each takes ``--url URL`` or ``--conn-id ID``)::
     dp-budget verify [--checkpoint FILE]
     dp-budget quarantine show | clear --reason TEXT
     dp-budget reset --window W | --closed
-    dp-budget reap --older-than DURATION [--now ISO]
+    dp-budget reap [--older-than DURATION] [--now ISO]
     dp-budget policy list [--json]
     dp-budget policy set --epsilon E [--tenant T] [--query-type Q] [--warn-fraction F]
                          [--calendar iso_week|month|day|fixed] [--length-seconds N]
@@ -802,11 +802,13 @@ def cmd_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_reap(args: argparse.Namespace) -> int:
-    """Charge reservations left open by dead workers."""
+    """Charge reservations left open by dead workers: their lease ran out (or, with
+    ``--older-than``, they are older than that)."""
     with _ledger(args) as ledger:
         reaped = ledger.reap(args.older_than, now=args.now)
     if not reaped:
-        print(f"no reservation has been open longer than {args.older_than}")
+        older = "" if args.older_than is None else f" and none is older than {args.older_than}"
+        print(f"no open reservation's lease has run out{older}")
         return 0
     _print([f"reaped {reservation_id}" for reservation_id in reaped])
     print(f"{len(reaped)} reservation(s) charged (never refunded)")
@@ -1066,13 +1068,19 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--window", help="one closed window (an open one is refused)")
     which.add_argument("--closed", action="store_true", help="every closed window")
 
-    reap = command(commands, "reap", cmd_reap, "charge reservations abandoned by dead workers")
+    reap = command(
+        commands,
+        "reap",
+        cmd_reap,
+        "charge reservations abandoned by dead workers (their lease ran out; never refunded)",
+    )
     reap.add_argument(
         "--older-than",
         type=parse_duration,
-        required=True,
+        default=None,
         metavar="DURATION",
-        help="e.g. 30m, 2h, 1d",
+        help="also charge every open reservation older than this, even one whose lease is "
+        "still renewed (e.g. 30m, 2h, 1d)",
     )
     reap.set_defaults(cli_words=True)  # its errors name Python parameters
     reap.add_argument(

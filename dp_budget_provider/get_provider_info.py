@@ -137,11 +137,28 @@ def get_provider_info() -> dict[str, Any]:
                         "@daily",
                         "0 3 * * *",
                     ),
+                    "lease_seconds": _option(
+                        "Lease of a release's reservation, in seconds (1 to 86400): the task "
+                        "renews it every third of that while its query runs; once it has run "
+                        "out (the worker died), the next reap charges the reservation.",
+                        "float",
+                        "300",
+                        "120",
+                    ),
+                    "reap_schedule": _option(
+                        "Schedule of the dp_budget_reap maintenance DAG, which charges "
+                        "reservations whose lease ran out. A crashed attempt is charged at "
+                        "most lease_seconds plus one interval of it after its last renewal.",
+                        "string",
+                        "*/5 * * * *",
+                        "*/2 * * * *",
+                    ),
                     "reap_after": _option(
-                        "Seconds after which the reset DAG charges an open reservation.",
+                        "Seconds after which a reservation is charged by the reap even while "
+                        "its lease is renewed (a hard bound on how long budget is held).",
                         "integer",
                         "86400",
-                        "3600",
+                        "43200",
                     ),
                     "checkpoint_path": _option(
                         "File the maintenance DAG appends the ledger's verified chain heads to "

@@ -759,14 +759,17 @@ def test_reset_needs_a_window_or_closed(seeded, capsys):
     assert call(capsys, "--url", seeded, "reset", "--closed", "--window", CLOSED)[0] == 2
 
 
-def test_reap_charges_a_stale_reservation(sqlite_url):
-    reservation = seed(sqlite_url)
+def test_reap_charges_a_reservation_whose_lease_ran_out(sqlite_url):
+    reservation = seed(sqlite_url)  # leased for 5 minutes
     young = run("reap", "--older-than", "1h", url=sqlite_url)
     assert young.returncode == 0, young.stderr
-    assert "no reservation has been open longer than 1:00:00" in young.stdout
+    assert (
+        young.stdout == "no open reservation's lease has run out and none is older than 1:00:00\n"
+    )
+    assert run("reap", url=sqlite_url).stdout == "no open reservation's lease has run out\n"
 
-    later = (datetime.now(UTC) + timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    result = run("reap", "--older-than", "1h", "--now", later, url=sqlite_url)
+    later = (datetime.now(UTC) + timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    result = run("reap", "--now", later, url=sqlite_url)
     assert result.returncode == 0, result.stderr
     assert f"reaped {reservation.id}" in result.stdout
     assert "1 reservation(s) charged" in result.stdout
@@ -774,8 +777,16 @@ def test_reap_charges_a_stale_reservation(sqlite_url):
     assert ledger.epsilon_of(DAVE) == pytest.approx(reservation.prospective_epsilon)
     assert ledger.open_reservations() == []
     assert ledger.history()[-1]["action"] == "reap"
+    assert "its lease ran out at" in ledger.history()[-1]["payload"]["reason"]
     assert ledger.verify().ok
     ledger.close()
+
+
+def test_reap_help_says_what_is_charged(capsys):
+    code, out, _ = call(capsys, "reap", "--help")
+    assert code == 0
+    assert "their lease ran out; never refunded" in " ".join(out.split())
+    assert "even one whose lease is still renewed" in " ".join(out.split())
 
 
 def test_reap_with_a_short_duration_after_a_pause(seeded, capsys):
@@ -822,7 +833,7 @@ def test_a_reap_cutoff_before_the_first_moment_reaps_nothing(seeded, capsys):
         capsys, "--url", seeded, "reap", "--older-than", "1h", "--now", "0001-01-01T00:00:00Z"
     )
     assert code == 0, err
-    assert "no reservation has been open longer" in out
+    assert out == "no open reservation's lease has run out and none is older than 1:00:00\n"
 
 
 def test_version(capsys):

@@ -11,11 +11,16 @@ used, said once in the log.
 Checkpoints of the verified chain heads go to ``[dp_budget] checkpoint_path`` if set,
 else to the Airflow Variable ``dp_budget_checkpoint.<conn id>``: Airflow's own metadata
 database, which the ledger database's users cannot write.
+
+Reservations made through the hook hold a lease of ``[dp_budget] lease_seconds`` (default
+300), which the release task renews while it runs; :meth:`DPBudgetHook.reap` charges the
+open reservations whose lease ran out, and those older than ``[dp_budget] reap_after``.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -40,6 +45,7 @@ from dp_budget_provider.ledger.checkpoints import (
     CheckpointStore,
     verify_and_checkpoint,
 )
+from dp_budget_provider.ledger.lease import lease_of_seconds
 
 _announced_embedded: set[str] = set()
 _announced_unkeyed: set[str] = set()
@@ -64,6 +70,23 @@ def default_cap() -> BudgetCap:
         delta=float(_setting("delta", "1e-05")),
         warn_fraction=float(_setting("warn_fraction", "0.8")),
     )
+
+
+def lease_length() -> timedelta:
+    """How long a reservation stays safe from reaping unrenewed: ``[dp_budget] lease_seconds``."""
+    return lease_of_seconds(_setting("lease_seconds", "300"), "[dp_budget] lease_seconds")
+
+
+def reap_after() -> timedelta:
+    """The hard bound on a reservation's age, renewed or not: ``[dp_budget] reap_after``."""
+    text = _setting("reap_after", "86400")
+    try:
+        bound = timedelta(seconds=int(text))
+    except (ValueError, OverflowError):
+        bound = timedelta(-1)
+    if bound < timedelta(0):
+        raise ValueError(f"[dp_budget] reap_after must be a whole number of seconds, got {text!r}")
+    return bound
 
 
 class VariableCheckpoints:
@@ -162,6 +185,11 @@ class DPBudgetHook(BaseHook):
             return CheckpointFile(path)
         return VariableCheckpoints(f"dp_budget_checkpoint.{self.dp_budget_conn_id}")
 
+    def reap(self) -> list[str]:
+        """Charge the reservations abandoned by dead workers (their lease ran out, or they
+        are older than ``[dp_budget] reap_after``); the ids reaped."""
+        return self.get_ledger().reap(reap_after())
+
     def verify(self) -> VerifyReport:
         """Verify the ledger against its last checkpoint and checkpoint it if it passes; a
         failed verify quarantines the ledger."""
@@ -188,6 +216,7 @@ class DPBudgetHook(BaseHook):
                 calendar=calendar,
                 actor="airflow",
                 chain_key=key,
+                lease=lease_length(),
             )
         except LedgerConfigMismatch as error:
             raise LedgerConfigMismatch(

@@ -12,6 +12,7 @@ from dp_budget_provider.ledger.errors import (
     LedgerQuarantined,
     LedgerSchemaError,
     LedgerUnavailable,
+    ReservationClosed,
     ReservationStateError,
     WindowSealed,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "Policy",
     "PrivacyBudgetLedger",
     "Reservation",
+    "ReservationClosed",
     "ReservationStateError",
     "SpendReceipt",
     "SubjectSource",

@@ -19,6 +19,10 @@ and proves the cap: no key's lifetime spend in a window (across resets, re-scope
 corrections) plus what was in flight ever passed the cap in force when a reservation was
 granted, and nothing was charged to a sealed window or a re-scoped key.
 
+A reservation's lease (``lease_expires_at``) is no fact of the history and is not checked:
+renewals write no entry, and the lease only decides when an open reservation is charged
+(the reap entry that charges it is a fact, checked like a commit), never whether.
+
 Memory is bounded by the number of keys, never by the length of the history: every
 table is streamed, the history together with each entry's reservation keys in one pass.
 """

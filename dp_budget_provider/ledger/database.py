@@ -14,6 +14,7 @@ import contextlib
 import functools
 import logging
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -123,12 +124,19 @@ def _one_postgres_target(url: URL) -> URL:
     return url
 
 
+# Engines whose every transaction shares one connection (the private in-memory ledger),
+# each with the lock that keeps two threads (a task and its lease renewals) from
+# interleaving statements, and so transactions, on it.
+_ONE_CONNECTION: weakref.WeakKeyDictionary[Engine, threading.RLock] = weakref.WeakKeyDictionary()
+
+
 def make_engine(url: str | None) -> Engine:
     """An engine for ``url``; ``None`` is a private in-memory SQLite ledger."""
     if url is None:
         engine = create_engine(
             "sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False}
         )
+        _ONE_CONNECTION[engine] = threading.RLock()
     else:
         parsed = parse_url(url)
         if parsed.get_backend_name() == "sqlite":
@@ -309,8 +317,9 @@ def transaction(engine: Engine, *, write: bool, snapshot: bool = False) -> Itera
     (unreachable server, connection killed mid-transaction) is re-raised as
     :class:`LedgerUnavailable` after the rollback.
     """
+    serialised = _ONE_CONNECTION.get(engine) or contextlib.nullcontext()
     try:
-        with engine.connect() as connection:
+        with serialised, engine.connect() as connection:
             options: dict[str, Any] = {_WRITE: write}
             if snapshot and connection.dialect.name == "postgresql":
                 options["isolation_level"] = "REPEATABLE READ"

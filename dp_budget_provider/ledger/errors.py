@@ -40,6 +40,11 @@ class ReservationStateError(LedgerError):
     """A reservation was used in a state that does not allow it (e.g. commit after release)."""
 
 
+class ReservationClosed(ReservationStateError):
+    """A lease renewal named a reservation that is no longer open (committed, released, or
+    reaped: charged); nothing was changed."""
+
+
 class WindowSealed(LedgerError):
     """A release or correction named a window (or a re-scoped key) that can never be charged
     again: its accounts were dropped, so charging it would start from zero."""

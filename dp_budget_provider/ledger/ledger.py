@@ -4,8 +4,10 @@ Every release is a two-phase spend: ``reserve`` (the prospective check, counting
 committed spend *and* every open reservation, made in the same transaction as the
 reservation under row locks taken in key order), then ``commit`` once the release
 happened, or ``release`` if the data was never touched. A refused release writes
-nothing. Commits are idempotent per attempt id. Reservations abandoned by dead
-workers stay counted until ``reap`` charges them; nothing is ever silently refunded.
+nothing. Commits are idempotent per attempt id. A reservation's lease is renewed by its
+attempt while it runs (:mod:`lease`); reservations abandoned by dead workers stay counted
+until ``reap`` charges them, once their lease has run out; nothing is ever silently
+refunded.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from dp_budget_provider.ledger.errors import (
     LedgerError,
     LedgerQuarantined,
     LedgerUnavailable,
+    ReservationClosed,
     ReservationStateError,
     WindowSealed,
 )
@@ -74,6 +77,7 @@ from dp_budget_provider.ledger.keys import (
     plain_text,
     whole_number,
 )
+from dp_budget_provider.ledger.lease import DEFAULT_LEASE, LeaseKeeper, WarningLog, check_lease
 from dp_budget_provider.ledger.opening import NewLedger, open_ledger
 from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
 from dp_budget_provider.ledger.policy_store import (
@@ -123,8 +127,10 @@ def _now() -> datetime:
 
 
 def _stamp(moment: datetime) -> str:
-    """Fixed-width UTC timestamps: they sort as strings."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """Fixed-width UTC timestamps: they sort as strings (the year zero-padded too, which
+    ``strftime`` does not do below the year 1000)."""
+    utc = moment.astimezone(timezone.utc)
+    return f"{utc.year:04d}" + utc.strftime("-%m-%dT%H:%M:%S.%fZ")
 
 
 def token_digest(token: str) -> str:
@@ -174,6 +180,9 @@ class PrivacyBudgetLedger:
     ``chain_key`` (at least 16 bytes, kept outside the ledger database) makes every
     history link an HMAC under it: a ledger created with a key can only be opened with
     it, and nobody who can only write the database can forge its history.
+
+    ``lease`` (1 s to 1 day, default 5 minutes) is how long a reservation this ledger
+    makes or renews stays safe from ``reap`` without a renewal (:mod:`lease`).
     """
 
     def __init__(
@@ -187,6 +196,7 @@ class PrivacyBudgetLedger:
         if_new: BudgetCap | None = None,
         calendar: WindowCalendar | None = None,
         chain_key: str | bytes | None = None,
+        lease: timedelta = DEFAULT_LEASE,
     ) -> None:
         for name, value in (("cap", cap), ("if_new", if_new)):
             if value is not None and not isinstance(value, BudgetCap):
@@ -195,6 +205,7 @@ class PrivacyBudgetLedger:
         self._cost_cache: dict[tuple[Any, int], Spend] = {}
         self._orders = validate_orders(orders)
         self._conversion: Conversion = check_conversion(conversion)
+        self._lease = check_lease(lease)
         self.actor = _default_actor() if actor is None else plain_text("actor", actor)
         self._key = history.ChainKey(chain_key)
         self._engine = database.make_engine(url)
@@ -274,6 +285,11 @@ class PrivacyBudgetLedger:
     def url(self) -> str:
         """The database URL without password."""
         return database.safe_url(self._engine)
+
+    @property
+    def lease(self) -> timedelta:
+        """How long a reservation made or renewed here is safe from ``reap`` unrenewed."""
+        return self._lease
 
     # ------------------------------------------------------------------ policies
 
@@ -634,8 +650,9 @@ class PrivacyBudgetLedger:
         the task attempt: an attempt reserves once, ever. Reserving again with an attempt
         that already reserved (open, committed, released or reaped) is refused with
         :class:`ReservationStateError`, so one attempt never authorises two releases.
-        The returned reservation carries a secret token: only its holder can commit or
-        release it.
+        The returned reservation carries a secret token: only its holder can commit,
+        release or renew it. Its lease runs for :attr:`lease` from now: keep it alive
+        with :meth:`keep_alive` (or :meth:`renew`) while the release works on the data.
         """
         ordered = self._keys(keys)
         mechanism, count, attempt_id, cost = self._release(mechanism, count, attempt)
@@ -702,6 +719,7 @@ class PrivacyBudgetLedger:
     ) -> Reservation:
         moment = _now()
         now = _stamp(moment)
+        lease_expires_at = _stamp(moment + self._lease)
         locked, policies = self._lock_chargeable(pipe, keys, moment, reserving=cost)
         # The pending spend read back includes this cost but for its residual curve.
         residual = Spend(0.0, cost.residual, 0.0)
@@ -744,6 +762,7 @@ class PrivacyBudgetLedger:
                 "prospective_epsilon": worst,
                 "actor": self.actor,
                 "created_at": now,
+                "lease_expires_at": lease_expires_at,
             },
         )
         self._insert_reservation_keys(pipe, reservation_id, keys)
@@ -776,6 +795,7 @@ class PrivacyBudgetLedger:
             prospective_epsilon=worst,
             created_at=now,
             token=token,
+            lease_expires_at=lease_expires_at,
         )
 
     def _prospective_epsilon(self, rho: float, mu2: float | None) -> float:
@@ -824,6 +844,7 @@ class PrivacyBudgetLedger:
             state=row.state,
             prospective_epsilon=prospective,
             created_at=row.created_at,
+            lease_expires_at=row.lease_expires_at,
         )
 
     def _reservation_keys(self, connection: Connection, reservation_id: str) -> list[LedgerKey]:
@@ -1003,7 +1024,7 @@ class PrivacyBudgetLedger:
             or not (reservation.id + reservation.token).isprintable()
         ):
             raise ValueError(
-                f"{what} takes the Reservation that reserve() returned, got {reservation!r}"
+                f"{what} takes the Reservation that reserve() returned, got {_shown(reservation)}"
             )
         row = self._open_row(connection, reservation.id)
         if row.token_hash is None or not hmac.compare_digest(
@@ -1077,40 +1098,99 @@ class PrivacyBudgetLedger:
                 payload={"attempt_id": row.attempt_id, "reason": reason},
             )
 
-    def reap(self, older_than: timedelta, now: datetime | None = None) -> list[str]:
-        """Charge every reservation open for longer than ``older_than`` (dead workers).
+    def renew(self, reservation: Reservation) -> datetime:
+        """Extend an open reservation's lease to :attr:`lease` from now; returns its end.
 
-        Such a reservation may have touched the data, so it is charged, never
-        refunded; the history records why. Returns the reaped reservation ids.
+        Only the attempt that reserved may renew (the token, as for :meth:`commit`), and
+        only an open reservation: a committed, released or reaped one is refused with
+        :class:`ReservationClosed` and nothing changes. A renewal is no history entry: it
+        changes no spend, and the charge a lease that runs out leads to is (see
+        :mod:`lease`). Renewing works in quarantine too: it keeps a live attempt from
+        being reaped, never lets it publish (its commit is refused).
         """
-        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
-            raise ValueError(f"older_than must be a non-negative timedelta, got {older_than!r}")
+        with self._write() as connection:
+            row = self._owned_row(connection, reservation, "renew")
+            if row.state != OPEN:
+                raise ReservationClosed(
+                    f"reservation {row.id} was {row.state} at {row.resolved_at}; only an open "
+                    "reservation's lease can be renewed"
+                )
+            expires = _now() + self._lease
+            connection.execute(
+                update(ReservationRow)
+                .where(ReservationRow.id == row.id)
+                .values(lease_expires_at=_stamp(expires))
+            )
+        return expires
+
+    def keep_alive(
+        self,
+        reservation: Reservation,
+        log: WarningLog | None = None,
+    ) -> LeaseKeeper:
+        """A context manager renewing ``reservation``'s lease every third of :attr:`lease`
+        (a daemon thread) until its block ends: wrap the work on the data in it.
+
+        A renewal that fails is a warning on ``log`` and the block goes on: if the lease
+        runs out, the next reap charges the reservation, which is what its commit would
+        have done (see :class:`~dp_budget_provider.ledger.lease.LeaseKeeper`).
+        """
+        if not isinstance(reservation, Reservation) or not isinstance(reservation.id, str):
+            raise ValueError(
+                "keep_alive takes the Reservation that reserve() returned, got "
+                f"{_shown(reservation)}"
+            )
+        return LeaseKeeper(lambda: self.renew(reservation), self._lease, reservation.id, log)
+
+    def reap(self, older_than: timedelta | None = None, now: datetime | None = None) -> list[str]:
+        """Charge every open reservation whose lease has run out (its attempt stopped
+        renewing: the worker died), and with ``older_than`` every one open longer than
+        that, renewed or not (a hard bound on how long budget is held).
+
+        Such a reservation may have touched the data, so it is charged, never refunded;
+        the history records why (the lease that ran out, or the age). ``now`` (default:
+        the ledger's clock, which stamped the leases) is for tests and audits. Each
+        reservation is decided again under its row lock, so one renewed meanwhile is
+        left alone. Returns the reaped reservation ids, oldest first.
+        """
+        if older_than is not None and (
+            not isinstance(older_than, timedelta) or older_than < timedelta(0)
+        ):
+            raise ValueError(
+                f"older_than must be a non-negative timedelta, got {_shown(older_than)}"
+            )
         if now is not None and (not isinstance(now, datetime) or now.utcoffset() is None):
-            raise ValueError(f"now must be a timezone-aware datetime, got {now!r}")
-        try:
-            cutoff = _stamp((now or _now()) - older_than)
-        except OverflowError:  # before the first representable moment: nothing is that old
-            return []
+            raise ValueError(f"now must be a timezone-aware datetime, got {_shown(now)}")
+        moment = now or _now()
+        at = _stamp(moment)
+        cutoff = None
+        if older_than is not None:
+            with contextlib.suppress(OverflowError):  # before the first moment: none so old
+                cutoff = _stamp(moment - older_than)
+        due = [ReservationRow.lease_expires_at.is_(None), ReservationRow.lease_expires_at <= at]
+        if cutoff is not None:
+            due.append(ReservationRow.created_at <= cutoff)
         with self.reading() as connection:
             stale = list(
                 connection.execute(
                     select(ReservationRow.id)
-                    .where(ReservationRow.state == OPEN, ReservationRow.created_at <= cutoff)
-                    .order_by(ReservationRow.created_at)
+                    .where(ReservationRow.state == OPEN, or_(*due))
+                    .order_by(ReservationRow.created_at, ReservationRow.id)
                 ).scalars()
             )
         reaped = []
         for reservation_id in stale:
             with self._write() as connection:
                 row = self._open_row(connection, reservation_id)
-                if row.state != OPEN:
+                why = _reap_reason(row, at, cutoff, older_than)
+                if row.state != OPEN or why is None:
                     continue
                 self._charge(
                     connection,
                     row,
                     state=REAPED,
                     action="reap",
-                    extra={"reason": f"open since {row.created_at}, older than {older_than}"},
+                    extra={"reason": why, "lease_expires_at": row.lease_expires_at},
                 )
                 reaped.append(row.id)
         return reaped
@@ -1747,6 +1827,24 @@ def _rescoped(key: object, moved: str) -> WindowSealed:
         f"{key} was re-scoped to query type {moved!r}: its spend lives there now, and this "
         "key can never be charged again"
     )
+
+
+def _shown(value: object) -> str:
+    """A caller's value as a one-line error may quote it: its repr, or only its type when
+    that is not one short printable line."""
+    text = repr(value)
+    return text if text.isprintable() and len(text) <= 200 else type(value).__name__
+
+
+def _reap_reason(row: Any, at: str, cutoff: str | None, older_than: timedelta | None) -> str | None:
+    """Why an open reservation is due for reaping at ``at``, None if it is not (any more)."""
+    if row.lease_expires_at is None:
+        return f"open since {row.created_at}, without a lease"
+    if row.lease_expires_at <= at:
+        return f"open since {row.created_at}, its lease ran out at {row.lease_expires_at}"
+    if cutoff is not None and row.created_at <= cutoff:
+        return f"open since {row.created_at}, older than {older_than}"
+    return None
 
 
 def _reason(reason: object) -> str:

@@ -60,8 +60,10 @@ class Reservation:
 
     ``prospective_epsilon`` is the largest eps any of its keys would reach (counting
     every other open reservation) when it was made. ``token`` is the secret that makes
-    its holder (the attempt that reserved) the only one who may commit or release it;
-    reservations read back from the database carry none.
+    its holder (the attempt that reserved) the only one who may commit, release or renew
+    it; reservations read back from the database carry none. ``lease_expires_at`` is
+    when an open reservation that is not renewed becomes due for reaping (as read or
+    made; renewals move it on).
     """
 
     id: str
@@ -73,6 +75,7 @@ class Reservation:
     prospective_epsilon: float
     created_at: str
     token: str = field(default="", repr=False, compare=False)
+    lease_expires_at: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,10 @@ class Reservation(Base):
     actor: Mapped[str] = mapped_column(String(KEY_LENGTH))
     created_at: Mapped[str] = mapped_column(String(40))
     resolved_at: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # Until when the reserving attempt is known to be alive: set by reserve, extended by
+    # its renewals (``lease``), on the ledger's clock like created_at. An open reservation
+    # past it is charged by the next reap; NULL counts as run out (revision 0007).
+    lease_expires_at: Mapped[str | None] = mapped_column(String(40), nullable=True)
 
 
 class ReservationKey(Base):

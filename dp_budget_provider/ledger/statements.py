@@ -98,10 +98,10 @@ UPDATE dp_accounts SET pending_residual = %(residual)s WHERE id = ANY(%(ids)s)
 INSERT_RESERVATION = """
 INSERT INTO dp_reservations (id, attempt_id, token_hash, state, mechanism, count, cost_rho,
     cost_residual, cost_gaussian_mu2, key_count, keys_digest, prospective_epsilon, actor,
-    created_at)
+    created_at, lease_expires_at)
 VALUES (%(id)s, %(attempt_id)s, %(token_hash)s, %(state)s, %(mechanism)s, %(count)s, %(cost_rho)s,
     %(cost_residual)s, %(cost_gaussian_mu2)s, %(key_count)s, %(keys_digest)s,
-    %(prospective_epsilon)s, %(actor)s, %(created_at)s)
+    %(prospective_epsilon)s, %(actor)s, %(created_at)s, %(lease_expires_at)s)
 """
 
 # PostgreSQL: create the window rows a release charges (sorted, so two releases never

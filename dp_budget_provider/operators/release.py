@@ -3,7 +3,12 @@
 Flow: reserve (prospective check) -> run the callable -> add the noise -> commit ->
 return the noisy release. A refusal means no release at all: the callable never runs
 and nothing is written. Once the callable has started, the attempt is charged whatever
-happens next; a retry is a new attempt and is charged again. Because an error that
+happens next; a retry is a new attempt and is charged again. While the callable and the
+noise run, a daemon thread renews the reservation's lease; if the worker dies, the
+renewals stop and the maintenance reap charges the reservation once its lease has run
+out. A renewal that fails is a warning in the task log: the task goes on, and if it
+outlives its lease the reap charges the reservation (its commit then charges nothing
+more), so a lost lease never lets a release go uncharged. Because an error that
 depends on the data would itself be an observable output, the exact answer goes through
 the release's declared rule (NaN -> ``nan_value``, clamp to ``bounds``) before the noise,
 so every answer of the declared type and shape ends in a noisy release. An answer of
@@ -293,14 +298,17 @@ class DPReleaseOperator(BaseOperator):
                 raise AirflowSkipException(message) from refusal
             raise DPBudgetExhaustedError(message) from refusal
         self.log.info(
-            "reserved %s on %d key(s), eps would reach %.6g",
+            "reserved %s on %d key(s), eps would reach %.6g; its lease (until %s) is renewed "
+            "while the query runs",
             plan.charged.to_spec(),
             len(keys),
             reservation.prospective_epsilon,
+            reservation.lease_expires_at,
         )
         try:
-            answer = self.python_callable(*self.op_args, **self.op_kwargs)
-            release = plan.add_noise(answer)
+            with ledger.keep_alive(reservation, self.log):
+                answer = self.python_callable(*self.op_args, **self.op_kwargs)
+                release = plan.add_noise(answer)
         finally:
             # From here on the data was touched: charged on success and on failure alike,
             # and the receipt says so either way.

@@ -1,4 +1,6 @@
-"""The maintenance DAG: closed windows reset, open ones untouched, stale reservations charged."""
+"""The maintenance DAGs: closed windows reset, open ones untouched, abandoned reservations
+charged (by the daily run, and every few minutes by ``dp_budget_reap`` once their lease ran
+out)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,8 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timezone
+import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg2
@@ -27,6 +30,7 @@ from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
 from tests.scratch_postgres import PG_ADMIN_DSN
 
 RESET_DAG = Path(__file__).resolve().parents[2] / "dags" / "dp_budget_window_reset.py"
+REAP_DAG = RESET_DAG.with_name("dp_budget_reap.py")
 
 
 CHECKPOINT_VARIABLE = "dp_budget_checkpoint.dp_budget_default"
@@ -43,6 +47,30 @@ def no_checkpoint_yet(airflow_db):
 
 def run_reset_dag():
     return load_dag(RESET_DAG.read_text().replace('"dp_budget_window_reset"', '"DAG_ID"')).test()
+
+
+def test_the_reap_dag_charges_run_out_leases_every_five_minutes(
+    airflow_db, ledger_url, monkeypatch
+):
+    """A reservation whose lease ran out (its worker stopped renewing) is charged; a fresh
+    one, whose attempt may still be running, is not (the age bound is a day)."""
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=ledger_url, lease=timedelta(seconds=1))
+    ledger_connection(monkeypatch, ledger_url)
+    current = WindowCalendar("iso_week").window_of(datetime.now(timezone.utc))
+    dead_key, live_key = key_for("dead", "heatmap", current), key_for("live", "heatmap", current)
+    dead = ledger.reserve([dead_key], GaussianMechanism(4.0))
+    time.sleep(1.1)
+    worker = PrivacyBudgetLedger(url=ledger_url)  # the default lease: 5 minutes
+    live = worker.reserve([live_key], GaussianMechanism(4.0))
+    worker.close()
+    dag = load_dag(REAP_DAG.read_text().replace('"dp_budget_reap"', '"DAG_ID"'))
+    assert dag.timetable.expression == "*/5 * * * *"  # [dp_budget] reap_schedule
+    assert set(task_states(dag.test()).values()) == {"success"}
+    assert [r.id for r in ledger.open_reservations()] == [live.id]
+    assert ledger.epsilon_of(dead_key) == pytest.approx(dead.prospective_epsilon)
+    assert ledger.history()[-1]["action"] == "reap"
+    assert ledger.verify().ok
+    ledger.close()
 
 
 def test_reset_dag_reaps_resets_closed_windows_and_verifies(airflow_db, ledger_url, monkeypatch):
@@ -150,7 +178,7 @@ def test_every_shipped_dag_parses_without_import_errors(airflow_db, tmp_path):
     )
     # The CLI may print log lines before the JSON document: parse from its last line.
     dag_ids = {d["dag_id"] for d in json.loads(listed.stdout.strip().splitlines()[-1])}
-    assert {"dp_budget_window_reset", "example_dp_heatmap"} <= dag_ids
+    assert {"dp_budget_window_reset", "dp_budget_reap", "example_dp_heatmap"} <= dag_ids
     errors = subprocess.run(
         [str(airflow), "dags", "list-import-errors", "--output", "json", "--local"],
         capture_output=True,

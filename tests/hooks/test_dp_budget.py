@@ -99,3 +99,41 @@ def test_opening_a_ledger_with_a_conflicting_cap_stays_refused(sqlite_url):
     PrivacyBudgetLedger(BudgetCap(1.0, 1e-5), url=sqlite_url).close()
     with pytest.raises(LedgerConfigMismatch):
         PrivacyBudgetLedger(BudgetCap(2.0, 1e-5), url=sqlite_url)
+
+
+def test_reservations_hold_the_configured_lease_and_reap_reads_its_bounds(monkeypatch, sqlite_url):
+    from datetime import datetime
+
+    from dp_budget_provider.accounting import GaussianMechanism
+    from dp_budget_provider.ledger import key_for
+
+    conn(monkeypatch, "dp_budget_default", extra={"url": sqlite_url})
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__LEASE_SECONDS", "120")
+    hook = DPBudgetHook()
+    ledger = hook.get_ledger()
+    reservation = ledger.reserve([key_for("alice", "heatmap", "2026-w45")], GaussianMechanism(4))
+    lease = datetime.fromisoformat(reservation.lease_expires_at)
+    assert (lease - datetime.fromisoformat(reservation.created_at)).total_seconds() == 120
+    assert hook.reap() == []  # leased, and younger than reap_after (a day)
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__REAP_AFTER", "0")
+    assert hook.reap() == [reservation.id]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("LEASE_SECONDS", "0", r"\[dp_budget\] lease_seconds must be a number of seconds"),
+        ("LEASE_SECONDS", "5m", r"\[dp_budget\] lease_seconds must be a number of seconds"),
+        ("LEASE_SECONDS", "1e9", r"\[dp_budget\] lease_seconds must be a number of seconds"),
+        ("REAP_AFTER", "-1", r"\[dp_budget\] reap_after must be a whole number of seconds"),
+        ("REAP_AFTER", "1d", r"\[dp_budget\] reap_after must be a whole number of seconds"),
+        ("REAP_AFTER", "9" * 30, r"\[dp_budget\] reap_after must be a whole number of seconds"),
+    ],
+)
+def test_a_bad_lease_or_reap_bound_is_refused_naming_the_option(
+    monkeypatch, sqlite_url, option, value, says
+):
+    conn(monkeypatch, "dp_budget_default", extra={"url": sqlite_url})
+    monkeypatch.setenv(f"AIRFLOW__DP_BUDGET__{option}", value)
+    with pytest.raises(ValueError, match=says):
+        DPBudgetHook().reap()

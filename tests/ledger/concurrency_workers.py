@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+from datetime import timedelta
 from typing import Any
 
 from dp_budget_provider.accounting import GaussianMechanism
@@ -117,6 +118,22 @@ def reserve_then_hang(
         results.put({"reservation_id": None, "error": _describe(error)})
         return
     time.sleep(600)
+
+
+def reserve_and_keep_alive(
+    url: str, keys: list[LedgerKey], z: float, lease_seconds: float, results: Any
+) -> None:
+    """Reserve with a short lease, renew it from a daemon thread (as the release operator
+    does while its query runs), report, then work until killed."""
+    try:
+        ledger = PrivacyBudgetLedger(url=url, lease=timedelta(seconds=lease_seconds))
+        reservation = ledger.reserve(keys, GaussianMechanism(z))
+    except BaseException as error:
+        results.put({"reservation_id": None, "error": _describe(error)})
+        return
+    with ledger.keep_alive(reservation):
+        results.put({"reservation_id": reservation.id, "error": None})
+        time.sleep(600)
 
 
 def operation(url: str, op: str, argument: Any, z: float, go: Any, results: Any) -> None:

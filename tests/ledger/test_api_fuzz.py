@@ -220,9 +220,15 @@ OPERATIONS: list[Operation] = [
         ["reservation", REASONS],
         lambda ctx, reservation, reason: ctx.ledger.release(reservation, reason),
     ),
+    ("renew", ["reservation"], lambda ctx, reservation: ctx.ledger.renew(reservation)),
+    (
+        "keep_alive",
+        ["reservation"],
+        lambda ctx, reservation: ctx.ledger.keep_alive(reservation),
+    ),
     (
         "reap",
-        [st.sampled_from([timedelta(days=3650), timedelta(days=1)]), NOW],
+        [st.sampled_from([None, timedelta(days=3650), timedelta(days=1)]), NOW],
         lambda ctx, older_than, now: ctx.ledger.reap(older_than, now=now),
     ),
     (
@@ -511,7 +517,8 @@ def test_issue_probes(name, call, template, tmp_path):
 
 def test_every_public_write_is_fuzzed():
     names = {operation[0] for operation in OPERATIONS}
-    wanted = {"reserve", "spend", "commit", "release", "reap", "correct", "rescope", "reset"}
+    wanted = {"reserve", "spend", "commit", "release", "renew", "reap", "correct", "rescope"}
+    wanted |= {"reset", "keep_alive"}
     assert wanted | {"accounts", "history", "policy set", "verify"} <= names
     assert all(isinstance(key, LedgerKey) for key in (ALICE, BOB, CAROL))
     assert Reservation  # the type the commit/release fuzz forges

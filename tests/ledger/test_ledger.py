@@ -212,7 +212,8 @@ def test_reap_charges_abandoned_reservations_and_never_refunds(ledger):
     assert ledger.reap(timedelta(hours=1), now=later) == [reservation.id]
     assert ledger.epsilon_of(KEY) == pytest.approx(reservation.prospective_epsilon)
     entry = [e for e in ledger.history() if e["action"] == "reap"][0]
-    assert "older than" in entry["payload"]["reason"]
+    assert "lease ran out at" in entry["payload"]["reason"]
+    assert entry["payload"]["lease_expires_at"] == reservation.lease_expires_at
     assert ledger.open_reservations() == []
     assert ledger.commit(reservation)[0].epsilon == pytest.approx(reservation.prospective_epsilon)
     assert ledger.verify().ok

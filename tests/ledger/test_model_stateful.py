@@ -1,16 +1,18 @@
 """The ledger against an independent model: random sequences of the public API (SQLite and PG).
 
 A hypothesis ``RuleBasedStateMachine`` drives reserve (over data intervals, in one or two
-query types), commit, release, reap, spend, correct, rescope, reset, reset_closed,
-windows_for and set_policy, with a clock it moves forward (``ledger._now``), over
-2 tenants x 3 subjects x 2 query types in ISO weeks. Every run starts with a week charged
+query types), commit, release, renew (leases), reap (by lease and by age), spend, correct,
+rescope, reset, reset_closed, windows_for and set_policy, with a clock it moves forward
+by minutes and hours (``ledger._now``), over 2 tenants x 3 subjects x 2 query types in
+ISO weeks. Every run starts with a week charged
 and reset before it. The model decides every outcome from the documented rules alone: its
 own ISO-week arithmetic, policy lookup and grace periods, and an ``RDPAccountant`` fed the
 same mechanisms per key. After every step the ledger must agree with it: every live
 account, every refusal (and that it wrote nothing), every new history entry. The
 invariant that matters: no key's reserve-granted lifetime spend ever passes the cap in
 force when it was last granted, although resets drop accounts (never a refund: a reset
-window is sealed for good) and rescopes move spend.
+window is sealed for good) and rescopes move spend; and a lease only ever decides when
+an open reservation is charged: renewing writes nothing, and closes nothing.
 
 Each example runs on a fresh database: a copy of the one the ``ledger_url`` fixture gave
 (a SQLite file, or a PostgreSQL database cloned from it as a template).
@@ -52,6 +54,7 @@ from dp_budget_provider.ledger import (
     Policy,
     PrivacyBudgetLedger,
     Reservation,
+    ReservationClosed,
     ReservationStateError,
     WindowCalendar,
     WindowSealed,
@@ -64,6 +67,7 @@ UTC = timezone.utc
 DELTA = 1e-5
 CAP = 3.0
 DEFAULT_GRACE = timedelta(days=3)
+LEASE = timedelta(minutes=5)  # the ledger's lease: reservations due for reaping after it
 WARN_FRACTION = 0.8  # the default: every policy here keeps it
 START = datetime(2026, 11, 2, 12, tzinfo=UTC)  # a Monday noon: 2026-w45
 TENANTS = ("acme", "globex")
@@ -95,7 +99,13 @@ OPEN, COMMITTED, RELEASED, REAPED = "open", "committed", "released", "reaped"
 OUTCOMES: Counter = Counter()  # what the runs reached, per rule outcome (print it to see)
 # Outcomes every run reaches many times over (tens per run): if one is missing, the
 # strategies no longer drive the ledger where it matters and the test proves little.
-MUST_REACH = ("reserve: granted", "BudgetExhausted", "sealed window")
+MUST_REACH = (
+    "reserve: granted",
+    "BudgetExhausted",
+    "sealed window",
+    "renew: open",
+    "due, by lease",
+)
 
 
 def event(outcome: str) -> None:
@@ -180,6 +190,7 @@ class ModelReservation:
     count: int
     attempt: str
     created: datetime
+    lease_until: datetime
     state: str = OPEN
 
 
@@ -217,7 +228,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             self.database = contextlib.ExitStack()
             url = self.database.enter_context(fresh_copy(template_url))
             try:
-                self.ledger = PrivacyBudgetLedger(BudgetCap(CAP, DELTA), url=url)
+                self.ledger = PrivacyBudgetLedger(BudgetCap(CAP, DELTA), url=url, lease=LEASE)
             except BaseException:
                 self.database.close()
                 raise
@@ -351,7 +362,13 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
 
         def granted_reservation(self, handle: Reservation, keys, mechanism, count, attempt):
             model = ModelReservation(
-                handle, frozenset(keys), mechanism, count, attempt, clock.moment
+                handle,
+                frozenset(keys),
+                mechanism,
+                count,
+                attempt,
+                clock.moment,
+                clock.moment + LEASE,
             )
             self.reserved[handle.id] = model
             self.granted_attempts.add(attempt)
@@ -387,6 +404,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             assert handle.state == OPEN and handle.attempt_id == attempt
             assert handle.count == count and handle.mechanism == mechanism
             assert datetime.fromisoformat(handle.created_at) == clock.moment
+            assert datetime.fromisoformat(handle.lease_expires_at) == clock.moment + LEASE
             assert close_to(handle.prospective_epsilon, worst), (handle, worst)
             return self.granted_reservation(handle, keys, mechanism, count, attempt)
 
@@ -424,6 +442,30 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             plan, scopes, dropped = self.reset_plan(label)
             assert plan == "reset" and self.ledger.reset(label) == len(dropped) == len(keys)
             self.apply_reset(label, scopes, dropped)
+
+        @initialize(
+            tenant=st.sampled_from(TENANTS),
+            query_type=st.sampled_from(QUERY_TYPES),
+            subject=st.sampled_from(SUBJECTS),
+            mechanism=st.sampled_from(MECHANISMS),
+            renewed=st.booleans(),
+        )
+        def an_attempt_abandoned_before(self, tenant, query_type, subject, mechanism, renewed):
+            """Every run also starts with an attempt whose worker died (after renewing once,
+            or never): the reap a second before its lease ends leaves it, the one at the end
+            charges it."""
+            key = key_for(subject, query_type, iso_week_label(clock.moment), tenant=tenant)
+            reservation = self.do_reserve([key], mechanism, 1, self.new_attempt())
+            assert reservation is not None
+            if renewed:
+                clock.moment += timedelta(minutes=2)
+                self.do_renew(reservation, own=True)
+            clock.moment = reservation.lease_until - timedelta(seconds=1)
+            self.do_reap(None, pass_now=False)
+            assert reservation.state == OPEN
+            clock.moment += timedelta(seconds=1)
+            self.do_reap(None, pass_now=True)
+            assert reservation.state == REAPED
 
         @rule(
             target=reservations,
@@ -571,19 +613,69 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
                 with pytest.raises(ReservationStateError, match="only the attempt"):
                     close(handle)
 
-        @rule(older_than_hours=st.sampled_from([0, 1, 24, 72, 168]), pass_now=st.booleans())
-        def reap(self, older_than_hours: int, pass_now: bool):
-            older_than = timedelta(hours=older_than_hours)
+        def do_renew(self, reservation: ModelReservation, own: bool) -> None:
+            """Only the reserving attempt renews, only an open reservation, and a renewal
+            moves the lease to a lease from now and writes nothing else."""
+            if not own:
+                handle = dataclasses.replace(reservation.handle, token="not-the-token")
+                with pytest.raises(ReservationStateError, match="only the attempt"):
+                    self.ledger.renew(handle)
+                event("renew: not the attempt's")
+                return
+            if reservation.state != OPEN:
+                with pytest.raises(ReservationClosed, match=f"was {reservation.state} at"):
+                    self.ledger.renew(reservation.handle)
+                event(f"renew: {reservation.state}")
+                return
+            assert self.ledger.renew(reservation.handle) == clock.moment + LEASE
+            run_out = reservation.lease_until <= clock.moment
+            reservation.lease_until = clock.moment + LEASE
+            self.open_changed = True
+            event(f"renew: open{', its lease had run out' if run_out else ''}")
+
+        @rule(reservation=reservations, own=st.booleans())
+        def renew(self, reservation: ModelReservation, own: bool):
+            self.do_renew(reservation, own)
+
+        def do_reap(self, older_than: timedelta | None, pass_now: bool) -> None:
+            """Charged: every open reservation whose lease has run out, and with the bound
+            every one older than it; nothing else."""
             due = [
                 r
                 for r in self.reserved.values()
-                if r.state == OPEN and r.created <= clock.moment - older_than
+                if r.state == OPEN
+                and (
+                    r.lease_until <= clock.moment
+                    or (older_than is not None and r.created <= clock.moment - older_than)
+                )
             ]
+            alive = any(r.state == OPEN and r not in due for r in self.reserved.values())
             reaped = self.ledger.reap(older_than, now=clock.moment if pass_now else None)
-            event(f"reap: {'some' if due else 'none'}")
+            leased = any(r.lease_until <= clock.moment for r in due)
+            event(
+                f"reap: {'some' if due else 'none'} due{', by lease' if leased else ''}"
+                f"{', some left alive' if alive else ''}"
+            )
             assert sorted(reaped) == sorted(r.handle.id for r in due)
             for reservation in sorted(due, key=lambda r: r.created):
                 self.close(reservation, REAPED)
+
+        @rule(
+            data=st.data(),
+            older_than_hours=st.sampled_from([None, None, 0, 1, 24, 72, 168]),
+            at_a_lease_end=st.booleans(),
+            pass_now=st.booleans(),
+        )
+        def reap(self, data, older_than_hours: int | None, at_a_lease_end: bool, pass_now: bool):
+            """Now, or once the clock has reached an open reservation's lease end (a
+            second before, at, or a second after it: due at the end itself)."""
+            open_ = [r for r in self.reserved.values() if r.state == OPEN]
+            if at_a_lease_end and open_:
+                reservation = data.draw(st.sampled_from(open_), label="open reservation")
+                offset = timedelta(seconds=data.draw(st.sampled_from([-1, 0, 1]), label="offset"))
+                clock.moment = max(clock.moment, reservation.lease_until + offset)
+            older_than = None if older_than_hours is None else timedelta(hours=older_than_hours)
+            self.do_reap(older_than, pass_now)
 
         # ------------------------------------------------------------ corrections, rescopes
 
@@ -648,9 +740,10 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
 
         # ------------------------------------------------------------ windows and policies
 
-        @rule(hours=st.integers(0, 10 * 24))
-        def advance_clock(self, hours: int):
-            clock.moment += timedelta(hours=hours)
+        @rule(hours=st.integers(0, 10 * 24), minutes=st.integers(0, 6))
+        def advance_clock(self, hours: int, minutes: int):
+            """Hours (windows close) and minutes (leases of 5 minutes run out)."""
+            clock.moment += timedelta(hours=hours, minutes=minutes)
 
         def reset_plan(self, label: str):
             """What reset(label) does now: ("noop" | "reset" | "grace" | "busy" |
@@ -848,6 +941,8 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             assert set(listed) == {i for i, r in self.reserved.items() if r.state == OPEN}
             for rid, listed_reservation in listed.items():
                 assert set(listed_reservation.keys) == self.reserved[rid].keys
+                lease = datetime.fromisoformat(listed_reservation.lease_expires_at)
+                assert lease == self.reserved[rid].lease_until, (rid, lease)
 
         def check_caps(self) -> None:
             """Lifetime spend counts what resets dropped; only corrections and rescopes may

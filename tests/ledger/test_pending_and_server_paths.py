@@ -496,7 +496,7 @@ def scripted_releases(ledger: PrivacyBudgetLedger) -> tuple[list[float], dict[st
 
 def ledger_record(url: str) -> tuple[list[tuple], list[tuple]]:
     """History and reservations without what differs between runs (ids, stamps, attempts,
-    tokens, the reap reason, which names a creation time).
+    tokens, the reap reason and lease, which name times).
 
     Reservations are numbered in the order the history first names them. A reservation
     decided by the server (``dp_reserve``) records its prospective spend, not its epsilon;
@@ -544,7 +544,8 @@ def ledger_record(url: str) -> tuple[list[tuple], list[tuple]]:
     for action, reservation_id, *key, payload in entries:
         if reservation_id is not None:
             number.setdefault(reservation_id, len(number))
-        varying = {"attempt_id", "token_hash"} | ({"reason"} if action == "reap" else set())
+        reaping = {"reason", "lease_expires_at"} if action == "reap" else set()
+        varying = {"attempt_id", "token_hash"} | reaping
         content = {k: v for k, v in json.loads(payload).items() if k not in varying}
         if "prospective" in content:
             spend = content.pop("prospective")

@@ -49,6 +49,9 @@ SURROGATE = {
     ("dp_policies", "id"): "a surrogate key nothing refers to (policies are found by scope)",
     ("dp_ledger_config", "policy_version"): "a cache counter: a change only makes "
     "processes re-read the policies",
+    ("dp_reservations", "lease_expires_at"): "when an open reservation is reaped, never "
+    "whether it is charged: renewals are no history, and an edit only moves the reap's charge "
+    "earlier, or later until reap_after",
 }
 TOKENS = {
     "dp_accounts": "account",

@@ -8,8 +8,9 @@ new task-instance uuid) and the very same try again; the data interval is random
 release names a canonical window, or a label that is not one; the callable returns or
 raises after it started. The model predicts every outcome from the documented rules:
 which keys the interval charges, that a refusal never runs the callable and writes
-nothing, that a started callable is charged whatever it does, that a try releases at
-most once, and the same cap invariants as for the ledger API.
+nothing, that the callable runs on an open reservation leased for the configured lease
+from the ledger's clock, that a started callable is charged whatever it does, that a try
+releases at most once, and the same cap invariants as for the ledger API.
 
 The task try is the part of Airflow's runtime context the operator reads (its ids and
 ``xcom_push``); real ``dag.test()`` runs of the same paths are in ``test_release.py``.
@@ -20,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -50,6 +51,7 @@ from tests.ledger.test_model_stateful import (
     CAP,
     COMMITTED,
     DELTA,
+    LEASE,
     MECHANISMS,
     OPEN,
     OUTCOMES,
@@ -194,6 +196,8 @@ def operator_machine(clock: Clock, template_url: str) -> type:
 
             def query() -> float:
                 calls.append(1)
+                (held,) = [r for r in self.ledger.open_reservations() if r.attempt_id == attempt]
+                assert datetime.fromisoformat(held.lease_expires_at) == clock.moment + LEASE
                 if raises:
                     raise QueryFailed("the query failed on the data")
                 return 42.0
