@@ -78,6 +78,16 @@ def fill(url: str, accounts: int, history: int):
         ledger.spend(hot, GaussianMechanism(400.0), attempt=f"bench/hot/{run}/-1/1")
     single = time.perf_counter() - started
     entries = len(ledger.history(hot))
+    if url.startswith("postgresql"):
+        # What autovacuum does after a fill like this one (its default threshold is 10% of
+        # a table's rows changed); this machine's server runs with autovacuum off, and
+        # stale statistics give PostgreSQL other plans than a live ledger gets.
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(url, isolation_level="AUTOCOMMIT")
+        with engine.connect() as connection:
+            connection.execute(sqlalchemy.text("ANALYZE"))
+        engine.dispose()
     return ledger, hot, entries, bulk, single, spends
 
 
