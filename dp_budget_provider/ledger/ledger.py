@@ -1182,7 +1182,8 @@ class PrivacyBudgetLedger:
         for reservation_id in stale:
             with self._write() as connection:
                 row = self._open_row(connection, reservation_id)
-                why = _reap_reason(row, at, cutoff, older_than)
+                lease = _lease_of(row)
+                why = _reap_reason(row, lease, at, cutoff, older_than)
                 if row.state != OPEN or why is None:
                     continue
                 self._charge(
@@ -1190,7 +1191,7 @@ class PrivacyBudgetLedger:
                     row,
                     state=REAPED,
                     action="reap",
-                    extra={"reason": why, "lease_expires_at": row.lease_expires_at},
+                    extra={"reason": why, "lease_expires_at": lease},
                 )
                 reaped.append(row.id)
         return reaped
@@ -1836,12 +1837,22 @@ def _shown(value: object) -> str:
     return text if text.isprintable() and len(text) <= 200 else type(value).__name__
 
 
-def _reap_reason(row: Any, at: str, cutoff: str | None, older_than: timedelta | None) -> str | None:
-    """Why an open reservation is due for reaping at ``at``, None if it is not (any more)."""
-    if row.lease_expires_at is None:
+def _lease_of(row: Any) -> str | None:
+    """A reservation row's lease, None when it holds none: NULL, or a value that is not
+    text (a BLOB written into the SQLite column by hand). The column is no fact verify
+    checks, so a value of it must never stop a reap (and every reservation after it)."""
+    return row.lease_expires_at if isinstance(row.lease_expires_at, str) else None
+
+
+def _reap_reason(
+    row: Any, lease: str | None, at: str, cutoff: str | None, older_than: timedelta | None
+) -> str | None:
+    """Why an open reservation with ``lease`` is due for reaping at ``at``, None if it is
+    not (any more)."""
+    if lease is None:
         return f"open since {row.created_at}, without a lease"
-    if row.lease_expires_at <= at:
-        return f"open since {row.created_at}, its lease ran out at {row.lease_expires_at}"
+    if lease <= at:
+        return f"open since {row.created_at}, its lease ran out at {lease}"
     if cutoff is not None and row.created_at <= cutoff:
         return f"open since {row.created_at}, older than {older_than}"
     return None

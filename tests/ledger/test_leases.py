@@ -282,3 +282,51 @@ def test_an_in_memory_ledger_serialises_a_thread_renewing_beside_releases(make_l
     assert not errors, errors
     assert keeper.failures == 0 and keeper.renewals >= 2 and len(spent) > 10
     assert ledger.verify().ok
+
+
+LEASE_EDITS = {
+    "null": "NULL",
+    "long past": "'1970-01-01T00:00:00.000000Z'",
+    "far future": "'9999-12-31T23:59:59.999999Z'",
+    "not a time": "'never'",
+    "bytes": "x'00'",  # a BLOB in SQLite's text column, read back as bytes (PostgreSQL: text only)
+}
+EDITED_LEASES = [
+    (backend, edit)
+    for backend in ("sqlite_url", "postgres_url")
+    for edit in LEASE_EDITS
+    if (backend, edit) != ("postgres_url", "bytes")
+]
+
+
+@pytest.mark.parametrize(("backend", "edit"), EDITED_LEASES)
+def test_an_edited_lease_only_moves_its_charge_and_never_stops_the_reap(
+    request, make_ledger, clock, backend, edit
+):
+    """verify leaves the lease column to insiders (the tamper matrix exempts it), so an
+    edit of it must only make its reservation charged earlier, or later until the age
+    bound: charged once, never refunded, and never a reap that fails on it (which would
+    leave every reservation after it held, each maintenance run)."""
+    ledger_url = request.getfixturevalue(backend)
+    ledger = make_ledger(CAP, url=ledger_url, lease=LEASE)
+    edited = ledger.reserve([KEY], NOISE)
+    engine = sa.create_engine(ledger_url)
+    with engine.begin() as connection:
+        connection.execute(
+            sa.text(f"UPDATE dp_reservations SET lease_expires_at = {LEASE_EDITS[edit]}")
+        )
+    engine.dispose()
+    early = edit in ("null", "long past")
+    clock.moment = START + timedelta(minutes=6)
+    assert ledger.reap() == ([edited.id] if early else [])
+    dead = ledger.reserve([key_for("bob", "heatmap", KEY.window)], NOISE)  # dies at once
+
+    clock.moment = START + timedelta(days=1, minutes=1)
+    assert ledger.reap(timedelta(days=1)) == ([dead.id] if early else [edited.id, dead.id])
+    for reservation in (edited, dead):
+        epsilon = reservation.prospective_epsilon  # alone on its key: charged once
+        assert ledger.commit(reservation)[0].epsilon == pytest.approx(epsilon)
+        with pytest.raises(ReservationStateError, match="cannot be released"):
+            ledger.release(reservation, reason="a refund")
+    assert [e["action"] for e in ledger.history(KEY)] == ["reserve", "reap"]
+    assert ledger.verify().ok

@@ -51,7 +51,7 @@ SURROGATE = {
     "processes re-read the policies",
     ("dp_reservations", "lease_expires_at"): "when an open reservation is reaped, never "
     "whether it is charged: renewals are no history, and an edit only moves the reap's charge "
-    "earlier, or later until reap_after",
+    "earlier, or later until reap_after (test_leases: an edited lease only moves its charge)",
 }
 TOKENS = {
     "dp_accounts": "account",
