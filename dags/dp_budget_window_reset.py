@@ -7,8 +7,10 @@ before the reset), seals budget windows past their grace period and drops their 
 checkpoint and, if it passes, checkpoints its chain heads outside the ledger database
 (the Airflow Variable ``dp_budget_checkpoint.<conn id>``, or ``[dp_budget]
 checkpoint_path``). A failed verify quarantines the ledger: no release runs until an
-operator clears it with ``dp-budget quarantine clear --reason ...``. Running it twice in
-a row changes nothing but the checkpoint's time.
+operator clears it with ``dp-budget quarantine clear --reason ...``. The verify runs even
+when the reap or the reset failed: a row edited so that they fail must not also stop the
+check that finds the edit (the run still fails). Running it twice in a row changes nothing
+but the checkpoint's time.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow.sdk import dag, task
+from airflow.sdk import TriggerRule, dag, task
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException
 
@@ -43,7 +45,7 @@ def dp_budget_window_reset() -> None:
     def reset_closed_windows() -> dict[str, int]:
         return DPBudgetHook(CONN_ID).get_ledger().reset_closed()
 
-    @task
+    @task(trigger_rule=TriggerRule.ALL_DONE)
     def verify_and_checkpoint() -> dict[str, Any]:
         report = DPBudgetHook(CONN_ID).verify()
         if not report.ok:

@@ -118,6 +118,36 @@ def test_reset_dag_fails_when_the_history_was_tampered_with(airflow_db, sqlite_u
     ledger.close()
 
 
+def test_a_reap_failing_on_an_edited_row_does_not_stop_the_verify(
+    airflow_db, sqlite_url, monkeypatch
+):
+    """An insider edits an open reservation so that reaping it fails (its key count), and
+    lowers an account's spend. The reap task fails; the verify still runs, finds both and
+    quarantines the ledger: an edit that breaks the reap must not also switch off the
+    check that would find it (and the lowered spend would then let a release pass the cap)."""
+    import sqlalchemy as sa
+
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=sqlite_url)
+    ledger_connection(monkeypatch, sqlite_url)
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__REAP_AFTER", "0")
+    current = WindowCalendar("iso_week").window_of(datetime.now(timezone.utc))
+    bob = key_for("bob", "heatmap", current)
+    ledger.spend(bob, GaussianMechanism(4.0))
+    ledger.reserve([key_for("dave", "heatmap", current)], GaussianMechanism(4.0))
+    engine = sa.create_engine(sqlite_url)
+    with engine.begin() as connection:
+        connection.execute(sa.text("UPDATE dp_reservations SET key_count = 2 WHERE state = 'open'"))
+        connection.execute(sa.text("UPDATE dp_accounts SET rho = 0, gaussian_mu2 = 0"))
+    engine.dispose()
+    states = task_states(run_reset_dag())
+    assert states["reap_abandoned_reservations"] == "failed"
+    assert states["verify_and_checkpoint"] == "failed"  # ran, and found the edits
+    assert ledger.quarantine_status() is not None
+    with pytest.raises(LedgerQuarantined):
+        ledger.spend(bob, GaussianMechanism(4.0))
+    ledger.close()
+
+
 def test_reset_dag_checkpoints_a_keyed_ledger_and_catches_a_rollback(
     airflow_db, postgres_url, monkeypatch
 ):
