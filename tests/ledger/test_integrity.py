@@ -23,7 +23,7 @@ from dp_budget_provider.ledger import (
     history,
     key_for,
 )
-from dp_budget_provider.ledger import ledger as ledger_module
+from dp_budget_provider.ledger import clock as ledger_clock
 from tests.ledger.test_ledger import snapshot
 from tests.ledger.test_pending_and_server_paths import execute, migrate, scalar
 
@@ -149,12 +149,12 @@ def test_the_grace_period_keeps_a_window_open_for_late_runs(ledger, monkeypatch)
     ledger.spend(key_for("alice", "heatmap", "2026-w45"), RELEASE)
     ledger.spend(key_for("alice", "slow", "2026-w45"), RELEASE)
     # 2026-w45 ended on 2026-11-09; 5 days later only the default 3-day grace is over.
-    monkeypatch.setattr(ledger_module, "_now", lambda: datetime(2026, 11, 14, tzinfo=UTC))
+    monkeypatch.setattr(ledger_clock, "now", lambda: datetime(2026, 11, 14, tzinfo=UTC))
     assert ledger.reset_closed() == {}  # one scope still in grace: the window waits
     with pytest.raises(LedgerError, match="grace period of 10 days"):
         ledger.reset("2026-w45")
     ledger.spend(key_for("bob", "slow", "2026-w45"), RELEASE)  # a late run still lands
-    monkeypatch.setattr(ledger_module, "_now", lambda: datetime(2026, 11, 20, tzinfo=UTC))
+    monkeypatch.setattr(ledger_clock, "now", lambda: datetime(2026, 11, 20, tzinfo=UTC))
     assert ledger.reset_closed() == {"2026-w45": 3}
     assert ledger.verify().ok
 
@@ -322,7 +322,7 @@ def test_upgrade_seals_windows_an_earlier_version_reset(sqlite_url, make_ledger)
     engine = sa.create_engine(sqlite_url)
     with engine.begin() as connection:  # what 0004's reset did: drop, and one entry
         connection.execute(sa.text("DELETE FROM dp_accounts WHERE \"window\" = '2026-w45'"))
-        now = ledger_module._stamp(datetime.now(UTC))
+        now = ledger_clock.stamp(datetime.now(UTC))
         entry = history.entry_columns(
             chain=history.KEYLESS_CHAIN,
             at=now,

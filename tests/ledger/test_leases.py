@@ -25,7 +25,7 @@ from dp_budget_provider.ledger import (
     ReservationStateError,
     key_for,
 )
-from dp_budget_provider.ledger import ledger as ledger_module
+from dp_budget_provider.ledger import clock as ledger_clock
 from dp_budget_provider.ledger.lease import LeaseKeeper, check_lease, lease_of_seconds
 
 UTC = timezone.utc
@@ -47,7 +47,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch) -> Clock:
     clock = Clock()
-    monkeypatch.setattr(ledger_module, "_now", clock.now)
+    monkeypatch.setattr(ledger_clock, "now", clock.now)
     return clock
 
 
@@ -184,7 +184,7 @@ def test_reaping_at_a_moment_before_the_year_1000_charges_nothing(make_ledger):
     ledger = make_ledger(CAP)
     ledger.reserve([KEY], NOISE)
     assert ledger.reap(timedelta(0), now=datetime(999, 1, 1, tzinfo=UTC)) == []
-    assert ledger_module._stamp(datetime(999, 1, 1, tzinfo=UTC)) == "0999-01-01T00:00:00.000000Z"
+    assert ledger_clock.stamp(datetime(999, 1, 1, tzinfo=UTC)) == "0999-01-01T00:00:00.000000Z"
 
 
 @pytest.mark.parametrize("lease", [timedelta(0), timedelta(seconds=0.5), timedelta(days=2), 300])

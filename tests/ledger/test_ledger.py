@@ -32,7 +32,7 @@ from dp_budget_provider.ledger import (
     WindowCalendar,
     key_for,
 )
-from dp_budget_provider.ledger import ledger as ledger_module
+from dp_budget_provider.ledger import clock as ledger_clock
 
 UTC = timezone.utc
 DELTA = 1e-5
@@ -313,17 +313,17 @@ def test_bad_input_raises_and_writes_nothing(ledger_url, ledger, call, error):
 
 def test_reset_refuses_open_custom_and_busy_windows(ledger, monkeypatch):
     ledger.spend(KEY, GaussianMechanism(4.0))
-    monkeypatch.setattr(ledger_module, "_now", lambda: datetime(2026, 7, 10, tzinfo=UTC))
+    monkeypatch.setattr(ledger_clock, "now", lambda: datetime(2026, 7, 10, tzinfo=UTC))
     with pytest.raises(LedgerError, match="open or within its grace"):
         ledger.reset("2026-w28")
     # Ended (Monday 2026-07-13) but within the default 3-day grace period.
-    monkeypatch.setattr(ledger_module, "_now", lambda: datetime(2026, 7, 15, tzinfo=UTC))
+    monkeypatch.setattr(ledger_clock, "now", lambda: datetime(2026, 7, 15, tzinfo=UTC))
     with pytest.raises(LedgerError, match="grace period"):
         ledger.reset("2026-w28")
     assert ledger.reset_closed() == {}
     with pytest.raises(LedgerError, match="calendar"):
         ledger.reset("campaign-q3")
-    monkeypatch.setattr(ledger_module, "_now", lambda: datetime(2026, 8, 1, tzinfo=UTC))
+    monkeypatch.setattr(ledger_clock, "now", lambda: datetime(2026, 8, 1, tzinfo=UTC))
     ledger.reserve([KEY], GaussianMechanism(4.0))
     with pytest.raises(LedgerError, match="reap first"):
         ledger.reset("2026-W28")

@@ -3,7 +3,7 @@
 A hypothesis ``RuleBasedStateMachine`` drives reserve (over data intervals, in one or two
 query types), commit, release, renew (leases), reap (by lease and by age), spend, correct,
 rescope, reset, reset_closed, windows_for and set_policy, with a clock it moves forward
-by minutes and hours (``ledger._now``), over 2 tenants x 3 subjects x 2 query types in
+by minutes and hours (``ledger.clock.now``), over 2 tenants x 3 subjects x 2 query types in
 ISO weeks. Every run starts with a week charged
 and reset before it. The model decides every outcome from the documented rules alone: its
 own ISO-week arithmetic, policy lookup and grace periods, and an ``RDPAccountant`` fed the
@@ -60,7 +60,7 @@ from dp_budget_provider.ledger import (
     WindowSealed,
     key_for,
 )
-from dp_budget_provider.ledger import ledger as ledger_module
+from dp_budget_provider.ledger import clock as ledger_clock
 from tests.scratch_postgres import scratch_database
 
 UTC = timezone.utc
@@ -968,7 +968,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
 def test_the_ledger_agrees_with_an_independent_model(ledger_url, monkeypatch):
     PrivacyBudgetLedger(BudgetCap(CAP, DELTA), url=ledger_url).close()  # the template
     clock = Clock()
-    monkeypatch.setattr(ledger_module, "_now", clock.now)
+    monkeypatch.setattr(ledger_clock, "now", clock.now)
     OUTCOMES.clear()
     run_state_machine_as_test(ledger_machine(clock, ledger_url), settings=SETTINGS)
     missing = [m for m in MUST_REACH if not any(m in outcome for outcome in OUTCOMES)]

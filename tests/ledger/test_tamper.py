@@ -32,7 +32,7 @@ from dp_budget_provider.ledger import (
     history,
     key_for,
 )
-from dp_budget_provider.ledger import ledger as ledger_module
+from dp_budget_provider.ledger import clock as ledger_clock
 from dp_budget_provider.ledger.checkpoints import Checkpoint, CheckpointFile
 from tests.ledger.test_pending_and_server_paths import execute
 from tests.scratch_postgres import PG_ADMIN_DSN, scratch_database, url_of
@@ -153,7 +153,7 @@ class Copies:
 def copies() -> Iterator[dict[str, Copies]]:
     made: dict[str, Copies] = {}
     patch = pytest.MonkeyPatch()
-    patch.setattr(ledger_module, "_now", _clock)
+    patch.setattr(ledger_clock, "now", _clock)
     try:
         yield made
     finally:

@@ -39,7 +39,7 @@ from dp_budget_provider.ledger import (
     ReservationStateError,
     key_for,
 )
-from dp_budget_provider.ledger import ledger as ledger_module
+from dp_budget_provider.ledger import clock as ledger_clock
 from dp_budget_provider.operators.release import (
     RECEIPT_XCOM_KEY,
     DPBudgetExhaustedError,
@@ -295,7 +295,7 @@ def operator_machine(clock: Clock, template_url: str) -> type:
 def test_the_operator_agrees_with_the_ledger_model(airflow_db, ledger_url, monkeypatch):
     PrivacyBudgetLedger(BudgetCap(CAP, DELTA), url=ledger_url).close()  # the template
     clock = Clock()
-    monkeypatch.setattr(ledger_module, "_now", clock.now)
+    monkeypatch.setattr(ledger_clock, "now", clock.now)
     urls: list[str] = []
 
     class Machine(operator_machine(clock, ledger_url)):  # type: ignore[misc]

@@ -12,8 +12,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant, ZCDPMechanism
+from dp_budget_provider.ledger import clock as ledger_clock
 from dp_budget_provider.ledger import key_for
-from dp_budget_provider.ledger import ledger as ledger_module
 from tests.airflow.dag_runner import load_dag, task_states
 
 UTC = timezone.utc
@@ -125,5 +125,5 @@ def test_reset_then_backfill_of_the_sealed_week_is_refused(ledger, weekly, monke
     ledger.spend(current, GaussianMechanism(8.0))
     assert ledger.reset_closed() == {}
     assert ledger.epsilon_of(current) > 0
-    monkeypatch.setattr(ledger_module, "_now", lambda: datetime(2100, 1, 1, tzinfo=UTC))
+    monkeypatch.setattr(ledger_clock, "now", lambda: datetime(2100, 1, 1, tzinfo=UTC))
     assert current.window in ledger.reset_closed()  # only a test moves the ledger's clock

@@ -1,0 +1,579 @@
+"""What every room of the ledger shares: its database, settings, validation, locks.
+
+:class:`~dp_budget_provider.ledger.ledger.PrivacyBudgetLedger` is a facade over rooms
+with one job each (reservations, budget checks, reading, windows, audit); each is a
+class over this core, so they share one engine, one policy store and one set of caches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import socket
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+from sqlalchemy import (
+    Connection,
+    Engine,
+    select,
+    tuple_,
+    update,
+)
+
+from dp_budget_provider.accounting import (
+    DEFAULT_ORDERS,
+    Conversion,
+    EpsilonBound,
+    Mechanism,
+)
+from dp_budget_provider.accounting.conversion import check_conversion
+from dp_budget_provider.accounting.orders import validate_orders
+from dp_budget_provider.accounting.rounding import ROUND_UP
+from dp_budget_provider.ledger import (
+    audit,
+    clock,
+    database,
+    history,
+    pipeline,
+    statements,
+)
+from dp_budget_provider.ledger.errors import (
+    LedgerCorrupt,
+    LedgerError,
+    LedgerQuarantined,
+    WindowSealed,
+)
+from dp_budget_provider.ledger.held import HeldState
+from dp_budget_provider.ledger.keys import (
+    LedgerKey,
+    free_text,
+    plain_text,
+)
+from dp_budget_provider.ledger.lease import DEFAULT_LEASE, check_lease
+from dp_budget_provider.ledger.opening import NewLedger, open_ledger
+from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
+from dp_budget_provider.ledger.policy_store import (
+    Policies,
+    PolicyStore,
+    policy_for,
+    policy_lookup,
+    write_policy,
+)
+from dp_budget_provider.ledger.schema import (
+    Account,
+    LedgerConfig,
+)
+from dp_budget_provider.ledger.schema import Window as WindowRow
+from dp_budget_provider.ledger.spend import Spend
+from dp_budget_provider.ledger.windows import WindowCalendar, window_bounds
+
+_CHUNK = 1000
+_BOUND_CACHE_SIZE = 100_000
+_KEY_COLUMNS = statements.KEY_COLUMNS
+_CLEAR = (
+    ": verify found the ledger's tables or history inconsistent. Nothing can be released "
+    "until an operator has investigated and cleared it (`dp-budget quarantine clear "
+    "--reason ...`, audited); `dp-budget quarantine show` says why"
+)
+
+
+def _default_actor() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+_key_of = audit._key_of  # one way to turn a stored row into a key
+
+
+def _lock_order(connection: Connection) -> list[Any]:
+    """ORDER BY clauses that sort keys exactly like Python's ``sorted`` (code points).
+
+    Every writer locks accounts in this one order, so two transactions can never wait on
+    each other in a cycle. PostgreSQL must compare bytes (collation "C"): a linguistic
+    collation would order some keys differently from the upsert path and deadlock.
+    """
+    if connection.dialect.name == "postgresql":
+        return [column.collate("C") for column in _KEY_COLUMNS]
+    return list(_KEY_COLUMNS)
+
+
+class LedgerCore:
+    """The ledger's database, settings and the helpers every room uses."""
+
+    def __init__(
+        self,
+        cap: BudgetCap | None = None,
+        url: str | None = None,
+        orders: Sequence[float] | np.ndarray = DEFAULT_ORDERS,
+        conversion: Conversion = "improved",
+        *,
+        actor: str | None = None,
+        if_new: BudgetCap | None = None,
+        calendar: WindowCalendar | None = None,
+        chain_key: str | bytes | None = None,
+        lease: timedelta = DEFAULT_LEASE,
+    ) -> None:
+        for name, value in (("cap", cap), ("if_new", if_new)):
+            if value is not None and not isinstance(value, BudgetCap):
+                raise ValueError(f"{name} must be a BudgetCap, got {value!r}")
+        self._bound_cache: dict[tuple[Any, ...], EpsilonBound] = {}
+        self._cost_cache: dict[tuple[Any, int], Spend] = {}
+        self._orders = validate_orders(orders)
+        self._conversion: Conversion = check_conversion(conversion)
+        self._lease = check_lease(lease)
+        self.actor = _default_actor() if actor is None else plain_text("actor", actor)
+        self._key = history.ChainKey(chain_key)
+        self._engine = database.make_engine(url)
+        self._policy_store = PolicyStore(self.reading)
+        new = NewLedger(
+            self._orders,
+            self._conversion,
+            calendar or WindowCalendar(),
+            self.actor,
+            clock.stamp(clock.now()),
+            self._key,
+        )
+        try:
+            settings = open_ledger(self.reading, self._write, self._policy_store, new, cap, if_new)
+        except BaseException:
+            self._engine.dispose()
+            raise
+        self._delta, self._chains = settings.delta, settings.chains
+
+    def _log_keyless(
+        self, connection: Connection, action: str, now: str, payload: dict[str, Any]
+    ) -> int:
+        """Append an entry about no key (a reset, a quarantine) on the keyless chain."""
+        return history.append(
+            connection,
+            self._key,
+            chain=history.KEYLESS_CHAIN,
+            at=now,
+            action=action,
+            actor=self.actor,
+            payload=payload,
+        )
+
+    def _chain(self, key: LedgerKey) -> int:
+        """The history chain of entries about ``key`` (or a release whose first key it is)."""
+        return history.chain_of(key, self._chains)
+
+    def _pool(self) -> Engine:
+        """The engine every transaction of this ledger runs on."""
+        return self._engine
+
+    def _write(self) -> Any:
+        return database.transaction(self._pool(), write=True)
+
+    def _pipelined(self) -> contextlib.AbstractContextManager[pipeline.Pipeline]:
+        """A pipelined write transaction (see :mod:`pipeline`) on a pooled connection."""
+        return pipeline.write(self._pool())
+
+    def reading(self) -> contextlib.AbstractContextManager[Connection]:
+        """A read-only transaction on the ledger's tables, for reports and the UI.
+
+        The schema (``ledger.schema``) is the contract; writes must go through the
+        methods of this class, which keep locks, pending spend and the history chain.
+        """
+        return database.transaction(self._pool(), write=False)
+
+    def close(self) -> None:
+        """Release the database connections."""
+        self._engine.dispose()
+
+    @property
+    def delta(self) -> float:
+        """The ledger's fixed delta."""
+        return self._delta
+
+    @property
+    def orders(self) -> np.ndarray:
+        """The ledger's fixed grid of Rényi orders."""
+        return self._orders
+
+    @property
+    def conversion(self) -> Conversion:
+        """The RDP to (eps, delta) conversion the ledger reports with."""
+        return self._conversion
+
+    @property
+    def url(self) -> str:
+        """The database URL without password."""
+        return database.safe_url(self._engine)
+
+    @property
+    def lease(self) -> timedelta:
+        """How long a reservation made or renewed here is safe from ``reap`` unrenewed."""
+        return self._lease
+
+    # ------------------------------------------------------------------ policies
+
+    def set_policy(self, policy: Policy) -> None:
+        """Create or replace the policy of ``policy.scope`` (an audited history entry).
+
+        A scope that has been charged keeps its calendar for the ledger's life: a second
+        calendar would cut the same time into a second set of windows, each with a full
+        cap. So a policy that would change the calendar of any charged (tenant, query
+        type) is refused; give new query types a calendar of their own instead.
+        """
+        if not isinstance(policy, Policy):
+            raise ValueError(f"policy must be a Policy, got {policy!r}")
+        free_text("compliance_clause", policy.compliance_clause)
+        with self._write() as connection:
+            stored = self._policy_store.read(connection)
+            before, after = policy_lookup(stored), policy_lookup({**stored, policy.scope: policy})
+            charged = connection.execute(
+                select(WindowRow.tenant, WindowRow.query_type).distinct()
+            ).all()
+            for tenant, query_type in charged:
+                probe = LedgerKey.from_canonical(tenant, "-", query_type, "-")
+                was, becomes = before(probe).calendar, after(probe).calendar
+                if was != becomes:
+                    raise LedgerError(
+                        f"tenant {tenant!r}, query type {query_type!r} has been charged in "
+                        f"{was.kind} windows; a policy giving it {becomes.kind} windows would "
+                        "open a second set of windows over the same time. Keep its calendar "
+                        "(or use a new query type)"
+                    )
+            write_policy(connection, self._key, policy, clock.stamp(clock.now()), self.actor)
+
+    def policies(self) -> list[Policy]:
+        """Every stored policy, default first."""
+        with self.reading() as connection:
+            stored = self._policy_store.read(connection)
+        return sorted(stored.values(), key=lambda p: (p.scope != (ANY, ANY), p.scope))
+
+    def policy_for(self, key: LedgerKey) -> Policy:
+        """The policy that applies to ``key``."""
+        key = self._one_key(key)[0]
+        return self.policy_for_scope(key.tenant, key.query_type)
+
+    def policy_for_scope(self, tenant: str, query_type: str) -> Policy:
+        """The policy for a tenant and query type (what decides a key's window calendar)."""
+        probe = LedgerKey(tenant, "-", query_type, "-")
+        with self.reading() as connection:
+            return policy_for(self._policy_store.read(connection), probe)
+
+    # ------------------------------------------------------------------ validation helpers
+
+    @classmethod
+    def _keys(cls, keys: LedgerKey | Iterable[LedgerKey]) -> list[LedgerKey]:
+        """Distinct keys in lock order (see ``_lock_order``)."""
+        by_parts = cls._key_parts(keys)
+        return [by_parts[parts] for parts in sorted(by_parts)]
+
+    @classmethod
+    def _distinct_keys(cls, keys: LedgerKey | Iterable[LedgerKey]) -> list[LedgerKey]:
+        """Distinct keys in the order given."""
+        return list(cls._key_parts(keys).values())
+
+    @staticmethod
+    def _key_parts(keys: LedgerKey | Iterable[LedgerKey]) -> dict[tuple[str, ...], LedgerKey]:
+        """``keys`` validated (LedgerKey objects, at least one, none twice) by their parts."""
+        if isinstance(keys, LedgerKey):
+            listed = [keys]
+        elif isinstance(keys, Iterable) and not isinstance(keys, str | bytes | Mapping):
+            listed = list(keys)
+        else:
+            raise ValueError(f"keys must be a LedgerKey or LedgerKeys (see key_for), got {keys!r}")
+        if not listed:
+            raise ValueError("a reservation needs at least one key")
+        for key in listed:
+            if not isinstance(key, LedgerKey):
+                raise ValueError(f"keys must be LedgerKey objects (see key_for), got {key!r}")
+        by_parts = {statements.key_tuple(key): key for key in listed}  # tuples sort and hash in C
+        if len(by_parts) != len(listed):
+            raise ValueError("the same key appears more than once in one release")
+        return by_parts
+
+    @staticmethod
+    def _one_key(key: LedgerKey) -> list[LedgerKey]:
+        if not isinstance(key, LedgerKey):
+            raise ValueError(f"expected one LedgerKey (see key_for), got {key!r}")
+        return [key]
+
+    @staticmethod
+    def _mechanism(mechanism: Mechanism | Mapping[str, Any]) -> Mechanism:
+        if isinstance(mechanism, Mechanism):
+            return mechanism
+        return Mechanism.from_spec(mechanism)
+
+    # ------------------------------------------------------------------ locking
+
+    def _lock_accounts(
+        self,
+        pipe: pipeline.Pipeline,
+        keys: Sequence[LedgerKey],
+        now: str,
+        reserving: Spend | None = None,
+    ) -> tuple[dict[LedgerKey, statements.LockedAccount], int | None]:
+        """Create missing accounts and lock all of them in key order.
+
+        ``reserving`` opens a reservation of that cost on every account: the open count
+        and the pending rho and mu^2 go up in the same statement (one row version, not
+        two); a residual curve, if the cost has one, is the caller's to add. The returned
+        rows hold the values after. PostgreSQL: one ``INSERT ... SELECT FROM unnest ...
+        ON CONFLICT`` statement, which also opens the transaction and reports the policy
+        version. SQLite (already holding the write lock): upserts in chunks; no version.
+        """
+        size = self._orders.size
+        gaussian = reserving is None or reserving.gaussian_mu2 is not None
+        added = {
+            "add_open": 0 if reserving is None else 1,
+            "add_rho": 0.0 if reserving is None else reserving.rho,
+            "add_mu2": reserving.gaussian_mu2 if reserving is not None and gaussian else 0.0,
+            "add_others": 0 if gaussian else 1,
+            "round_up": ROUND_UP,
+        }
+        if pipe.postgresql:
+            rows = pipe.query(
+                statements.PG_UPSERT, {**added, "now": now, **statements.key_parts(keys)}
+            )
+            return statements.accounts_by_key(rows, keys, size), rows[0][15]
+        rows = []
+        for chunk in _chunks(keys):
+            rows += pipe.connection.execute(
+                statements.sqlite_upsert(),
+                [
+                    {
+                        **key.as_dict(),
+                        "rho": 0.0,
+                        "residual": None,
+                        "gaussian_mu2": 0.0,
+                        "releases": 0,
+                        "open_reservations": added["add_open"],
+                        "pending_rho": added["add_rho"],
+                        "pending_residual": None,
+                        "pending_mu2": added["add_mu2"],
+                        "pending_others": added["add_others"],
+                        "updated_at": now,
+                    }
+                    for key in chunk
+                ],
+            ).all()
+        return statements.accounts_by_key(rows, keys, size), None
+
+    def _lock_chargeable(
+        self,
+        pipe: pipeline.Pipeline,
+        keys: Sequence[LedgerKey],
+        moment: datetime,
+        reserving: Spend | None = None,
+    ) -> tuple[dict[LedgerKey, statements.LockedAccount], Policies]:
+        """Lock the windows and accounts ``keys`` charge, refusing any that may not be charged.
+
+        The one gate of every write that adds spend (reserve, rescope, correct): a sealed
+        window, a re-scoped key, a label that is not its scope calendar's own, or a window
+        that has not begun is refused, and the transaction rolls back with nothing written.
+        Returns the locked accounts and the policies in force.
+        """
+        now = clock.stamp(moment)
+        self._lock_windows(pipe, keys, now)
+        locked, version = self._lock_accounts(pipe, keys, now, reserving)
+        policies = self._policy_store.at(pipe, version)
+        self._check_windows(keys, policy_lookup(policies), moment)
+        self._check_not_rescoped(keys, locked)
+        return locked, policies
+
+    @staticmethod
+    def _lock_windows(pipe: pipeline.Pipeline, keys: Sequence[LedgerKey], now: str) -> None:
+        """Create and share-lock the window rows ``keys`` charge; refuse a sealed one.
+
+        Every account's scope and window has a row in ``dp_windows``; a reset seals it
+        under an exclusive lock before dropping the accounts, so a window is either
+        chargeable for this whole transaction or refused here (:class:`WindowSealed`).
+        The same statement reads the quarantine: a quarantined ledger charges nothing.
+        """
+        scopes = sorted({(key.tenant, key.query_type, key.window) for key in keys})
+        if pipe.postgresql:
+            parts = {
+                "tenants": statements.newline_joined([scope[0] for scope in scopes]),
+                "query_types": statements.newline_joined([scope[1] for scope in scopes]),
+                "windows": statements.newline_joined([scope[2] for scope in scopes]),
+            }
+            rows = pipe.query(statements.PG_LOCK_WINDOWS, {**parts, "now": now})
+        else:
+            rows = []
+            for tenant, query_type, window in scopes:
+                scope = {"tenant": tenant, "query_type": query_type, "window": window}
+                pipe.query(statements.SQLITE_NEW_WINDOW, {**scope, "now": now})
+                rows += pipe.query(statements.SQLITE_WINDOW, scope)
+        if len(rows) != len(scopes):
+            raise LedgerCorrupt(f"{len(scopes)} windows charged but {len(rows)} window rows found")
+        if rows[0][4] is not None:
+            raise _quarantined(rows[0][4], pipe.query(statements.QUARANTINE_REASON)[0][0])
+        for tenant, query_type, window, sealed_at, _ in rows:
+            if sealed_at is not None:
+                raise _sealed(tenant, query_type, window, sealed_at)
+
+    @staticmethod
+    def _check_windows(
+        keys: Sequence[LedgerKey], policy_of: Callable[[LedgerKey], Policy], moment: datetime
+    ) -> None:
+        """Refuse a window that is not its scope calendar's own name for a period, or that
+        has not begun (data that does not exist yet cannot be released)."""
+        seen: set[tuple[str, str, str]] = set()
+        for key in keys:
+            scope = (key.tenant, key.query_type, key.window)
+            if scope in seen:
+                continue
+            seen.add(scope)
+            calendar = policy_of(key).calendar
+            if not calendar.is_canonical(key.window):
+                raise ValueError(
+                    f"window {key.window!r} is not a window of the {calendar.kind} calendar of "
+                    f"tenant {key.tenant!r}, query type {key.query_type!r}: expected "
+                    f"{calendar.expected_form}"
+                )
+            if window_bounds(key.window)[0] > moment:
+                raise ValueError(
+                    f"window {key.window!r} has not begun: data that does not exist yet "
+                    "cannot be released"
+                )
+
+    @staticmethod
+    def _check_not_rescoped(
+        keys: Sequence[LedgerKey], locked: Mapping[LedgerKey, statements.LockedAccount]
+    ) -> None:
+        for key in keys:
+            moved = locked[key].rescoped_to
+            if moved is not None:
+                raise _rescoped(key, moved)
+
+    def _refuse_unchargeable(
+        self,
+        connection: Connection,
+        keys: Sequence[LedgerKey],
+        states: Sequence[HeldState],
+        policies: Policies,
+    ) -> None:
+        """Raise what :meth:`_lock_chargeable` raises whatever the budget, in its order,
+        reading without locking or creating anything: a quarantined ledger, a sealed
+        window, a label that is not its calendar's or has not begun, a re-scoped key."""
+        config = connection.execute(
+            select(LedgerConfig.quarantined_at, LedgerConfig.quarantine_reason)
+        ).one()
+        if config.quarantined_at is not None:
+            raise _quarantined(config.quarantined_at, config.quarantine_reason)
+        scope_keys = {(key.tenant, key.query_type, key.window): key for key in keys}
+        scope = (WindowRow.tenant, WindowRow.query_type, WindowRow.window)
+        for chunk in _chunks(sorted(scope_keys)):
+            sealed = connection.execute(
+                select(*scope, WindowRow.sealed_at)
+                .where(tuple_(*scope).in_(chunk), WindowRow.sealed_at.is_not(None))
+                .limit(1)
+            ).first()
+            if sealed is not None:
+                raise _sealed(*sealed)
+        self._check_windows(list(scope_keys.values()), policy_lookup(policies), clock.now())
+        for state in states:
+            if state.rescoped_to is not None:
+                raise _rescoped(state.example, state.rescoped_to)
+
+    def _lock_reservation(
+        self, connection: Connection, reservation_id: str, key_count: int
+    ) -> tuple[list[LedgerKey], dict[LedgerKey, statements.LockedAccount]]:
+        """Lock every account a reservation holds, in key order, joined on the server side.
+
+        One indexed join instead of key lists: a release over 10^5 subjects locks its
+        accounts with one statement.
+        """
+        rows = connection.execute(
+            statements.lock_reservation_accounts(), {"rid": reservation_id}
+        ).all()
+        if len(rows) != key_count:
+            raise LedgerCorrupt(
+                f"reservation {reservation_id} holds {key_count} keys but only {len(rows)} "
+                "accounts exist"
+            )
+        keys = [_key_of(row) for row in rows]
+        return keys, statements.accounts_by_key(rows, keys, self._orders.size)
+
+    def _add_pending_residual(
+        self,
+        pipe: pipeline.Pipeline,
+        keys: Sequence[LedgerKey],
+        locked: Mapping[LedgerKey, statements.LockedAccount],
+        residual: np.ndarray,
+    ) -> None:
+        """Add a reservation's residual curve to each locked account's pending spend.
+
+        (Its rho and mu^2 went in with the lock.) One statement per distinct value.
+        """
+        groups: dict[tuple[Any, ...], tuple[str | None, list[int]]] = {}
+        for key in keys:
+            pending = locked[key].pending
+            group = groups.get(pending.signature)
+            if group is None:
+                added = pending.add(Spend(0.0, residual, 0.0))
+                group = groups[pending.signature] = (added.residual_json(), [])
+            group[1].append(locked[key].id)
+        for stored, ids in groups.values():
+            if pipe.postgresql:
+                pipe.send(statements.PG_SET_PENDING_RESIDUAL, {"residual": stored, "ids": ids})
+                continue
+            for chunk in _chunks(ids):
+                pipe.connection.execute(
+                    update(Account).where(Account.id.in_(chunk)).values(pending_residual=stored)
+                )
+
+    # ------------------------------------------------------------------ epsilon
+
+    def _bounds(self, spends: Sequence[Spend]) -> list[EpsilonBound]:
+        """Epsilon of many spends, converting each distinct spend once.
+
+        The conversion is a pure function of the spend (delta, grid and conversion are
+        fixed for the ledger's life), so results are kept across calls: a one-step spend
+        converts its prospective total once, for the check and for the receipt.
+        """
+        cache = self._bound_cache
+        if len(cache) > _BOUND_CACHE_SIZE:
+            cache.clear()
+        bounds = []
+        for spend in spends:
+            signature = spend.signature
+            if signature not in cache:
+                cache[signature] = spend.epsilon(self._orders, self._delta, self._conversion)
+            bounds.append(cache[signature])
+        return bounds
+
+    @staticmethod
+    def _receipt_fields(bound: EpsilonBound, policy: Policy) -> tuple[Any, ...]:
+        """A receipt's values after its key (SpendReceipt's field order)."""
+        return (
+            bound.epsilon,
+            max(0.0, policy.cap_epsilon - bound.epsilon),
+            bound.epsilon / policy.cap_epsilon,
+            policy.warns_at(bound.epsilon),
+            policy.cap_epsilon,
+            bound.method,
+        )
+
+
+def _quarantined(since: str, reason: str) -> LedgerQuarantined:
+    return LedgerQuarantined(f"the ledger is quarantined since {since} ({reason}){_CLEAR}")
+
+
+def _sealed(tenant: str, query_type: str, window: str, sealed_at: str) -> WindowSealed:
+    return WindowSealed(
+        f"window {window!r} of tenant {tenant!r}, query type {query_type!r} was sealed at "
+        f"{sealed_at} (reset after its grace period): nothing can be charged to it any more"
+    )
+
+
+def _rescoped(key: object, moved: str) -> WindowSealed:
+    return WindowSealed(
+        f"{key} was re-scoped to query type {moved!r}: its spend lives there now, and this "
+        "key can never be charged again"
+    )

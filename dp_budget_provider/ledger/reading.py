@@ -1,0 +1,184 @@
+"""Reading: receipts, accounts, history and open reservations (no writes)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    and_,
+    or_,
+    select,
+    tuple_,
+)
+
+from dp_budget_provider.ledger import (
+    history,
+    statements,
+)
+from dp_budget_provider.ledger.core import (
+    _KEY_COLUMNS,
+    LedgerCore,
+    _chunks,
+    _key_of,
+)
+from dp_budget_provider.ledger.keys import (
+    LedgerKey,
+    canonical_part,
+    whole_number,
+)
+from dp_budget_provider.ledger.policy_store import (
+    policy_for,
+)
+from dp_budget_provider.ledger.records import (
+    OPEN,
+    AccountStatus,
+    Reservation,
+    SpendReceipt,
+)
+from dp_budget_provider.ledger.schema import (
+    Account,
+    HistoryEntry,
+    ReservationKey,
+)
+from dp_budget_provider.ledger.schema import Reservation as ReservationRow
+from dp_budget_provider.ledger.spend import Pending, Spend
+from dp_budget_provider.ledger.standing import Standings
+
+
+class ReadingRoom(LedgerCore):
+    """Reading: receipts, accounts, history and open reservations (no writes)."""
+
+    # ------------------------------------------------------------------ reading
+
+    def _held(
+        self, connection: Connection, keys: Sequence[LedgerKey]
+    ) -> dict[LedgerKey, tuple[Spend, Pending]]:
+        """(committed, pending) spend of each key; nothing for an untouched key."""
+        found: dict[LedgerKey, tuple[Spend, Pending]] = defaultdict(lambda: (Spend(), Pending()))
+        for chunk in _chunks(keys):
+            rows = connection.execute(
+                select(*statements.ACCOUNT_COLUMNS).where(
+                    tuple_(*_KEY_COLUMNS).in_([statements.key_tuple(k) for k in chunk])
+                )
+            )
+            for key, held in statements.accounts_by_key(rows, chunk, self._orders.size).items():
+                found[key] = (held.spend, held.pending)
+        return found
+
+    def _receipts(self, connection: Connection, keys: list[LedgerKey]) -> list[SpendReceipt]:
+        held = self._held(connection, keys)
+        return self._receipts_of(
+            keys, [held[key][0] for key in keys], self._policy_store.read(connection)
+        )
+
+    def epsilon_of(self, key: LedgerKey) -> float:
+        """Committed cumulative eps of ``key`` at the ledger's delta (0 if untouched)."""
+        return self.receipt(key).epsilon
+
+    def remaining(self, key: LedgerKey) -> float:
+        """Headroom before the cap, never negative."""
+        return self.receipt(key).remaining
+
+    def receipt(self, key: LedgerKey) -> SpendReceipt:
+        """The committed state of ``key`` as a receipt."""
+        keys = self._keys(key)
+        with self.reading() as connection:
+            return self._receipts(connection, keys)[0]
+
+    def accounts(
+        self,
+        *,
+        window: str | None = None,
+        tenant: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[AccountStatus]:
+        """Live accounts in key order, optionally filtered, with their status (committed
+        and held spend, state: :mod:`~dp_budget_provider.ledger.standing`)."""
+        query = select(Account).order_by(*_KEY_COLUMNS).offset(whole_number("offset", offset))
+        if window is not None:
+            query = query.where(Account.window == canonical_part("window", window))
+        if tenant is not None:
+            query = query.where(Account.tenant == canonical_part("tenant", tenant))
+        if limit is not None:
+            query = query.limit(whole_number("limit", limit))
+        with self.reading() as connection:
+            rows = list(connection.execute(query))
+            policies = self._policy_store.read(connection)
+        return [
+            AccountStatus.of(row, standing, policy_for(policies, _key_of(row)))
+            for row, standing in zip(rows, Standings(self).of_rows(rows), strict=True)
+        ]
+
+    def history(
+        self,
+        key: LedgerKey | None = None,
+        *,
+        after_seq: int = 0,
+        before_seq: int | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
+    ) -> list[dict[str, Any]]:
+        """History entries in order (all, or those concerning ``key``), as plain dicts:
+        numbered above ``after_seq`` and below ``before_seq``, oldest first, or with
+        ``newest_first`` the latest ``limit`` of them, newest first.
+
+        Paging with ``after_seq`` never skips an entry: only entries whose number is final
+        are returned (see :func:`history.settled_seq`), so one numbered below the last
+        entry returned cannot appear later.
+        """
+        if key is not None:
+            key = self._one_key(key)[0]
+        after_seq = whole_number("after_seq", after_seq)
+        if limit is not None:
+            limit = whole_number("limit", limit)
+        if not isinstance(newest_first, bool):
+            raise ValueError(f"newest_first must be True or False, got {newest_first!r}")
+        order = HistoryEntry.seq.desc() if newest_first else HistoryEntry.seq
+        settled = history.settled_seq(self._pool())
+        query = select(HistoryEntry).where(HistoryEntry.seq > after_seq).order_by(order)
+        if before_seq is not None:
+            query = query.where(HistoryEntry.seq < whole_number("before_seq", before_seq))
+        if settled is not None:
+            query = query.where(HistoryEntry.seq <= settled)
+        if key is not None:
+            touching = select(ReservationKey.reservation_id).where(
+                ReservationKey.tenant == key.tenant,
+                ReservationKey.subject == key.subject,
+                ReservationKey.query_type == key.query_type,
+                ReservationKey.window == key.window,
+            )
+            query = query.where(
+                or_(
+                    and_(
+                        HistoryEntry.tenant == key.tenant,
+                        HistoryEntry.subject == key.subject,
+                        HistoryEntry.query_type == key.query_type,
+                        HistoryEntry.window == key.window,
+                    ),
+                    HistoryEntry.reservation_id.in_(touching),
+                )
+            )
+        if limit is not None:
+            query = query.limit(limit)
+        with self.reading() as connection:
+            rows = list(connection.execute(query))
+        return [history.entry_record(row) for row in rows]
+
+    def open_reservations(self) -> list[Reservation]:
+        """Every reservation still open, oldest first."""
+        with self.reading() as connection:
+            rows = list(
+                connection.execute(
+                    select(ReservationRow)
+                    .where(ReservationRow.state == OPEN)
+                    .order_by(ReservationRow.created_at)
+                )
+            )
+            return [
+                self._reservation_from_row(row, tuple(self._reservation_keys(connection, row.id)))
+                for row in rows
+            ]

@@ -1,0 +1,250 @@
+"""Windows and re-scoring: reset of closed windows, rescope and correction of accounts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    delete,
+    select,
+    tuple_,
+    update,
+)
+
+from dp_budget_provider.accounting import (
+    Mechanism,
+)
+from dp_budget_provider.accounting import validation as check
+from dp_budget_provider.ledger import (
+    clock,
+)
+from dp_budget_provider.ledger.core import (
+    LedgerCore,
+    _chunks,
+    _lock_order,
+)
+from dp_budget_provider.ledger.errors import (
+    LedgerError,
+)
+from dp_budget_provider.ledger.keys import (
+    LedgerKey,
+    canonical_part,
+    free_text,
+)
+from dp_budget_provider.ledger.policy_store import (
+    policy_lookup,
+)
+from dp_budget_provider.ledger.records import (
+    SpendReceipt,
+)
+from dp_budget_provider.ledger.schema import (
+    Account,
+)
+from dp_budget_provider.ledger.schema import Window as WindowRow
+from dp_budget_provider.ledger.windows import is_closed, window_bounds
+
+
+class WindowRoom(LedgerCore):
+    """Windows and re-scoring: reset of closed windows, rescope and correction of accounts."""
+
+    # ------------------------------------------------------------------ windows and re-scoring
+
+    def windows_for(
+        self, tenant: str, query_type: str, start: datetime, end: datetime | None = None
+    ) -> list[str]:
+        """The windows a release reading the data interval [start, end) is charged to.
+
+        The scope's calendar decides (``end`` omitted: the moment ``start``); the
+        reservation checks the labels again against the policy in force when it is made.
+        """
+        calendar = self.policy_for_scope(tenant, query_type).calendar
+        return calendar.windows_overlapping(start, start if end is None else end)
+
+    def reset(self, window: str) -> int:
+        """Seal a closed window and drop its live accounts; returns how many. History is kept.
+
+        A window may be reset once it has ended and every scope charged in it is past
+        its policy's grace period, by the ledger's own clock. Sealing comes first and is
+        final: a sealed window is never charged again (a late, retried or backfilled run
+        is refused), so dropping its accounts never refunds anything. Refuses a window
+        that is open, within its grace period, not a calendar label at all (it can never
+        be proven closed), or that still has open reservations (reap them first).
+        Resetting a sealed or never-charged window does nothing.
+        """
+        label = canonical_part("window", window)
+        try:
+            window_bounds(label)
+        except ValueError as error:
+            raise LedgerError(
+                f"window {label!r} is not a calendar window, so it can never be proven closed"
+            ) from error
+        moment = clock.now()
+        now = clock.stamp(moment)
+        with self._write() as connection:
+            policy_of = policy_lookup(self._policy_store.read(connection))
+            scopes = [
+                (row.tenant, row.query_type)
+                for row in connection.execute(
+                    select(WindowRow.tenant, WindowRow.query_type)
+                    .where(WindowRow.window == label, WindowRow.sealed_at.is_(None))
+                    .order_by(WindowRow.tenant, WindowRow.query_type)
+                    .with_for_update()
+                )
+            ]
+            for tenant, query_type in scopes:
+                grace = policy_of(LedgerKey.from_canonical(tenant, "-", query_type, label)).grace
+                if not is_closed(label, moment, grace):
+                    raise LedgerError(
+                        f"window {label!r} of tenant {tenant!r}, query type {query_type!r} is "
+                        f"open or within its grace period of {grace} at {now}; resetting it "
+                        "would cut off the runs still due to charge it"
+                    )
+            if not scopes:
+                return 0
+            scoped = tuple_(Account.tenant, Account.query_type).in_(scopes)
+            rows = list(
+                connection.execute(
+                    select(Account.id, Account.open_reservations)
+                    .where(Account.window == label, scoped)
+                    .order_by(*_lock_order(connection))
+                    .with_for_update()
+                )
+            )
+            busy = sum(1 for row in rows if row.open_reservations)
+            if busy:
+                raise LedgerError(
+                    f"window {label!r} has {busy} account(s) with open reservations; reap first"
+                )
+            connection.execute(
+                update(WindowRow)
+                .where(
+                    WindowRow.window == label,
+                    tuple_(WindowRow.tenant, WindowRow.query_type).in_(scopes),
+                )
+                .values(sealed_at=now)
+            )
+            for chunk in _chunks([row.id for row in rows]):
+                connection.execute(delete(Account).where(Account.id.in_(chunk)))
+            self._log_keyless(
+                connection,
+                "reset",
+                now,
+                {
+                    "window": label,
+                    "accounts": len(rows),
+                    "sealed": [list(scope) for scope in scopes],
+                },
+            )
+        return len(rows)
+
+    def reset_closed(self) -> dict[str, int]:
+        """Reset every window past its grace period (the ledger's clock); accounts dropped per
+        window. Windows that can never close (not calendar labels, or ending past the year
+        9999) are left alone, as are those still within a scope's grace period."""
+        moment = clock.now()
+        with self.reading() as connection:
+            policy_of = policy_lookup(self._policy_store.read(connection))
+            rows = connection.execute(
+                select(WindowRow.tenant, WindowRow.query_type, WindowRow.window).where(
+                    WindowRow.sealed_at.is_(None)
+                )
+            ).all()
+        due: dict[str, bool] = {}
+        for tenant, query_type, label in rows:
+            grace = policy_of(LedgerKey.from_canonical(tenant, "-", query_type, label)).grace
+            due[label] = due.get(label, True) and is_closed(label, moment, grace)
+        return {label: self.reset(label) for label in sorted(due) if due[label]}
+
+    def rescope(self, old: LedgerKey, new: LedgerKey, reason: str = "") -> SpendReceipt:
+        """Re-classify ``old``'s releases as query type ``new`` (snapshot -> trajectory).
+
+        Only the query type changes: tenant, subject and window stay, so a rescope can
+        never move spend onto another person or out of its window. The spend already
+        charged to ``old`` is added to ``new`` (the subject's cumulative loss is unchanged
+        at the moment of re-classification; only later releases cost more), and ``old``
+        is sealed: its row stays, naming ``new``'s query type, and it is never charged
+        again, so it can never restart from zero.
+        """
+        if not isinstance(old, LedgerKey) or not isinstance(new, LedgerKey):
+            raise ValueError("rescope takes two LedgerKey objects")
+        if (old.tenant, old.subject, old.window) != (new.tenant, new.subject, new.window):
+            raise ValueError(
+                "rescope re-classifies one subject's window: tenant, subject and window stay, "
+                "only the query type changes"
+            )
+        if old.query_type == new.query_type:
+            raise ValueError("rescope needs a different query type")
+        reason = free_text("reason", reason, limit=2000)
+        moment = clock.now()
+        now = clock.stamp(moment)
+        keys = sorted([old, new])
+        with self._pipelined() as pipe:
+            locked, policies = self._lock_chargeable(pipe, keys, moment)
+            if locked[old].open_reservations:
+                raise LedgerError(f"{old} has open reservations; commit or reap them first")
+            carried = locked[old].spend
+            merged = locked[new].spend.plus(carried)
+            connection = pipe.core()
+            self._store_spend(connection, locked[new].id, merged, locked[old].releases, now)
+            connection.execute(
+                update(Account)
+                .where(Account.id == locked[old].id)
+                .values(rescoped_to=new.query_type, updated_at=now)
+            )
+            pipe.append_history(
+                self._key,
+                chain=self._chain(new),
+                at=now,
+                action="rescope",
+                actor=self.actor,
+                key=new,
+                payload={"from": old.as_dict(), "carried": carried.as_payload(), "reason": reason},
+            )
+            return self._receipts_of([new], [merged], policies)[0]
+
+    def correct(
+        self,
+        key: LedgerKey,
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int = 1,
+        reason: str = "",
+    ) -> SpendReceipt:
+        """Charge a release the ledger missed, as a new audited entry (never an edit).
+
+        Corrections only add spend: an under-count is fixed by charging, and nothing
+        is ever refunded. The cap is not checked: the release already happened. A sealed
+        window or re-scoped key is refused like a release (its accounts are gone or moved);
+        record such a correction on the key its spend lives on.
+        """
+        keys = self._one_key(key)
+        mechanism = self._mechanism(mechanism)
+        count = check.count("count", count)
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError("a correction needs a reason")
+        free_text("reason", reason, limit=2000)
+        cost = self._cost(mechanism, count)
+        moment = clock.now()
+        now = clock.stamp(moment)
+        with self._pipelined() as pipe:
+            locked, policies = self._lock_chargeable(pipe, keys, moment)
+            held = locked[keys[0]]
+            after = held.spend.plus(cost)
+            connection = pipe.core()
+            self._store_spend(connection, held.id, after, count, now)
+            pipe.append_history(
+                self._key,
+                chain=self._chain(keys[0]),
+                at=now,
+                action="correction",
+                actor=self.actor,
+                key=keys[0],
+                payload={
+                    "mechanism": mechanism.to_spec(),
+                    "count": count,
+                    "cost": cost.as_payload(),
+                    "reason": reason,
+                },
+            )
+            return self._receipts_of(keys, [after], policies)[0]
