@@ -914,6 +914,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- parser
 
 
+def _table_options(parser: argparse.ArgumentParser) -> None:
+    """--limit, --offset and --json of the commands that list a table of rows."""
+    parser.add_argument(
+        "--limit",
+        type=_count,
+        default=DEFAULT_STATUS_LIMIT,
+        help=f"rows to show (default {DEFAULT_STATUS_LIMIT}; 0 for all)",
+    )
+    parser.add_argument("--offset", type=_count, default=0, help="rows to skip")
+    parser.add_argument("--json", action="store_true", help=_JSON_HELP)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``dp-budget`` argument parser."""
     url_help = f"ledger database URL (default: ${URL_ENV})"
@@ -969,14 +981,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = command(commands, "status", cmd_status, "spend and headroom of every account")
     status.add_argument("--window", help=f"only this window ({WINDOW_LABELS})")
     status.add_argument("--tenant", help="only this tenant")
-    status.add_argument(
-        "--limit",
-        type=_count,
-        default=DEFAULT_STATUS_LIMIT,
-        help=f"rows to show (default {DEFAULT_STATUS_LIMIT}; 0 for all)",
-    )
-    status.add_argument("--offset", type=_count, default=0, help="rows to skip")
-    status.add_argument("--json", action="store_true", help=_JSON_HELP)
+    _table_options(status)
 
     classes = command(
         commands,
@@ -993,14 +998,7 @@ def build_parser() -> argparse.ArgumentParser:
     classes.add_argument(
         "--members", metavar="CLASS", help="list this class's subjects (the CLASS column)"
     )
-    classes.add_argument(
-        "--limit",
-        type=_count,
-        default=DEFAULT_STATUS_LIMIT,
-        help=f"rows to show (default {DEFAULT_STATUS_LIMIT}; 0 for all)",
-    )
-    classes.add_argument("--offset", type=_count, default=0, help="rows to skip")
-    classes.add_argument("--json", action="store_true", help=_JSON_HELP)
+    _table_options(classes)
 
     show = command(
         commands,

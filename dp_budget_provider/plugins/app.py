@@ -465,17 +465,8 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
             request,
             "accounts.html",
             {
-                "info": _info(ledger),
-                "user": _user_name(user),
+                **_listing(request, ledger, user, found, page, per_page, raw),
                 "accounts": found.items,
-                "total": found.total,
-                "page": page,
-                "pages": _pages(found.total, per_page),
-                "per_page": per_page,
-                "page_sizes": sorted({*PAGE_SIZES, per_page}),
-                "filters": raw,
-                "key_fields": KEY_FIELDS,
-                "states": queries.STATES,
                 "sorts": queries.SORTS,
                 "sort": sort,
                 "order": order,
@@ -511,17 +502,8 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
             request,
             "classes.html",
             {
-                "info": _info(ledger),
-                "user": _user_name(user),
+                **_listing(request, ledger, user, found, page, per_page, raw),
                 "classes": found.items,
-                "total": found.total,
-                "page": page,
-                "pages": _pages(found.total, per_page),
-                "per_page": per_page,
-                "page_sizes": sorted({*PAGE_SIZES, per_page}),
-                "filters": raw,
-                "key_fields": KEY_FIELDS,
-                "states": queries.STATES,
                 "columns": CLASS_COLUMNS,
                 "error": error,
                 "page_link": lambda n: _url(request, "/classes", {**params, "page": n}),
@@ -876,6 +858,31 @@ def _login_url() -> str | None:
         return str(get_auth_manager().get_url_login())
     except Exception:  # noqa: BLE001 - no login link rather than no error page
         return None
+
+
+def _listing(
+    request: Request,
+    ledger: PrivacyBudgetLedger,
+    user: Any,
+    found: queries.Page[Any],
+    page: int,
+    per_page: int,
+    filters: Mapping[str, Any],
+) -> dict[str, Any]:
+    """What the accounts and the classes pages both show: who and where, the filter
+    form, the page numbers."""
+    return {
+        "info": _info(ledger),
+        "user": _user_name(user),
+        "total": found.total,
+        "page": page,
+        "pages": _pages(found.total, per_page),
+        "per_page": per_page,
+        "page_sizes": sorted({*PAGE_SIZES, per_page}),
+        "filters": filters,
+        "key_fields": KEY_FIELDS,
+        "states": queries.STATES,
+    }
 
 
 def _render(
