@@ -54,8 +54,8 @@ with DAG("DAG_ID", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezon
 """
 
 
-def run_release(
-    tmp_path,
+def release_source(
+    out,
     *,
     body="return [[3, 1], [0, 7]]",
     mechanism=None,
@@ -66,8 +66,8 @@ def run_release(
     declare="\n        cells=4,\n        integer=True,",
     extra="",
 ):
-    out = tmp_path / "out.json"
-    source = RELEASE_DAG.format(
+    """The DAG source of one release whose record task writes ``out``."""
+    return RELEASE_DAG.format(
         out=str(out),
         body=body,
         mechanism=mechanism or {"kind": "gaussian", "noise_multiplier": 4.0},
@@ -78,6 +78,11 @@ def run_release(
         declare=declare,
         extra=extra,
     )
+
+
+def run_release(tmp_path, **arguments):
+    out = tmp_path / "out.json"
+    source = release_source(out, **arguments)
     dag_run = load_dag(source).test()
     result = json.loads(out.read_text()) if out.exists() else None
     return dag_run, result, out.with_suffix(".ran").exists()
@@ -209,16 +214,11 @@ print(json.dumps(states))
 
 
 def test_two_processes_racing_on_one_key_never_exceed_the_cap(ledger, ledger_url, tmp_path):
-    source = RELEASE_DAG.format(
-        out=str(tmp_path / "ignored.json"),
+    source = release_source(
+        tmp_path / "ignored.json",
         body="return 1.0",
         mechanism={"kind": "gaussian", "noise_multiplier": 3.0},
-        subject="alice",
-        noise="lattice",
-        on_exhausted="fail",
-        retries=0,
         declare="",
-        extra="",
     )
     root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
     script = textwrap.dedent(RACE_SCRIPT.format(root=root, source=source, tmp=str(tmp_path)))

@@ -20,7 +20,13 @@ from pathlib import Path
 import pytest
 
 from dp_budget_provider.ledger import PrivacyBudgetLedger
-from tests.operators.test_release import DISCRETE_Z4, KEY, RELEASE_DAG, expected_eps, run_release
+from tests.operators.test_release import (
+    DISCRETE_Z4,
+    KEY,
+    expected_eps,
+    release_source,
+    run_release,
+)
 
 LEASE_SECONDS = 1.5
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,17 +106,7 @@ def test_a_task_killed_mid_query_is_charged_after_its_lease(
     """A worker process running the task is SIGKILLed while the callable runs: no commit,
     no finally. The reap after its lease ran out charges the attempt, once."""
     started = tmp_path / "out.ran"
-    source = RELEASE_DAG.format(
-        out=str(tmp_path / "out.json"),
-        body="import time; time.sleep(600)",
-        mechanism={"kind": "gaussian", "noise_multiplier": 4.0},
-        subject="alice",
-        noise="lattice",
-        on_exhausted="fail",
-        retries=0,
-        declare="\n        cells=4,\n        integer=True,",
-        extra="",
-    )
+    source = release_source(tmp_path / "out.json", body="import time; time.sleep(600)")
     home = tmp_path / "airflow-home"  # the session's migrated metadata DB, copied
     shutil.copytree(airflow_db, home, ignore=shutil.ignore_patterns("dags", "logs"))
     (home / "dags").mkdir()
