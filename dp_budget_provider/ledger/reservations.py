@@ -317,9 +317,8 @@ class ReservationRoom(LedgerCore):
         cost = Spend.from_columns(
             row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, self._orders.size
         )
-        policies = self._policy_store.read(
-            connection
-        )  # before the locks: held as briefly as possible
+        # Read before the locks: they are held as briefly as possible.
+        policies = self._policy_store.read(connection)
         keys, accounts = self._lock_reservation(connection, row.id, row.key_count)
         after = self._close_reservation(connection, keys, accounts, cost, now, charge=row.count)
         connection.execute(
