@@ -14,6 +14,7 @@ from dp_budget_provider.ledger.errors import (
     LedgerUnavailable,
     ReservationClosed,
     ReservationStateError,
+    WindowBusy,
     WindowSealed,
 )
 from dp_budget_provider.ledger.keys import LedgerKey, SubjectSource, key_for, keys_for, subject_ids
@@ -49,6 +50,7 @@ __all__ = [
     "SpendReceipt",
     "SubjectSource",
     "VerifyReport",
+    "WindowBusy",
     "WindowCalendar",
     "WindowSealed",
     "is_closed",

@@ -53,3 +53,8 @@ class WindowSealed(LedgerError):
 class LedgerQuarantined(LedgerError):
     """A verify found the ledger inconsistent: nothing is released until an operator clears
     the quarantine (an audited act naming the reason)."""
+
+
+class WindowBusy(LedgerError):
+    """A closed window still holds open reservations: it is reset once they are
+    committed, released or reaped (resetting it now would drop the spend they hold)."""

@@ -25,9 +25,7 @@ from dp_budget_provider.ledger.core import (
     _chunks,
     _lock_order,
 )
-from dp_budget_provider.ledger.errors import (
-    LedgerError,
-)
+from dp_budget_provider.ledger.errors import LedgerError, WindowBusy
 from dp_budget_provider.ledger.keys import (
     LedgerKey,
     canonical_part,
@@ -114,7 +112,7 @@ class WindowRoom(LedgerCore):
             )
             busy = sum(1 for row in rows if row.open_reservations)
             if busy:
-                raise LedgerError(
+                raise WindowBusy(
                     f"window {label!r} has {busy} account(s) with open reservations; reap first"
                 )
             connection.execute(
@@ -142,7 +140,11 @@ class WindowRoom(LedgerCore):
     def reset_closed(self) -> dict[str, int]:
         """Reset every window past its grace period (the ledger's clock); accounts dropped per
         window. Windows that can never close (not calendar labels, or ending past the year
-        9999) are left alone, as are those still within a scope's grace period."""
+        9999) are left alone, as are those still within a scope's grace period.
+
+        A closed window that still holds open reservations does not hold up the others:
+        every other due window is reset, then :class:`WindowBusy` names what was reset and
+        what must wait for its reservations to close."""
         moment = clock.now()
         with self.reading() as connection:
             policy_of = policy_lookup(self._policy_store.read(connection))
@@ -155,7 +157,17 @@ class WindowRoom(LedgerCore):
         for tenant, query_type, label in rows:
             grace = policy_of(LedgerKey.from_canonical(tenant, "-", query_type, label)).grace
             due[label] = due.get(label, True) and is_closed(label, moment, grace)
-        return {label: self.reset(label) for label in sorted(due) if due[label]}
+        done: dict[str, int] = {}
+        waiting: list[str] = []
+        for label in sorted(label for label, closed in due.items() if closed):
+            try:
+                done[label] = self.reset(label)
+            except WindowBusy as busy:
+                waiting.append(str(busy))
+        if waiting:
+            reset = ", ".join(f"{label} ({n} accounts)" for label, n in done.items()) or "none"
+            raise WindowBusy(f"reset {reset}; not yet: {'; '.join(waiting)}")
+        return done
 
     def rescope(self, old: LedgerKey, new: LedgerKey, reason: str = "") -> SpendReceipt:
         """Re-classify ``old``'s releases as query type ``new`` (snapshot -> trajectory).

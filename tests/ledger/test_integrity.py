@@ -18,6 +18,7 @@ from dp_budget_provider.ledger import (
     LedgerError,
     Policy,
     PrivacyBudgetLedger,
+    WindowBusy,
     WindowCalendar,
     WindowSealed,
     history,
@@ -157,6 +158,20 @@ def test_the_grace_period_keeps_a_window_open_for_late_runs(ledger, monkeypatch)
     monkeypatch.setattr(ledger_clock, "now", lambda: datetime(2026, 11, 20, tzinfo=UTC))
     assert ledger.reset_closed() == {"2026-w45": 3}
     assert ledger.verify().ok
+
+
+def test_a_window_with_open_reservations_does_not_hold_up_the_other_resets(ledger):
+    held = ledger.reserve(key_for("alice", "heatmap", "2026-w44"), RELEASE)
+    ledger.spend(key_for("alice", "heatmap", "2026-w45"), RELEASE)
+    ledger.spend(key_for("bob", "heatmap", "2026-w46"), RELEASE)
+    with pytest.raises(WindowBusy) as busy:
+        ledger.reset_closed()
+    assert "reset 2026-w45 (1 accounts), 2026-w46 (1 accounts)" in str(busy.value)
+    assert "'2026-w44' has 1 account(s) with open reservations" in str(busy.value)
+    assert [a.key.window for a in ledger.accounts()] == ["2026-w44"]
+    ledger.commit(held)
+    assert ledger.reset_closed() == {"2026-w44": 1}
+    assert ledger.accounts() == [] and ledger.verify().ok
 
 
 def test_windows_that_never_close_do_not_break_maintenance(ledger_url, ledger):
