@@ -550,25 +550,15 @@ def cmd_classes(args: argparse.Namespace) -> int:
             tenant=args.tenant, query_type=args.query_type, window=args.window,
             subject=args.subject, state=args.state,
         )  # fmt: skip
-        total, found = _every_page(
-            lambda **page: spend_classes.find_classes(ledger, filters, **page),
-            args.limit,
-            args.offset,
-        )
+        every = spend_classes.every_class(ledger, filters)  # grouped once, then sliced
+        total = len(every)
+        found = every[args.offset :] if args.limit == 0 else every[args.offset :][: args.limit]
         if args.json:
             _print_json(
                 {
                     "total": total,
                     "offset": args.offset,
-                    "classes": [
-                        {
-                            "id": c.id,
-                            "subjects": c.subjects,
-                            "first_subject": c.status.key.subject,
-                            **report.account_record(c.status, ledger.delta),
-                        }
-                        for c in found
-                    ],
+                    "classes": [report.class_record(c, ledger.delta) for c in found],
                 }
             )
             return 0

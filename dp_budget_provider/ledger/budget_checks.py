@@ -18,9 +18,7 @@ from dp_budget_provider.ledger.keys import (
     LedgerKey,
 )
 from dp_budget_provider.ledger.policy import Policy
-from dp_budget_provider.ledger.policy_store import (
-    policy_for,
-)
+from dp_budget_provider.ledger.policy_store import policy_of_scope
 from dp_budget_provider.ledger.records import (
     BudgetCheck,
 )
@@ -68,7 +66,7 @@ class BudgetCheckRoom(LedgerCore):
                 self._refuse_unchargeable(connection, distinct, states, policies)
         worst: tuple[float, bool, LedgerKey, float, float] | None = None
         for state in states:
-            cap = policy_for(policies, LedgerKey(state.tenant, "-", state.query_type, "-"))
+            cap = policy_of_scope(policies, state.tenant, state.query_type)
             epsilon = self._bounds([prospective(state.spend, state.pending, cost)])[0].epsilon
             # Ties go to a state with a named key (see HeldState.example).
             rank = (epsilon / cap.cap_epsilon, state.example is not None)
@@ -98,7 +96,7 @@ class BudgetCheckRoom(LedgerCore):
             policies = self._policy_store.read(connection)
         planned: dict[tuple[Any, ...], tuple[RDPAccountant, Policy]] = {}
         for state in states:
-            policy = policy_for(policies, LedgerKey(state.tenant, "-", state.query_type, "-"))
+            policy = policy_of_scope(policies, state.tenant, state.query_type)
             total = state.spend.plus(state.pending.as_spend())
             planned.setdefault(
                 (total.signature, policy.cap_epsilon), (total.to_accountant(self._orders), policy)

@@ -49,6 +49,7 @@ from dp_budget_provider.ledger.errors import (
 from dp_budget_provider.ledger.held import HeldState
 from dp_budget_provider.ledger.keys import (
     LedgerKey,
+    canonical_part,
     free_text,
     plain_text,
 )
@@ -58,8 +59,8 @@ from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
 from dp_budget_provider.ledger.policy_store import (
     Policies,
     PolicyStore,
-    policy_for,
     policy_lookup,
+    policy_of_scope,
     write_policy,
 )
 from dp_budget_provider.ledger.schema import (
@@ -261,9 +262,10 @@ class LedgerCore:
 
     def policy_for_scope(self, tenant: str, query_type: str) -> Policy:
         """The policy for a tenant and query type (what decides a key's window calendar)."""
-        probe = LedgerKey(tenant, "-", query_type, "-")
+        tenant = canonical_part("tenant", tenant)
+        query_type = canonical_part("query_type", query_type)
         with self.reading() as connection:
-            return policy_for(self._policy_store.read(connection), probe)
+            return policy_of_scope(self._policy_store.read(connection), tenant, query_type)
 
     # ------------------------------------------------------------------ validation helpers
 

@@ -92,12 +92,19 @@ class PolicyStore:
         return policies
 
 
-def policy_for(policies: Mapping[tuple[str, str], Policy], key: LedgerKey) -> Policy:
-    """The policy that applies to ``key``: the most specific stored scope."""
-    for scope in lookup_order(key.tenant, key.query_type):
+def policy_of_scope(
+    policies: Mapping[tuple[str, str], Policy], tenant: str, query_type: str
+) -> Policy:
+    """The policy over a (canonical) tenant and query type: the most specific stored scope."""
+    for scope in lookup_order(tenant, query_type):
         if scope in policies:
             return policies[scope]
     raise LedgerCorrupt("the ledger has no default policy")
+
+
+def policy_for(policies: Mapping[tuple[str, str], Policy], key: LedgerKey) -> Policy:
+    """The policy that applies to ``key``: that of its tenant and query type."""
+    return policy_of_scope(policies, key.tenant, key.query_type)
 
 
 def policy_lookup(policies: Mapping[tuple[str, str], Policy]) -> Callable[[LedgerKey], Policy]:

@@ -49,8 +49,8 @@ from dp_budget_provider.ledger.policy import (
     STATE_OK,
     STATE_WARNING,
     Policy,
-    lookup_order,
 )
+from dp_budget_provider.ledger.policy_store import policy_of_scope
 from dp_budget_provider.ledger.records import COMMITTED, OPEN, REAPED, RELEASED, AccountStatus
 from dp_budget_provider.ledger.schema import (
     Account,
@@ -213,8 +213,9 @@ class PolicyCache:
     def __call__(self, tenant: str, query_type: str) -> Policy:
         policy = self._cache.get((tenant, query_type))
         if policy is None:
-            scope = next(s for s in lookup_order(tenant, query_type) if s in self._stored)
-            policy = self._cache[(tenant, query_type)] = self._stored[scope]
+            policy = self._cache[(tenant, query_type)] = policy_of_scope(
+                self._stored, tenant, query_type
+            )
         return policy
 
 
@@ -326,14 +327,16 @@ def _groups(
     return groups
 
 
-def _group_match(group: _Group) -> ColumnElement[bool]:
-    def same(column: Any, value: Any) -> ColumnElement[bool]:
-        return column.is_(None) if value is None else column == value
+def holds(column: Any, value: Any) -> ColumnElement[bool]:
+    """The row's ``column`` holds exactly ``value`` (NULL included, which ``=`` misses)."""
+    return column.is_(None) if value is None else column == value
 
+
+def _group_match(group: _Group) -> ColumnElement[bool]:
     return and_(
         Account.tenant == group.tenant,
         Account.query_type == group.query_type,
-        *(same(column, value) for column, value in zip(SPEND_COLUMNS, group.spend, strict=True)),
+        *(holds(column, value) for column, value in zip(SPEND_COLUMNS, group.spend, strict=True)),
     )
 
 

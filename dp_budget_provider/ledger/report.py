@@ -39,7 +39,7 @@ from dp_budget_provider.ledger.queries import AccountFilter
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.schema import Account, ReservationKey
 from dp_budget_provider.ledger.spend import Spend
-from dp_budget_provider.ledger.spend_classes import every_class
+from dp_budget_provider.ledger.spend_classes import SpendClass, every_class
 
 REPORT_FORMAT = 1
 SCHEDULE_ACTIONS = ("reserve", "commit", "release", "reap", "correction", "rescope", "reset")
@@ -163,6 +163,16 @@ def account_record(status: AccountStatus, delta: float) -> dict[str, Any]:
         "method": status.method,
         "updated_at": status.updated_at,
         "rescoped_to": status.rescoped_to,
+    }
+
+
+def class_record(spend_class: SpendClass, delta: float) -> dict[str, Any]:
+    """One spend class as plain JSON values: its id, size, least subject and status."""
+    return {
+        "id": spend_class.id,
+        "subjects": spend_class.subjects,
+        "first_subject": spend_class.status.key.subject,
+        **account_record(spend_class.status, delta),
     }
 
 
@@ -507,10 +517,9 @@ def build_report(
         accounts.append(record)
 
     classes = [
-        {"id": c.id, "subjects": c.subjects, "first_subject": c.status.key.subject,
-         **account_record(c.status, delta)}
+        class_record(c, delta)
         for c in every_class(ledger, AccountFilter(tenant=tenant, window=window))
-    ]  # fmt: skip
+    ]
 
     entries = ledger.history()
     mechanisms = mechanisms_by_reservation(entries)

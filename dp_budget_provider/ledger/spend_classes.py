@@ -18,13 +18,14 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, and_, func, select
 
-from dp_budget_provider.ledger.keys import canonical_part, whole_number
+from dp_budget_provider.ledger.keys import canonical_part
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.queries import (
     AccountFilter,
     Page,
     PolicyCache,
     filtered,
+    holds,
     page_bounds,
 )
 from dp_budget_provider.ledger.records import AccountStatus
@@ -87,8 +88,8 @@ def _classes(ledger: PrivacyBudgetLedger, filters: AccountFilter) -> list[SpendC
         )
         for row, standing in zip(rows, Standings(ledger).of_rows(rows), strict=True)
     ]
-    if filters.state is not None:
-        classes = [c for c in classes if c.status.state.lower() == filters.state.lower()]
+    if filters.state is not None:  # AccountFilter spells it as AccountStatus.state does
+        classes = [c for c in classes if c.status.state == filters.state]
     return classes
 
 
@@ -158,7 +159,7 @@ def class_members(
             select(Account)
             .where(_same(shared))
             .order_by(Account.subject)
-            .offset(whole_number("offset", offset))
+            .offset(offset)
             .limit(limit)
         )
         rows = list(connection.execute(members))
@@ -172,9 +173,4 @@ def class_members(
 
 def _same(shared: Any) -> ColumnElement[bool]:
     """Accounts holding exactly what ``shared`` (a grouped row) holds."""
-
-    def same(column: Any) -> ColumnElement[bool]:
-        value = getattr(shared, column.key)
-        return column.is_(None) if value is None else column == value
-
-    return and_(*map(same, SHARED))
+    return and_(*(holds(column, getattr(shared, column.key)) for column in SHARED))
