@@ -7,8 +7,19 @@ Design notes:
 * ``open_reservations`` counts the reservations in flight and ``pending_*`` sums their
   cost (:class:`~dp_budget_provider.ledger.spend.Pending`), both kept under the account's
   row lock, so the prospective check reads everything it needs from the one locked row.
-* Reservations list their keys in ``dp_reservation_keys`` by value, not by account id:
-  accounts are dropped when their window is reset, the audit trail is not.
+* An account holds the spend of a *class* of subjects: the subjects of one (tenant,
+  query type, window) that every release so far covered all together or not at all,
+  so they have had the same releases and hold the same spend. ``dp_members`` names each
+  subject's account; ``size`` counts them. A release is charged to accounts, never to
+  subjects one by one: a release over a cohort seen before touches one row per class.
+  An account's ``subject`` is its label: ``Class-...`` for a class (never a canonical
+  subject: those are case-folded), or the subject itself for an account made before
+  classes existed (revision 0008), a class of one.
+* A release's subjects are stored once, as a content-addressed *cohort*
+  (``dp_cohorts``, ``dp_cohort_members``: the same set of ids is the same cohort), and
+  ``dp_cohort_accounts`` lists the accounts that partition a cohort in a window.
+* Reservations list their keys (accounts) in ``dp_reservation_keys`` by value, not by
+  account id: accounts are dropped when their window is reset, the audit trail is not.
 * ``dp_history`` is append-only and chained by keyed links (``history``), in
   ``dp_ledger_config.chains`` chains: an entry is linked on its key's chain, so writers
   on different keys rarely share a chain head. ``dp_chain_head`` holds each chain's last
@@ -99,6 +110,59 @@ class Account(Base):
     # Set when the key was re-scoped: its spend moved to this query type, and the key
     # is sealed (it can never be charged again, so it never restarts from zero).
     rescoped_to: Mapped[str | None] = mapped_column(String(KEY_LENGTH), nullable=True)
+    # How many subjects the account's class holds (revision 0008; 1 for older accounts).
+    size: Mapped[int] = mapped_column(BIG, default=1, server_default="1")
+
+
+class Member(Base):
+    """The account (class) one subject of one (tenant, query type, window) belongs to."""
+
+    __tablename__ = "dp_members"
+    __table_args__ = (Index("ix_dp_members_account", "tenant", "query_type", "window", "account"),)
+
+    tenant: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+    query_type: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+    window: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+    subject: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+    # The subject part of the account's key (its label).
+    account: Mapped[str] = mapped_column(String(KEY_LENGTH))
+
+
+class Cohort(Base):
+    """A set of subjects of one tenant, named by the sha256 of its sorted canonical ids."""
+
+    __tablename__ = "dp_cohorts"
+    __table_args__ = (UniqueConstraint("tenant", "digest", name="uq_dp_cohorts_digest"),)
+
+    id: Mapped[int] = mapped_column(BIG, primary_key=True, autoincrement=True)
+    tenant: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    digest: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int] = mapped_column(BIG)
+    created_at: Mapped[str] = mapped_column(String(40))
+
+
+class CohortMember(Base):
+    """One subject of a cohort."""
+
+    __tablename__ = "dp_cohort_members"
+
+    cohort_id: Mapped[int] = mapped_column(BIG, primary_key=True)
+    subject: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+
+
+class CohortAccount(Base):
+    """One account of the partition of a cohort in one (query type, window).
+
+    Written when a release first covers the cohort there (which splits the classes it
+    covers in part); a later split of a listed account lists its new part too.
+    """
+
+    __tablename__ = "dp_cohort_accounts"
+
+    cohort_id: Mapped[int] = mapped_column(BIG, primary_key=True)
+    query_type: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+    window: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+    account: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
 
 
 class Reservation(Base):
