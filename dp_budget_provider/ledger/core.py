@@ -34,6 +34,7 @@ from dp_budget_provider.accounting.orders import validate_orders
 from dp_budget_provider.accounting.rounding import ROUND_UP
 from dp_budget_provider.ledger import (
     audit,
+    classes,
     clock,
     database,
     history,
@@ -342,7 +343,7 @@ class LedgerCore:
             rows = pipe.query(
                 statements.PG_UPSERT, {**added, "now": now, **statements.key_parts(keys)}
             )
-            return statements.accounts_by_key(rows, keys, size), rows[0][15]
+            return statements.accounts_by_key(rows, keys, size), rows[0][16]
         rows = []
         for chunk in _chunks(keys):
             rows += pipe.connection.execute(
@@ -372,21 +373,25 @@ class LedgerCore:
         keys: Sequence[LedgerKey],
         moment: datetime,
         reserving: Spend | None = None,
-    ) -> tuple[dict[LedgerKey, statements.LockedAccount], Policies]:
-        """Lock the windows and accounts ``keys`` charge, refusing any that may not be charged.
+    ) -> tuple[dict[LedgerKey, statements.LockedAccount], Policies, classes.Charge]:
+        """Lock the windows ``keys`` (subject keys) charge and the accounts of their
+        classes, refusing any that may not be charged.
 
         The one gate of every write that adds spend (reserve, rescope, correct): a sealed
-        window, a re-scoped key, a label that is not its scope calendar's own, or a window
-        that has not begun is refused, and the transaction rolls back with nothing written.
-        Returns the locked accounts and the policies in force.
+        window, a re-scoped account, a label that is not its scope calendar's own, or a
+        window that has not begun is refused, and the transaction rolls back with nothing
+        written. The windows' classes are refined for the subjects first (see
+        :mod:`classes`). Returns the locked accounts, the policies in force and the charge
+        (its account keys in lock order, and its cohorts for the history entry).
         """
         now = clock.stamp(moment)
         self._lock_windows(pipe, keys, now)
-        locked, version = self._lock_accounts(pipe, keys, now, reserving)
+        charge = classes.accounts_for(pipe, keys, now)
+        locked, version = self._lock_accounts(pipe, charge.keys, now, reserving)
         policies = self._policy_store.at(pipe, version)
-        self._check_windows(keys, policy_lookup(policies), moment)
-        self._check_not_rescoped(keys, locked)
-        return locked, policies
+        self._check_windows(charge.keys, policy_lookup(policies), moment)
+        self._check_not_rescoped(charge.keys, locked)
+        return locked, policies, charge
 
     @staticmethod
     def _lock_windows(pipe: pipeline.Pipeline, keys: Sequence[LedgerKey], now: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,6 +14,7 @@ from sqlalchemy import (
 )
 
 from dp_budget_provider.ledger import (
+    classes,
     history,
     statements,
 )
@@ -41,6 +41,7 @@ from dp_budget_provider.ledger.records import (
 from dp_budget_provider.ledger.schema import (
     Account,
     HistoryEntry,
+    Member,
     ReservationKey,
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
@@ -55,23 +56,44 @@ class ReadingRoom(LedgerCore):
 
     def _held(
         self, connection: Connection, keys: Sequence[LedgerKey]
-    ) -> dict[LedgerKey, tuple[Spend, Pending]]:
-        """(committed, pending) spend of each key; nothing for an untouched key."""
-        found: dict[LedgerKey, tuple[Spend, Pending]] = defaultdict(lambda: (Spend(), Pending()))
-        for chunk in _chunks(keys):
+    ) -> dict[LedgerKey, statements.LockedAccount]:
+        """The account each key is charged to (read, not locked): an account key's own, a
+        subject key's through its membership; nothing for a subject never charged."""
+        found: dict[LedgerKey, statements.LockedAccount] = {}
+        size = self._orders.size
+        labelled = [key for key in keys if classes.is_label(key.subject)]
+        subjects = [key for key in keys if not classes.is_label(key.subject)]
+        for chunk in _chunks(labelled):
             rows = connection.execute(
                 select(*statements.ACCOUNT_COLUMNS).where(
                     tuple_(*_KEY_COLUMNS).in_([statements.key_tuple(k) for k in chunk])
                 )
             )
-            for key, held in statements.accounts_by_key(rows, chunk, self._orders.size).items():
-                found[key] = (held.spend, held.pending)
+            found.update(statements.accounts_by_key(rows, chunk, size))
+        member_key = (Member.tenant, Member.subject, Member.query_type, Member.window)
+        for chunk in _chunks(subjects):
+            rows = connection.execute(
+                select(Account.id, *member_key, *statements.ACCOUNT_COLUMNS[5:])
+                .join(Account, statements.member_account())
+                .where(tuple_(*member_key).in_([statements.key_tuple(k) for k in chunk]))
+            )
+            found.update(statements.accounts_by_key(rows, chunk, size))
         return found
 
     def _receipts(self, connection: Connection, keys: list[LedgerKey]) -> list[SpendReceipt]:
+        """Receipts of account or subject keys (a subject's: one subject at its class's
+        spend; an untouched one's: nothing spent)."""
         held = self._held(connection, keys)
+        zero = statements.LockedAccount(0, Spend(), Pending(), 0, 0, None, 1)
+        accounts = [held.get(key, zero) for key in keys]
         return self._receipts_of(
-            keys, [held[key][0] for key in keys], self._policy_store.read(connection)
+            keys,
+            [account.spend for account in accounts],
+            self._policy_store.read(connection),
+            [
+                account.size if classes.is_label(key.subject) else 1
+                for key, account in zip(keys, accounts, strict=True)
+            ],
         )
 
     def epsilon_of(self, key: LedgerKey) -> float:

@@ -21,7 +21,12 @@ OPEN, COMMITTED, RELEASED, REAPED = "open", "committed", "released", "reaped"
 
 @dataclass(frozen=True)
 class SpendReceipt:
-    """One account after a debit: its cumulative eps, headroom and warning state."""
+    """One account after a debit: its cumulative eps, headroom and warning state.
+
+    ``subjects`` is how many subjects the account's class holds: each of them is at
+    ``epsilon``. ``key`` is the account's (a class label as its subject), or the subject
+    key asked about when the receipt answers for one subject.
+    """
 
     key: LedgerKey
     epsilon: float
@@ -30,6 +35,7 @@ class SpendReceipt:
     warned: bool
     cap_epsilon: float
     method: str
+    subjects: int = 1
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from dp_budget_provider.accounting import (
 )
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.ledger import (
+    classes,
     clock,
     history,
     pipeline,
@@ -168,14 +169,15 @@ class ReservationRoom(LedgerCore):
         moment = clock.now()
         now = clock.stamp(moment)
         lease_expires_at = clock.stamp(moment + self._lease)
-        locked, policies = self._lock_chargeable(pipe, keys, moment, reserving=cost)
+        locked, policies, charge = self._lock_chargeable(pipe, keys, moment, reserving=cost)
+        accounts = charge.keys
         # The pending spend read back includes this cost but for its residual curve.
         residual = Spend(0.0, cost.residual, 0.0)
         # Accounts holding equal values share their Spend objects: convert each once.
         bounds: dict[tuple[int, int], EpsilonBound] = {}
         worst = 0.0
         policy_of = policy_lookup(policies)
-        for key in keys:
+        for key in accounts:
             held = locked[key]
             marker = (id(held.spend), id(held.pending))
             bound = bounds.get(marker)
@@ -184,14 +186,14 @@ class ReservationRoom(LedgerCore):
                 bound = bounds[marker] = self._bounds([total])[0]
             cap = policy_of(key).cap_epsilon
             if bound.epsilon > cap:
-                raise BudgetExhausted(key, bound.epsilon, cap)
+                raise BudgetExhausted(classes.example_subject(pipe, key), bound.epsilon, cap)
             worst = max(worst, bound.epsilon)
         if cost.residual is not None:
-            self._add_pending_residual(pipe, keys, locked, cost.residual)
+            self._add_pending_residual(pipe, accounts, locked, cost.residual)
         reservation_id = str(uuid.uuid4())
         token = secrets.token_urlsafe(32)
         token_hash = token_digest(token)
-        digest = history.keys_digest(keys)
+        digest = history.keys_digest(accounts)
         spec = mechanism.to_spec()
         pipe.send(
             statements.INSERT_RESERVATION,
@@ -205,7 +207,7 @@ class ReservationRoom(LedgerCore):
                 "cost_rho": cost.rho,
                 "cost_residual": cost.residual_json(),
                 "cost_gaussian_mu2": cost.gaussian_mu2,
-                "key_count": len(keys),
+                "key_count": len(accounts),
                 "keys_digest": digest,
                 "prospective_epsilon": worst,
                 "actor": self.actor,
@@ -213,30 +215,31 @@ class ReservationRoom(LedgerCore):
                 "lease_expires_at": lease_expires_at,
             },
         )
-        self._insert_reservation_keys(pipe, reservation_id, keys)
+        self._insert_reservation_keys(pipe, reservation_id, accounts)
         pipe.append_history(
             self._key,
-            chain=self._chain(keys[0]),
+            chain=self._chain(accounts[0]),
             at=now,
             action="reserve",
             actor=self.actor,
             reservation_id=reservation_id,
-            key=keys[0] if len(keys) == 1 else None,
+            key=accounts[0] if len(accounts) == 1 else None,
             payload={
                 "attempt_id": attempt_id,
                 "mechanism": spec,
                 "count": count,
                 "cost": cost.as_payload(),
-                "key_count": len(keys),
+                "key_count": len(accounts),
                 "keys_digest": digest,
                 "prospective_epsilon": worst,
                 "token_hash": token_hash,
+                "cohorts": charge.payload(),
             },
         )
         return Reservation(
             id=reservation_id,
             attempt_id=attempt_id,
-            keys=tuple(keys),
+            keys=tuple(accounts),
             mechanism=mechanism,
             count=count,
             state=OPEN,
@@ -339,7 +342,7 @@ class ReservationRoom(LedgerCore):
                 row.attempt_id, cost, row.count, len(keys), row.keys_digest, extra
             ),
         )
-        return self._receipts_of(keys, after, policies)
+        return self._receipts_of(keys, after, policies, [accounts[key].size for key in keys])
 
     @staticmethod
     def _charge_payload(
@@ -365,19 +368,20 @@ class ReservationRoom(LedgerCore):
         keys: Sequence[LedgerKey],
         spends: Sequence[Spend],
         policies: Mapping[tuple[str, str], Policy],
+        sizes: Sequence[int],
     ) -> list[SpendReceipt]:
-        """Receipts of ``keys`` holding ``spends``; each distinct (spend, policy) pair is
-        converted once (a release over 10^5 new subjects leaves them all equal)."""
+        """Receipts of accounts ``keys`` holding ``spends`` for classes of ``sizes``
+        subjects; each distinct (spend, policy) pair is converted once."""
         policy_of = policy_lookup(policies)
         made: dict[tuple[int, int], tuple[Any, ...]] = {}
         receipts = []
-        for key, spend in zip(keys, spends, strict=True):
+        for key, spend, size in zip(keys, spends, sizes, strict=True):
             policy = policy_of(key)
             marker = (id(spend), id(policy))
             fields = made.get(marker)
             if fields is None:
                 fields = made[marker] = self._receipt_fields(self._bounds([spend])[0], policy)
-            receipts.append(SpendReceipt(key, *fields))
+            receipts.append(SpendReceipt(key, *fields, subjects=size))
         return receipts
 
     def _close_reservation(

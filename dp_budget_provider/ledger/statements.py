@@ -19,7 +19,7 @@ from sqlalchemy.dialects import sqlite
 
 from dp_budget_provider.accounting.rounding import ROUND_UP
 from dp_budget_provider.ledger.keys import LedgerKey
-from dp_budget_provider.ledger.schema import Account, ReservationKey
+from dp_budget_provider.ledger.schema import Account, Member, ReservationKey
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.spend import Pending, Spend
 
@@ -33,7 +33,7 @@ def key_tuple(key: LedgerKey) -> tuple[str, str, str, str]:
 class LockedAccount:
     """An account row held under lock for the rest of the transaction."""
 
-    __slots__ = ("id", "spend", "pending", "open_reservations", "releases", "rescoped_to")
+    __slots__ = ("id", "spend", "pending", "open_reservations", "releases", "rescoped_to", "size")
 
     def __init__(
         self,
@@ -43,6 +43,7 @@ class LockedAccount:
         open_reservations: int,
         releases: int,
         rescoped_to: str | None,
+        size: int,
     ) -> None:
         self.id = account_id
         self.spend = spend  # committed
@@ -50,13 +51,14 @@ class LockedAccount:
         self.open_reservations = open_reservations
         self.releases = releases
         self.rescoped_to = rescoped_to  # sealed: its spend moved to this query type
+        self.size = size  # subjects in the account's class
 
 
 # Column order of every account row the write paths read (raw rows are read by position).
 ACCOUNT_ROW = (
     'id, tenant, subject, query_type, "window", rho, residual, gaussian_mu2, '
     "open_reservations, releases, pending_rho, pending_residual, pending_mu2, pending_others, "
-    "rescoped_to"
+    "rescoped_to, size"
 )
 ACCOUNT_COLUMNS = tuple(getattr(Account, name.strip(' "')) for name in ACCOUNT_ROW.split(","))
 
@@ -104,11 +106,12 @@ VALUES (%(id)s, %(attempt_id)s, %(token_hash)s, %(state)s, %(mechanism)s, %(coun
     %(prospective_epsilon)s, %(actor)s, %(created_at)s, %(lease_expires_at)s)
 """
 
-# PostgreSQL: create the window rows a release charges (sorted, so two releases never
-# wait on each other's new rows in opposite orders), then share-lock all of them: a
-# reset seals a window under an exclusive lock, so it waits for every reservation
-# under way and every later one sees the seal. A separate statement, so that its
-# snapshot sees rows a concurrent release created meanwhile.
+# PostgreSQL: create the window rows a charge touches (sorted, so two charges never
+# wait on each other's new rows in opposite orders), then lock all of them, in that
+# order, exclusively: a charge may refine the window's classes (see ``classes``), which
+# must never interleave with another's, and a reset seals a window under the same lock,
+# so it waits for every charge under way and every later one sees the seal. A separate
+# statement, so that its snapshot sees rows a concurrent charge created meanwhile.
 PG_LOCK_WINDOWS = """
 INSERT INTO dp_windows AS w (tenant, query_type, "window", created_at)
 SELECT t, q, x, %(now)s
@@ -121,7 +124,8 @@ FROM dp_windows w
 JOIN unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(query_types)s, E'\n'),
             string_to_array(%(windows)s, E'\n')) AS u(t, q, x)
   ON w.tenant = u.t AND w.query_type = u.q AND w."window" = u.x
-FOR SHARE OF w
+ORDER BY w.tenant COLLATE "C", w.query_type COLLATE "C", w."window" COLLATE "C"
+FOR UPDATE OF w
 """
 
 SQLITE_NEW_WINDOW = (
@@ -187,7 +191,7 @@ def accounts_by_key(
         key = by_parts.get((row[1], row[2], row[3], row[4])) or LedgerKey.from_canonical(
             row[1], row[2], row[3], row[4]
         )
-        locked[key] = LockedAccount(row[0], pair[0], pair[1], row[8], row[9], row[14])
+        locked[key] = LockedAccount(row[0], pair[0], pair[1], row[8], row[9], row[14], row[15])
     return locked
 
 
@@ -227,6 +231,16 @@ def sqlite_upsert() -> Any:
             "updated_at": added.updated_at,
         },
     ).returning(*ACCOUNT_COLUMNS)
+
+
+def member_account() -> Any:
+    """The join of a subject's membership row to its account."""
+    return and_(
+        Account.tenant == Member.tenant,
+        Account.query_type == Member.query_type,
+        Account.window == Member.window,
+        Account.subject == Member.account,
+    )
 
 
 @functools.cache

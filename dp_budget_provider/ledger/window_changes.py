@@ -39,6 +39,9 @@ from dp_budget_provider.ledger.records import (
 )
 from dp_budget_provider.ledger.schema import (
     Account,
+    Cohort,
+    CohortAccount,
+    Member,
 )
 from dp_budget_provider.ledger.schema import Window as WindowRow
 from dp_budget_provider.ledger.windows import is_closed, window_bounds
@@ -125,6 +128,23 @@ class WindowRoom(LedgerCore):
             )
             for chunk in _chunks([row.id for row in rows]):
                 connection.execute(delete(Account).where(Account.id.in_(chunk)))
+            for tenant, query_type in scopes:
+                connection.execute(
+                    delete(Member).where(
+                        Member.tenant == tenant,
+                        Member.query_type == query_type,
+                        Member.window == label,
+                    )
+                )
+                connection.execute(
+                    delete(CohortAccount).where(
+                        CohortAccount.query_type == query_type,
+                        CohortAccount.window == label,
+                        CohortAccount.cohort_id.in_(
+                            select(Cohort.id).where(Cohort.tenant == tenant)
+                        ),
+                    )
+                )
             self._log_keyless(
                 connection,
                 "reset",
@@ -193,28 +213,35 @@ class WindowRoom(LedgerCore):
         now = clock.stamp(moment)
         keys = sorted([old, new])
         with self._pipelined() as pipe:
-            locked, policies = self._lock_chargeable(pipe, keys, moment)
-            if locked[old].open_reservations:
+            locked, policies, charge = self._lock_chargeable(pipe, keys, moment)
+            source, target = charge.account_of(old), charge.account_of(new)
+            if locked[source].open_reservations:
                 raise LedgerError(f"{old} has open reservations; commit or reap them first")
-            carried = locked[old].spend
-            merged = locked[new].spend.plus(carried)
+            carried = locked[source].spend
+            merged = locked[target].spend.plus(carried)
             connection = pipe.core()
-            self._store_spend(connection, locked[new].id, merged, locked[old].releases, now)
+            self._store_spend(connection, locked[target].id, merged, locked[source].releases, now)
             connection.execute(
                 update(Account)
-                .where(Account.id == locked[old].id)
+                .where(Account.id == locked[source].id)
                 .values(rescoped_to=new.query_type, updated_at=now)
             )
             pipe.append_history(
                 self._key,
-                chain=self._chain(new),
+                chain=self._chain(target),
                 at=now,
                 action="rescope",
                 actor=self.actor,
-                key=new,
-                payload={"from": old.as_dict(), "carried": carried.as_payload(), "reason": reason},
+                key=target,
+                payload={
+                    "from": source.as_dict(),
+                    "subject": old.subject,
+                    "carried": carried.as_payload(),
+                    "reason": reason,
+                    "cohorts": charge.payload(),
+                },
             )
-            return self._receipts_of([new], [merged], policies)[0]
+            return self._receipts_of([new], [merged], policies, [1])[0]
 
     def correct(
         self,
@@ -240,23 +267,25 @@ class WindowRoom(LedgerCore):
         moment = clock.now()
         now = clock.stamp(moment)
         with self._pipelined() as pipe:
-            locked, policies = self._lock_chargeable(pipe, keys, moment)
-            held = locked[keys[0]]
+            locked, policies, charge = self._lock_chargeable(pipe, keys, moment)
+            account = charge.account_of(keys[0])
+            held = locked[account]
             after = held.spend.plus(cost)
             connection = pipe.core()
             self._store_spend(connection, held.id, after, count, now)
             pipe.append_history(
                 self._key,
-                chain=self._chain(keys[0]),
+                chain=self._chain(account),
                 at=now,
                 action="correction",
                 actor=self.actor,
-                key=keys[0],
+                key=account,
                 payload={
                     "mechanism": mechanism.to_spec(),
                     "count": count,
                     "cost": cost.as_payload(),
                     "reason": reason,
+                    "cohorts": charge.payload(),
                 },
             )
-            return self._receipts_of(keys, [after], policies)[0]
+            return self._receipts_of(keys, [after], policies, [1])[0]

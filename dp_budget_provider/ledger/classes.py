@@ -1,0 +1,331 @@
+"""Cohorts and spend classes: which accounts a charge over many subjects goes to.
+
+A release charges the same cost to every subject it covers, so subjects that every
+release so far covered all together or not at all hold the same spend: they form a
+*class*, and one account holds its spend. A charge over a set of subjects is made to
+accounts, never to subjects one by one:
+
+* the subjects of each (tenant, query type, window) form a *cohort*, stored once and
+  named by its content (the sha256 of its sorted canonical ids);
+* a cohort charged in that window before is charged through the accounts listed for
+  it there (``dp_cohort_accounts``): the work is one row per class, whatever the size;
+* a cohort new to the window *refines* the window's classes: an account it covers
+  wholly is kept, one it covers in part splits in two (the covered part gets a new
+  account holding a copy of the parent's spend), and subjects the window has never
+  seen form one new account. Every cohort that listed a split account lists both parts,
+  so each listing stays an exact partition of its cohort.
+
+The refinement happens inside the charge's transaction, with the window locked
+exclusively, and is recorded in the charge's history entry (``refined``), so ``verify``
+can replay every account's spend and prove every subject's membership. A split of an
+account with open reservations is refused (:class:`ClassBusy`, nothing written): its
+pending spend belongs to reservations that know only the parent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dp_budget_provider.ledger import pipeline
+from dp_budget_provider.ledger.errors import ClassBusy, LedgerCorrupt
+from dp_budget_provider.ledger.keys import LedgerKey
+from dp_budget_provider.ledger.statements import newline_joined
+
+# An account label: never a canonical subject, which is case-folded (no upper case).
+LABEL_PREFIX = "Class-"
+_CHUNK = 1000
+
+Scope = tuple[str, str, str]  # (tenant, query_type, window)
+
+
+def is_label(subject: str) -> bool:
+    """Whether an account's subject part is a class label (not a subject of its own)."""
+    return subject.startswith(LABEL_PREFIX)
+
+
+def new_label() -> str:
+    """A fresh account label (48 random bits: unique within a window in practice, and a
+    collision is refused by the accounts' unique key, never merged)."""
+    return LABEL_PREFIX + secrets.token_hex(6)
+
+
+def cohort_digest(subjects: Sequence[str]) -> str:
+    """The content address of a cohort: sha256 of its sorted ids, one per line."""
+    return hashlib.sha256(newline_joined(sorted(subjects)).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CohortCharge:
+    """One cohort as one charge covers it in one window: the accounts it is charged to,
+    and how the window's classes were refined for it (None: known there already)."""
+
+    scope: Scope
+    digest: str
+    size: int
+    accounts: tuple[str, ...]
+    refined: dict[str, Any] | None = None
+
+    def as_payload(self) -> dict[str, Any]:
+        tenant, query_type, window = self.scope
+        return {
+            "tenant": tenant,
+            "query_type": query_type,
+            "window": window,
+            "cohort": self.digest,
+            "size": self.size,
+            "accounts": list(self.accounts),
+            "refined": self.refined,
+        }
+
+
+@dataclass
+class Charge:
+    """The accounts a charge over subject keys goes to, in lock order, and its cohorts."""
+
+    keys: list[LedgerKey]
+    cohorts: list[CohortCharge] = field(default_factory=list)
+
+    def payload(self) -> list[dict[str, Any]]:
+        return [cohort.as_payload() for cohort in self.cohorts]
+
+    def account_of(self, key: LedgerKey) -> LedgerKey:
+        """The account of ``key``, a subject charged alone in its window (its class of one)."""
+        scope = (key.tenant, key.query_type, key.window)
+        for cohort in self.cohorts:
+            if cohort.scope == scope and cohort.size == 1:
+                return LedgerKey.from_canonical(
+                    key.tenant, cohort.accounts[0], key.query_type, key.window
+                )
+        raise KeyError(key)
+
+
+def _subjects_param(pipe: pipeline.Pipeline, subjects: Sequence[str]) -> str:
+    """A list of subjects as one parameter the server unpacks (see ``_UNPACK``)."""
+    return newline_joined(subjects) if pipe.postgresql else json.dumps(list(subjects))
+
+
+def _unpack(pipe: pipeline.Pipeline) -> str:
+    """SQL unpacking the ``%(subjects)s`` parameter into rows of one column ``s``."""
+    if pipe.postgresql:
+        return "unnest(string_to_array(%(subjects)s, E'\\n')) AS u(s)"
+    return "(SELECT value AS s FROM json_each(%(subjects)s))"
+
+
+def accounts_for(pipe: pipeline.Pipeline, keys: Sequence[LedgerKey], now: str) -> Charge:
+    """The accounts ``keys`` (subject keys, distinct, in key order) are charged to.
+
+    Registers each scope's cohort if it is new and refines the scope's classes if the
+    cohort is new to it. The windows must already be locked exclusively (every scope's
+    partition changes only under its window's lock). Returns account keys in key order.
+    """
+    by_scope: dict[Scope, list[str]] = {}
+    for key in keys:
+        by_scope.setdefault((key.tenant, key.query_type, key.window), []).append(key.subject)
+    charge = Charge(keys=[])
+    for scope in sorted(by_scope):
+        subjects = sorted(by_scope[scope])
+        cohort_id, digest = _register(pipe, scope[0], subjects, now)
+        cohort = _listed(pipe, scope, cohort_id, digest, len(subjects))
+        if cohort is None:
+            cohort = _refine(pipe, scope, cohort_id, digest, len(subjects), now)
+        charge.cohorts.append(cohort)
+        tenant, query_type, window = scope
+        charge.keys += [
+            LedgerKey.from_canonical(tenant, label, query_type, window) for label in cohort.accounts
+        ]
+    charge.keys.sort(key=lambda k: (k.tenant, k.subject, k.query_type, k.window))
+    return charge
+
+
+def _register(
+    pipe: pipeline.Pipeline, tenant: str, subjects: Sequence[str], now: str
+) -> tuple[int, str]:
+    """The id of the cohort of ``subjects`` (sorted), stored with its members if new."""
+    digest = cohort_digest(subjects)
+    named = {"tenant": tenant, "digest": digest}
+    found = pipe.query(
+        "SELECT id, size FROM dp_cohorts WHERE tenant = %(tenant)s AND digest = %(digest)s", named
+    )
+    if not found:
+        conflict = "ON CONFLICT (tenant, digest) DO NOTHING " if pipe.postgresql else ""
+        made = pipe.query(
+            "INSERT INTO dp_cohorts (tenant, digest, size, created_at) "
+            f"VALUES (%(tenant)s, %(digest)s, %(size)s, %(now)s) {conflict}RETURNING id",
+            {**named, "size": len(subjects), "now": now},
+        )
+        if made:
+            cohort_id = made[0][0]
+            for start in range(0, len(subjects), 10**6):
+                pipe.query(
+                    "INSERT INTO dp_cohort_members (cohort_id, subject) "
+                    f"SELECT %(cohort)s, s FROM {_unpack(pipe)}",
+                    {
+                        "cohort": cohort_id,
+                        "subjects": _subjects_param(pipe, subjects[start : start + 10**6]),
+                    },
+                )
+            return cohort_id, digest
+        # A concurrent charge stored it first (and committed: ON CONFLICT waited for it).
+        found = pipe.query(
+            "SELECT id, size FROM dp_cohorts WHERE tenant = %(tenant)s AND digest = %(digest)s",
+            named,
+        )
+    cohort_id, size = found[0]
+    if size != len(subjects):
+        raise LedgerCorrupt(
+            f"cohort {digest[:12]} of tenant {tenant!r} is stored with {size} subjects but its "
+            f"digest names {len(subjects)}: dp_cohorts was edited"
+        )
+    return cohort_id, digest
+
+
+def _listed(
+    pipe: pipeline.Pipeline, scope: Scope, cohort_id: int, digest: str, size: int
+) -> CohortCharge | None:
+    """The accounts listed for a cohort in a window, None if it was never charged there."""
+    _, query_type, window = scope
+    rows = pipe.query(
+        "SELECT account FROM dp_cohort_accounts WHERE cohort_id = %(cohort)s "
+        'AND query_type = %(q)s AND "window" = %(w)s',
+        {"cohort": cohort_id, "q": query_type, "w": window},
+    )
+    if not rows:
+        return None
+    return CohortCharge(scope, digest, size, tuple(sorted(row[0] for row in rows)))
+
+
+def _refine(
+    pipe: pipeline.Pipeline, scope: Scope, cohort_id: int, digest: str, size: int, now: str
+) -> CohortCharge:
+    """Split the window's classes along a cohort new to it (see the module docstring)."""
+    tenant, query_type, window = scope
+    where = {"tenant": tenant, "q": query_type, "w": window, "cohort": cohort_id, "now": now}
+    in_scope = 'tenant = %(tenant)s AND query_type = %(q)s AND "window" = %(w)s'
+    covered = dict(
+        pipe.query(
+            "SELECT m.account, count(*) FROM dp_cohort_members c JOIN dp_members m ON "
+            'm.tenant = %(tenant)s AND m.query_type = %(q)s AND m."window" = %(w)s '
+            "AND m.subject = c.subject WHERE c.cohort_id = %(cohort)s GROUP BY m.account",
+            where,
+        )
+    )
+    kept: list[str] = []
+    splits: list[list[Any]] = []
+    lock = " FOR UPDATE" if pipe.postgresql else ""
+    labels = sorted(covered)
+    for start in range(0, len(labels), _CHUNK):
+        chunk = labels[start : start + _CHUNK]
+        rows = pipe.query(
+            f"SELECT subject, size, open_reservations FROM dp_accounts WHERE {in_scope} "
+            f"AND subject IN (SELECT s FROM {_unpack(pipe)}) ORDER BY subject{lock}",
+            {**where, "subjects": _subjects_param(pipe, chunk)},
+        )
+        if len(rows) != len(chunk):
+            raise LedgerCorrupt(
+                f"{len(chunk) - len(rows)} account(s) named by dp_members of window {window!r} "
+                f"(tenant {tenant!r}, query type {query_type!r}) do not exist"
+            )
+        for label, held, open_reservations in rows:
+            moved = covered[label]
+            if moved == held:
+                kept.append(label)
+                continue
+            if moved > held:
+                raise LedgerCorrupt(f"account {label!r} holds {held} subjects but {moved} name it")
+            if open_reservations:
+                raise ClassBusy(
+                    f"{moved} of the {held} subjects of account {label!r} (window {window!r}, "
+                    f"tenant {tenant!r}, query type {query_type!r}) are in this release and the "
+                    f"others are not, so the account must split, but it has {open_reservations} "
+                    "open reservation(s); retry once they are committed or released"
+                )
+            child = new_label()
+            splits.append([label, child, moved])
+            _split(pipe, where, in_scope, label, child, moved)
+    new: list[Any] | None = None
+    fresh = size - sum(covered.values())
+    if fresh:
+        label = new_label()
+        new = [label, fresh]
+        pipe.query(
+            'INSERT INTO dp_accounts (tenant, subject, query_type, "window", rho, residual, '
+            "gaussian_mu2, releases, open_reservations, pending_rho, pending_residual, "
+            "pending_mu2, pending_others, updated_at, size) VALUES (%(tenant)s, %(label)s, "
+            "%(q)s, %(w)s, 0, NULL, 0, 0, 0, 0, NULL, 0, 0, %(now)s, %(size)s)",
+            {**where, "label": label, "size": fresh},
+        )
+        pipe.query(
+            'INSERT INTO dp_members (tenant, query_type, "window", subject, account) '
+            "SELECT %(tenant)s, %(q)s, %(w)s, c.subject, %(label)s FROM dp_cohort_members c "
+            "WHERE c.cohort_id = %(cohort)s AND NOT EXISTS (SELECT 1 FROM dp_members m "
+            'WHERE m.tenant = %(tenant)s AND m.query_type = %(q)s AND m."window" = %(w)s '
+            "AND m.subject = c.subject)",
+            {**where, "label": label},
+        )
+    accounts = sorted(kept + [child for _, child, _ in splits] + ([new[0]] if new else []))
+    for label in accounts:
+        pipe.query(
+            'INSERT INTO dp_cohort_accounts (cohort_id, query_type, "window", account) '
+            "VALUES (%(cohort)s, %(q)s, %(w)s, %(label)s)",
+            {**where, "label": label},
+        )
+    refined = {"kept": sorted(kept), "split": splits, "new": new}
+    return CohortCharge(scope, digest, size, tuple(accounts), refined)
+
+
+def _split(
+    pipe: pipeline.Pipeline,
+    where: dict[str, Any],
+    in_scope: str,
+    parent: str,
+    child: str,
+    moved: int,
+) -> None:
+    """Move a cohort's members of ``parent`` to a new account ``child`` holding a copy of
+    the parent's committed spend, and list the child wherever the parent is listed."""
+    named = {**where, "parent": parent, "child": child, "moved": moved}
+    pipe.query(
+        'INSERT INTO dp_accounts (tenant, subject, query_type, "window", rho, residual, '
+        "gaussian_mu2, releases, open_reservations, pending_rho, pending_residual, pending_mu2, "
+        "pending_others, updated_at, rescoped_to, size) SELECT tenant, %(child)s, query_type, "
+        '"window", rho, residual, gaussian_mu2, releases, 0, 0, NULL, 0, 0, %(now)s, '
+        f"rescoped_to, %(moved)s FROM dp_accounts WHERE {in_scope} AND subject = %(parent)s",
+        named,
+    )
+    pipe.query(
+        f"UPDATE dp_accounts SET size = size - %(moved)s WHERE {in_scope} AND subject = %(parent)s",
+        named,
+    )
+    pipe.query(
+        f"UPDATE dp_members SET account = %(child)s WHERE {in_scope} AND account = %(parent)s "
+        "AND subject IN (SELECT subject FROM dp_cohort_members WHERE cohort_id = %(cohort)s)",
+        named,
+    )
+    pipe.query(
+        'INSERT INTO dp_cohort_accounts (cohort_id, query_type, "window", account) '
+        'SELECT l.cohort_id, l.query_type, l."window", %(child)s FROM dp_cohort_accounts l '
+        'JOIN dp_cohorts c ON c.id = l.cohort_id WHERE l.query_type = %(q)s AND l."window" = %(w)s '
+        "AND l.account = %(parent)s AND c.tenant = %(tenant)s",
+        named,
+    )
+
+
+def example_subject(pipe: pipeline.Pipeline, key: LedgerKey) -> LedgerKey:
+    """The least subject of account ``key`` as a subject key (for messages): the account
+    itself when it is a class of one made before classes existed."""
+    if not is_label(key.subject):
+        return key
+    rows = pipe.query(
+        "SELECT min(subject) FROM dp_members WHERE tenant = %(t)s AND query_type = %(q)s "
+        'AND "window" = %(w)s AND account = %(a)s',
+        {"t": key.tenant, "q": key.query_type, "w": key.window, "a": key.subject},
+    )
+    subject = rows[0][0] if rows else None
+    if subject is None:
+        return key
+    return LedgerKey.from_canonical(key.tenant, subject, key.query_type, key.window)
