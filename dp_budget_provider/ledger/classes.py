@@ -17,9 +17,10 @@ accounts, never to subjects one by one:
 
 The refinement happens inside the charge's transaction, with the window locked
 exclusively, and is recorded in the charge's history entry (``refined``), so ``verify``
-can replay every account's spend and prove every subject's membership. A split of an
-account with open reservations is refused (:class:`ClassBusy`, nothing written): its
-pending spend belongs to reservations that know only the parent.
+can replay every account's spend and prove every subject's membership. A split account's
+open reservations are carried to its new part: the part copies the pending spend, and
+each of those reservations holds it as one more key, so its commit (or reap) charges
+both parts and its release frees both.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dp_budget_provider.ledger import pipeline
-from dp_budget_provider.ledger.errors import ClassBusy, LedgerCorrupt
+from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.statements import newline_joined
 
@@ -237,15 +238,9 @@ def _refine(
                 continue
             if moved > held:
                 raise LedgerCorrupt(f"account {label!r} holds {held} subjects but {moved} name it")
-            if open_reservations:
-                raise ClassBusy(
-                    f"{moved} of the {held} subjects of account {label!r} (window {window!r}, "
-                    f"tenant {tenant!r}, query type {query_type!r}) are in this release and the "
-                    f"others are not, so the account must split, but it has {open_reservations} "
-                    "open reservation(s); retry once they are committed or released"
-                )
             child = new_label()
-            splits.append([label, child, moved])
+            carried = _carry(pipe, scope, label, child) if open_reservations else []
+            splits.append([label, child, moved, carried])
             _split(pipe, where, in_scope, label, child, moved)
     new: list[Any] | None = None
     fresh = size - sum(covered.values())
@@ -267,7 +262,7 @@ def _refine(
             "AND m.subject = c.subject)",
             {**where, "label": label},
         )
-    accounts = sorted(kept + [child for _, child, _ in splits] + ([new[0]] if new else []))
+    accounts = sorted(kept + [split[1] for split in splits] + ([new[0]] if new else []))
     for label in accounts:
         pipe.query(
             'INSERT INTO dp_cohort_accounts (cohort_id, query_type, "window", account) '
@@ -287,14 +282,16 @@ def _split(
     moved: int,
 ) -> None:
     """Move a cohort's members of ``parent`` to a new account ``child`` holding a copy of
-    the parent's committed spend, and list the child wherever the parent is listed."""
+    the parent's committed and pending spend, and list the child wherever the parent is
+    listed."""
     named = {**where, "parent": parent, "child": child, "moved": moved}
     pipe.query(
         'INSERT INTO dp_accounts (tenant, subject, query_type, "window", rho, residual, '
         "gaussian_mu2, releases, open_reservations, pending_rho, pending_residual, pending_mu2, "
         "pending_others, updated_at, rescoped_to, size) SELECT tenant, %(child)s, query_type, "
-        '"window", rho, residual, gaussian_mu2, releases, 0, 0, NULL, 0, 0, %(now)s, '
-        f"rescoped_to, %(moved)s FROM dp_accounts WHERE {in_scope} AND subject = %(parent)s",
+        '"window", rho, residual, gaussian_mu2, releases, open_reservations, pending_rho, '
+        "pending_residual, pending_mu2, pending_others, %(now)s, rescoped_to, %(moved)s "
+        f"FROM dp_accounts WHERE {in_scope} AND subject = %(parent)s",
         named,
     )
     pipe.query(
@@ -313,6 +310,27 @@ def _split(
         "AND l.account = %(parent)s AND c.tenant = %(tenant)s",
         named,
     )
+
+
+def _carry(pipe: pipeline.Pipeline, scope: Scope, parent: str, child: str) -> list[str]:
+    """Give every open reservation holding ``parent`` the key ``child`` too; their ids."""
+    tenant, query_type, window = scope
+    named = {"t": tenant, "q": query_type, "w": window, "parent": parent, "child": child}
+    held_by = (
+        "FROM dp_reservation_keys k JOIN dp_reservations r ON r.id = k.reservation_id "
+        "WHERE r.state = 'open' AND k.tenant = %(t)s AND k.subject = %(parent)s "
+        'AND k.query_type = %(q)s AND k."window" = %(w)s'
+    )
+    carried = sorted(row[0] for row in pipe.query(f"SELECT k.reservation_id {held_by}", named))
+    pipe.query(
+        "INSERT INTO dp_reservation_keys "
+        '(reservation_id, position, tenant, subject, query_type, "window") '
+        "SELECT k.reservation_id, (SELECT max(n.position) + 1 FROM dp_reservation_keys n "
+        "WHERE n.reservation_id = k.reservation_id), %(t)s, %(child)s, %(q)s, %(w)s "
+        f"{held_by}",
+        named,
+    )
+    return carried
 
 
 def example_subject(pipe: pipeline.Pipeline, key: LedgerKey) -> LedgerKey:

@@ -18,6 +18,7 @@ import numpy as np
 from sqlalchemy import (
     Connection,
     Engine,
+    func,
     select,
     tuple_,
     update,
@@ -67,6 +68,7 @@ from dp_budget_provider.ledger.policy_store import (
 from dp_budget_provider.ledger.schema import (
     Account,
     LedgerConfig,
+    ReservationKey,
 )
 from dp_budget_provider.ledger.schema import Window as WindowRow
 from dp_budget_provider.ledger.spend import Spend
@@ -489,19 +491,25 @@ class LedgerCore:
                 raise _rescoped(state.example, state.rescoped_to)
 
     def _lock_reservation(
-        self, connection: Connection, reservation_id: str, key_count: int
+        self, connection: Connection, reservation_id: str
     ) -> tuple[list[LedgerKey], dict[LedgerKey, statements.LockedAccount]]:
         """Lock every account a reservation holds, in key order, joined on the server side.
 
-        One indexed join instead of key lists: a release over 10^5 subjects locks its
-        accounts with one statement.
+        Its keys are those it reserved and the new parts of any of them that split while
+        it was open (see :mod:`classes`). One indexed join instead of key lists.
         """
         rows = connection.execute(
-            statements.lock_reservation_accounts(), {"rid": reservation_id}
+            statements.lock_reservation_accounts(connection.dialect.name == "postgresql"),
+            {"rid": reservation_id},
         ).all()
-        if len(rows) != key_count:
+        held = connection.execute(
+            select(func.count())
+            .select_from(ReservationKey)
+            .where(ReservationKey.reservation_id == reservation_id)
+        ).scalar_one()
+        if len(rows) != held:
             raise LedgerCorrupt(
-                f"reservation {reservation_id} holds {key_count} keys but only {len(rows)} "
+                f"reservation {reservation_id} holds {held} keys but only {len(rows)} "
                 "accounts exist"
             )
         keys = [_key_of(row) for row in rows]

@@ -20,11 +20,6 @@ class BudgetExhausted(LedgerError):
         )
 
 
-class ClassBusy(LedgerError):
-    """A release would split a class of subjects that has open reservations; nothing was
-    written. Retry once they are committed or released (a task retry does)."""
-
-
 class LedgerConfigMismatch(LedgerError):
     """The ledger was opened with a delta, order grid, conversion or cap it was not created with."""
 

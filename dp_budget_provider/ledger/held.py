@@ -18,10 +18,10 @@ from dataclasses import dataclass, replace
 from sqlalchemy import Connection, Select, any_, bindparam, func, literal, literal_column, select
 
 from dp_budget_provider.ledger.keys import LedgerKey
-from dp_budget_provider.ledger.schema import Account
+from dp_budget_provider.ledger.schema import Account, Member
 from dp_budget_provider.ledger.spend import Pending, Spend
 from dp_budget_provider.ledger.standing import SPEND_COLUMNS
-from dp_budget_provider.ledger.statements import newline_joined
+from dp_budget_provider.ledger.statements import member_account, newline_joined
 
 # Subjects per statement: bounds the parameter (and the server's unpacked list) in memory.
 # One statement scans the window's accounts once (~1.2 s for 10^6 on PostgreSQL); ten
@@ -30,7 +30,8 @@ CHUNK = 1_000_000
 
 
 def _grouped(dialect: str) -> Select:
-    """Distinct stored spends of one window's listed subjects, with how many hold each.
+    """Distinct stored spends of one window's listed subjects (through the accounts of
+    their classes), with how many subjects hold each.
 
     The subjects are one parameter that the server unpacks: PostgreSQL splits a
     newline-separated text (canonical key parts hold no control character), SQLite reads
@@ -38,20 +39,22 @@ def _grouped(dialect: str) -> Select:
     """
     subjects = bindparam("subjects")
     if dialect == "postgresql":
-        members = Account.subject == any_(func.string_to_array(subjects, literal("\n")))
+        members = Member.subject == any_(func.string_to_array(subjects, literal("\n")))
     elif dialect == "sqlite":
         listed = select(literal_column("value")).select_from(func.json_each(subjects))
-        members = Account.subject.in_(listed.scalar_subquery())
+        members = Member.subject.in_(listed.scalar_subquery())
     else:
         raise ValueError(f"no grouped read for the {dialect} dialect")
     # Re-scoped accounts form their own groups: no release may charge them.
     grouping = (*SPEND_COLUMNS, Account.rescoped_to)
     return (
-        select(*grouping, func.count().label("holders"), func.min(Account.subject).label("first"))
+        select(*grouping, func.count().label("holders"), func.min(Member.subject).label("first"))
+        .select_from(Member)
+        .join(Account, member_account())
         .where(
-            Account.tenant == bindparam("tenant"),
-            Account.query_type == bindparam("query_type"),
-            Account.window == bindparam("window"),
+            Member.tenant == bindparam("tenant"),
+            Member.query_type == bindparam("query_type"),
+            Member.window == bindparam("window"),
             members,
         )
         .group_by(*grouping)

@@ -322,7 +322,7 @@ class ReservationRoom(LedgerCore):
         )
         # Read before the locks: they are held as briefly as possible.
         policies = self._policy_store.read(connection)
-        keys, accounts = self._lock_reservation(connection, row.id, row.key_count)
+        keys, accounts = self._lock_reservation(connection, row.id)
         after = self._close_reservation(connection, keys, accounts, cost, now, charge=row.count)
         connection.execute(
             update(ReservationRow)
@@ -339,7 +339,7 @@ class ReservationRoom(LedgerCore):
             reservation_id=row.id,
             key=keys[0] if len(keys) == 1 else None,
             payload=self._charge_payload(
-                row.attempt_id, cost, row.count, len(keys), row.keys_digest, extra
+                row.attempt_id, cost, row.count, len(keys), history.keys_digest(keys), extra
             ),
         )
         return self._receipts_of(keys, after, policies, [accounts[key].size for key in keys])
@@ -526,7 +526,7 @@ class ReservationRoom(LedgerCore):
                 raise ReservationStateError(
                     f"reservation {row.id} was {row.state}; it cannot be released"
                 )
-            keys, locked = self._lock_reservation(connection, row.id, row.key_count)
+            keys, locked = self._lock_reservation(connection, row.id)
             now = clock.stamp(clock.now())
             cost = Spend.from_columns(
                 row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, self._orders.size

@@ -244,8 +244,9 @@ def member_account() -> Any:
 
 
 @functools.cache
-def lock_reservation_accounts() -> Any:
-    """Every account of reservation ``:rid``, locked in key order (one indexed join)."""
+def lock_reservation_accounts(postgresql: bool) -> Any:
+    """Every account of reservation ``:rid``, locked in key order (one indexed join): the
+    order of every other writer (PostgreSQL compares bytes, see ``core._lock_order``)."""
     joined = and_(
         ReservationKey.tenant == Account.tenant,
         ReservationKey.subject == Account.subject,
@@ -256,7 +257,7 @@ def lock_reservation_accounts() -> Any:
         select(*ACCOUNT_COLUMNS)
         .join(ReservationKey, joined)
         .where(ReservationKey.reservation_id == bindparam("rid"))
-        .order_by(ReservationKey.position)
+        .order_by(*(column.collate("C") if postgresql else column for column in KEY_COLUMNS))
         .with_for_update(of=Account)
     )
 
