@@ -66,6 +66,7 @@ class CohortCharge:
     and how the window's classes were refined for it (None: known there already)."""
 
     scope: Scope
+    cohort_id: int
     digest: str
     size: int
     accounts: tuple[str, ...]
@@ -93,6 +94,16 @@ class Charge:
 
     def payload(self) -> list[dict[str, Any]]:
         return [cohort.as_payload() for cohort in self.cohorts]
+
+    def link(self, pipe: pipeline.Pipeline, seq: int) -> None:
+        """Record that history entry ``seq`` (this charge's) covered its cohorts."""
+        for cohort in self.cohorts:
+            _, query_type, window = cohort.scope
+            pipe.send(
+                'INSERT INTO dp_charge_cohorts (seq, cohort_id, query_type, "window") '
+                "VALUES (%(seq)s, %(cohort)s, %(q)s, %(w)s)",
+                {"seq": seq, "cohort": cohort.cohort_id, "q": query_type, "w": window},
+            )
 
     def account_of(self, key: LedgerKey) -> LedgerKey:
         """The account of ``key``, a subject charged alone in its window (its class of one)."""
@@ -197,7 +208,7 @@ def _listed(
     )
     if not rows:
         return None
-    return CohortCharge(scope, digest, size, tuple(sorted(row[0] for row in rows)))
+    return CohortCharge(scope, cohort_id, digest, size, tuple(sorted(row[0] for row in rows)))
 
 
 def _refine(
@@ -270,7 +281,7 @@ def _refine(
             {**where, "label": label},
         )
     refined = {"kept": sorted(kept), "split": splits, "new": new}
-    return CohortCharge(scope, digest, size, tuple(accounts), refined)
+    return CohortCharge(scope, cohort_id, digest, size, tuple(accounts), refined)
 
 
 def _split(

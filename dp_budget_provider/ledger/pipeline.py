@@ -90,21 +90,21 @@ class Pipeline:
             return
         self._queued.append(self._pg_cursor().mogrify(sql, params))
 
-    def append_history(self, chain_key: history.ChainKey, /, **entry: Any) -> None:
+    def append_history(self, chain_key: history.ChainKey, /, **entry: Any) -> int:
         """Append a history entry last in the transaction (see :mod:`history`).
 
         On PostgreSQL the chain head is locked (one round trip that also numbers the
         entry), the link is made here with ``key``, and the entry and the head's move go
-        with the commit.
+        with the commit. Returns the entry's number.
         """
         if not self.postgresql:
-            history.append(self.connection, chain_key, **entry)
-            return
+            return history.append(self.connection, chain_key, **entry)
         row = history.entry_columns(**entry)
         heads = self.query(history.PG_LOCK_HEAD, {"chain": row["chain"]})
         values = history.linked(row, heads[0] if heads else None, chain_key)
         self.send(history.INSERT_ENTRY, values)
         self.send(history.MOVE_HEAD, values)
+        return int(values["seq"])
 
     def _commit(self) -> None:
         if not self.postgresql or not (self._begun or self._queued):

@@ -40,6 +40,9 @@ from dp_budget_provider.ledger.records import (
 )
 from dp_budget_provider.ledger.schema import (
     Account,
+    ChargeCohort,
+    Cohort,
+    CohortMember,
     HistoryEntry,
     Member,
     ReservationKey,
@@ -167,23 +170,7 @@ class ReadingRoom(LedgerCore):
         if settled is not None:
             query = query.where(HistoryEntry.seq <= settled)
         if key is not None:
-            touching = select(ReservationKey.reservation_id).where(
-                ReservationKey.tenant == key.tenant,
-                ReservationKey.subject == key.subject,
-                ReservationKey.query_type == key.query_type,
-                ReservationKey.window == key.window,
-            )
-            query = query.where(
-                or_(
-                    and_(
-                        HistoryEntry.tenant == key.tenant,
-                        HistoryEntry.subject == key.subject,
-                        HistoryEntry.query_type == key.query_type,
-                        HistoryEntry.window == key.window,
-                    ),
-                    HistoryEntry.reservation_id.in_(touching),
-                )
-            )
+            query = query.where(_concerning(key))
         if limit is not None:
             query = query.limit(limit)
         with self.reading() as connection:
@@ -204,3 +191,42 @@ class ReadingRoom(LedgerCore):
                 self._reservation_from_row(row, tuple(self._reservation_keys(connection, row.id)))
                 for row in rows
             ]
+
+
+def _concerning(key: LedgerKey) -> Any:
+    """The history entries about ``key``: an account's, or a subject's through every
+    account it was ever in (the charges of the cohorts that hold it, and their closes)."""
+    about = and_(
+        HistoryEntry.tenant == key.tenant,
+        HistoryEntry.subject == key.subject,
+        HistoryEntry.query_type == key.query_type,
+        HistoryEntry.window == key.window,
+    )
+    by_value = select(ReservationKey.reservation_id).where(
+        ReservationKey.tenant == key.tenant,
+        ReservationKey.subject == key.subject,
+        ReservationKey.query_type == key.query_type,
+        ReservationKey.window == key.window,
+    )
+    if classes.is_label(key.subject):
+        return or_(about, HistoryEntry.reservation_id.in_(by_value))
+    charges = (
+        select(ChargeCohort.seq)
+        .join(CohortMember, CohortMember.cohort_id == ChargeCohort.cohort_id)
+        .join(Cohort, Cohort.id == ChargeCohort.cohort_id)
+        .where(
+            CohortMember.subject == key.subject,
+            Cohort.tenant == key.tenant,
+            ChargeCohort.query_type == key.query_type,
+            ChargeCohort.window == key.window,
+        )
+    )
+    reserved = select(HistoryEntry.reservation_id).where(
+        HistoryEntry.seq.in_(charges), HistoryEntry.reservation_id.is_not(None)
+    )
+    return or_(
+        about,
+        HistoryEntry.reservation_id.in_(by_value),  # before classes: keys by subject
+        HistoryEntry.seq.in_(charges),
+        HistoryEntry.reservation_id.in_(reserved),
+    )

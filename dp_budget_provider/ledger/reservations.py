@@ -216,7 +216,7 @@ class ReservationRoom(LedgerCore):
             },
         )
         self._insert_reservation_keys(pipe, reservation_id, accounts)
-        pipe.append_history(
+        seq = pipe.append_history(
             self._key,
             chain=self._chain(accounts[0]),
             at=now,
@@ -236,6 +236,7 @@ class ReservationRoom(LedgerCore):
                 "cohorts": charge.payload(),
             },
         )
+        charge.link(pipe, seq)
         return Reservation(
             id=reservation_id,
             attempt_id=attempt_id,

@@ -142,12 +142,30 @@ class Cohort(Base):
 
 
 class CohortMember(Base):
-    """One subject of a cohort."""
+    """One subject of a cohort (found by subject too: a subject's history goes through
+    the cohorts that hold it)."""
 
     __tablename__ = "dp_cohort_members"
+    __table_args__ = (Index("ix_dp_cohort_members_subject", "subject"),)
 
     cohort_id: Mapped[int] = mapped_column(BIG, primary_key=True)
     subject: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+
+
+class ChargeCohort(Base):
+    """One cohort a charge entry (reserve, correction, rescope) covered in one window.
+
+    How a subject's history is found after its classes split or its window was reset:
+    through the cohorts that hold it, never through the accounts it passed through.
+    """
+
+    __tablename__ = "dp_charge_cohorts"
+    __table_args__ = (Index("ix_dp_charge_cohorts_cohort", "cohort_id", "query_type", "window"),)
+
+    seq: Mapped[int] = mapped_column(BIG, primary_key=True, autoincrement=False)
+    cohort_id: Mapped[int] = mapped_column(BIG, primary_key=True, autoincrement=False)
+    query_type: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+    window: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
 
 
 class CohortAccount(Base):

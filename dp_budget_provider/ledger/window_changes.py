@@ -226,7 +226,7 @@ class WindowRoom(LedgerCore):
                 .where(Account.id == locked[source].id)
                 .values(rescoped_to=new.query_type, updated_at=now)
             )
-            pipe.append_history(
+            seq = pipe.append_history(
                 self._key,
                 chain=self._chain(target),
                 at=now,
@@ -241,6 +241,7 @@ class WindowRoom(LedgerCore):
                     "cohorts": charge.payload(),
                 },
             )
+            charge.link(pipe, seq)
             return self._receipts_of([new], [merged], policies, [1])[0]
 
     def correct(
@@ -273,7 +274,7 @@ class WindowRoom(LedgerCore):
             after = held.spend.plus(cost)
             connection = pipe.core()
             self._store_spend(connection, held.id, after, count, now)
-            pipe.append_history(
+            seq = pipe.append_history(
                 self._key,
                 chain=self._chain(account),
                 at=now,
@@ -288,4 +289,5 @@ class WindowRoom(LedgerCore):
                     "cohorts": charge.payload(),
                 },
             )
+            charge.link(pipe, seq)
             return self._receipts_of(keys, [after], policies, [1])[0]

@@ -8,7 +8,9 @@
   this revision finds every subject charged before it in the class it already has.
 * ``dp_cohorts``, ``dp_cohort_members`` and ``dp_cohort_accounts``: the content-addressed
   sets of subjects releases are made over, and the accounts that partition each of them
-  in a window. They start empty: no release before this revision was recorded as one.
+  in a window; ``dp_charge_cohorts`` links each charge entry to the cohorts it covered
+  (how a subject's history is found). They start empty: no release before this revision
+  was recorded as one.
 * Plain SQL, no batch copy: ``ADD COLUMN`` with a constant default rewrites no row (SQLite
   stores the default in the schema, PostgreSQL >= 11 in the catalogue), and the members
   are one ``INSERT ... SELECT`` (their secondary index is built after it, in one pass).
@@ -74,10 +76,20 @@ def upgrade() -> None:
         sa.Column("cohort_id", _BIG, primary_key=True, autoincrement=False),
         _key("subject", primary_key=True),
     )
+    op.create_index("ix_dp_cohort_members_subject", "dp_cohort_members", ["subject"])
     op.create_table(
         "dp_cohort_accounts",
         sa.Column("cohort_id", _BIG, primary_key=True, autoincrement=False),
         *(_key(name, primary_key=True) for name in ("query_type", "window", "account")),
+    )
+    op.create_table(
+        "dp_charge_cohorts",
+        sa.Column("seq", _BIG, primary_key=True, autoincrement=False),
+        sa.Column("cohort_id", _BIG, primary_key=True, autoincrement=False),
+        *(_key(name, primary_key=True) for name in ("query_type", "window")),
+    )
+    op.create_index(
+        "ix_dp_charge_cohorts_cohort", "dp_charge_cohorts", ["cohort_id", "query_type", "window"]
     )
 
 
@@ -101,7 +113,10 @@ def downgrade() -> None:
         found = connection.execute(count).scalar_one()
         if found:
             raise RuntimeError(f"cannot downgrade below revision 0008: {found} {why}")
+    op.drop_index("ix_dp_charge_cohorts_cohort", table_name="dp_charge_cohorts")
+    op.drop_table("dp_charge_cohorts")
     op.drop_table("dp_cohort_accounts")
+    op.drop_index("ix_dp_cohort_members_subject", table_name="dp_cohort_members")
     op.drop_table("dp_cohort_members")
     op.drop_table("dp_cohorts")
     op.drop_index("ix_dp_members_account", table_name="dp_members")
