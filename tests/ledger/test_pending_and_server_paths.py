@@ -127,16 +127,18 @@ def _parts(key: LedgerKey) -> tuple[str, str, str, str]:
 
 
 def accounts(url: str) -> dict[tuple[str, str, str, str], dict[str, Any]]:
-    """Every account row as stored, by key."""
+    """Every subject's account row as stored (its class's), by subject key."""
     engine = sa.create_engine(url)
     try:
         with engine.connect() as connection:
             rows = (
                 connection.execute(
                     sa.text(
-                        'SELECT tenant, subject, query_type, "window", '
-                        + ", ".join(ACCOUNT_VALUES)
-                        + " FROM dp_accounts"
+                        'SELECT m.tenant, m.subject, m.query_type, m."window", '
+                        + ", ".join(f"a.{column}" for column in ACCOUNT_VALUES)
+                        + " FROM dp_members m JOIN dp_accounts a ON a.tenant = m.tenant "
+                        'AND a.query_type = m.query_type AND a."window" = m."window" '
+                        "AND a.subject = m.account"
                     )
                 )
                 .mappings()
