@@ -392,7 +392,10 @@ class LedgerCore:
         locked, version = self._lock_accounts(pipe, charge.keys, now, reserving)
         policies = self._policy_store.at(pipe, version)
         self._check_windows(charge.keys, policy_lookup(policies), moment)
-        self._check_not_rescoped(charge.keys, locked)
+        for key in charge.keys:
+            moved = locked[key].rescoped_to
+            if moved is not None:
+                raise _rescoped(classes.example_subject(pipe, key), moved)
         return locked, policies, charge
 
     @staticmethod
@@ -450,15 +453,6 @@ class LedgerCore:
                     f"window {key.window!r} has not begun: data that does not exist yet "
                     "cannot be released"
                 )
-
-    @staticmethod
-    def _check_not_rescoped(
-        keys: Sequence[LedgerKey], locked: Mapping[LedgerKey, statements.LockedAccount]
-    ) -> None:
-        for key in keys:
-            moved = locked[key].rescoped_to
-            if moved is not None:
-                raise _rescoped(key, moved)
 
     def _refuse_unchargeable(
         self,

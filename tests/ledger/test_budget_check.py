@@ -136,7 +136,7 @@ def test_many_keys_are_one_grouped_read_per_window_and_chunk(ledger, monkeypatch
     reads = []
 
     def count_reads(conn, cursor, statement, parameters, context, executemany):
-        if "FROM dp_accounts" in statement and "GROUP BY" in statement:
+        if "FROM dp_members" in statement and "GROUP BY" in statement:
             reads.append(statement)
 
     engine = ledger._engine
