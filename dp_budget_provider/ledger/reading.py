@@ -99,6 +99,23 @@ class ReadingRoom(LedgerCore):
             ],
         )
 
+    def account_of(self, key: LedgerKey) -> LedgerKey | None:
+        """The account (spend class) subject key ``key`` is charged to; None if untouched.
+
+        An account key is its own account. Every subject of an account holds its spend.
+        """
+        key = self._one_key(key)[0]
+        with self.reading() as connection:
+            held = self._held(connection, [key]).get(key)
+            if held is None:
+                return None
+            if classes.is_label(key.subject):
+                return key
+            label = connection.execute(
+                select(Account.subject).where(Account.id == held.id)
+            ).scalar_one()
+        return LedgerKey.from_canonical(key.tenant, label, key.query_type, key.window)
+
     def epsilon_of(self, key: LedgerKey) -> float:
         """Committed cumulative eps of ``key`` at the ledger's delta (0 if untouched)."""
         return self.receipt(key).epsilon

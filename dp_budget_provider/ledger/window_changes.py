@@ -64,7 +64,8 @@ class WindowRoom(LedgerCore):
         return calendar.windows_overlapping(start, start if end is None else end)
 
     def reset(self, window: str) -> int:
-        """Seal a closed window and drop its live accounts; returns how many. History is kept.
+        """Seal a closed window and drop its live accounts; returns how many subjects they
+        held. History is kept.
 
         A window may be reset once it has ended and every scope charged in it is past
         its policy's grace period, by the ledger's own clock. Sealing comes first and is
@@ -107,7 +108,7 @@ class WindowRoom(LedgerCore):
             scoped = tuple_(Account.tenant, Account.query_type).in_(scopes)
             rows = list(
                 connection.execute(
-                    select(Account.id, Account.open_reservations)
+                    select(Account.id, Account.open_reservations, Account.size)
                     .where(Account.window == label, scoped)
                     .order_by(*_lock_order(connection))
                     .with_for_update()
@@ -152,15 +153,17 @@ class WindowRoom(LedgerCore):
                 {
                     "window": label,
                     "accounts": len(rows),
+                    "subjects": sum(row.size for row in rows),
                     "sealed": [list(scope) for scope in scopes],
                 },
             )
-        return len(rows)
+        return sum(row.size for row in rows)
 
     def reset_closed(self) -> dict[str, int]:
         """Reset every window past its grace period (the ledger's clock); accounts dropped per
-        window. Windows that can never close (not calendar labels, or ending past the year
-        9999) are left alone, as are those still within a scope's grace period.
+        window (subjects, see :meth:`reset`). Windows that can never close (not calendar
+        labels, or ending past the year 9999) are left alone, as are those still within a
+        scope's grace period.
 
         A closed window that still holds open reservations does not hold up the others:
         every other due window is reset, then :class:`WindowBusy` names what was reset and
