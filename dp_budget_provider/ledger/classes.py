@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dp_budget_provider.ledger import pipeline
-from dp_budget_provider.ledger.errors import LedgerCorrupt
-from dp_budget_provider.ledger.keys import LedgerKey
+from dp_budget_provider.ledger.errors import LedgerCorrupt, LedgerError
+from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
 from dp_budget_provider.ledger.statements import newline_joined
 
 # An account label: never a canonical subject, which is case-folded (no upper case).
@@ -58,6 +58,57 @@ def new_label() -> str:
 def cohort_digest(subjects: Sequence[str]) -> str:
     """The content address of a cohort: sha256 of its sorted ids, one per line."""
     return hashlib.sha256(newline_joined(sorted(subjects)).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Cohort:
+    """A handle on a registered set of subjects of one tenant (see
+    :meth:`~dp_budget_provider.ledger.ledger.PrivacyBudgetLedger.cohort`).
+
+    It names the cohort by content without holding its ids, so an upstream task can
+    register the subjects once and hand this on (``as_dict`` through XCom): a release
+    over it never ships or hashes the ids again, and a release over a cohort its window
+    has seen costs one row per class, whatever its size.
+    """
+
+    tenant: str
+    digest: str
+    size: int
+
+    def in_window(self, query_type: str, window: str) -> CohortKeys:
+        """The keys of the cohort's subjects in one (query type, window): what ``reserve``
+        and ``budget_check`` take in place of a list of keys."""
+        return CohortKeys(
+            self, canonical_part("query_type", query_type), canonical_part("window", window)
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tenant": self.tenant, "digest": self.digest, "size": self.size}
+
+    @classmethod
+    def from_dict(cls, value: Any) -> Cohort:
+        """A handle from :meth:`as_dict` (what XCom hands a downstream task)."""
+        if not isinstance(value, dict) or set(value) != {"tenant", "digest", "size"}:
+            raise ValueError(f"a cohort is a mapping of tenant, digest and size, got {value!r}")
+        digest, size = value["digest"], value["size"]
+        if not (isinstance(digest, str) and len(digest) == 64 and digest.isalnum()):
+            raise ValueError(f"a cohort's digest is 64 hex digits, got {digest!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"a cohort's size is a positive integer, got {size!r}")
+        return cls(canonical_part("tenant", value["tenant"]), digest.lower(), size)
+
+
+@dataclass(frozen=True)
+class CohortKeys:
+    """The keys of a registered cohort's subjects in one (query type, window)."""
+
+    cohort: Cohort
+    query_type: str
+    window: str
+
+    @property
+    def tenant(self) -> str:
+        return self.cohort.tenant
 
 
 @dataclass(frozen=True)
@@ -128,23 +179,42 @@ def _unpack(pipe: pipeline.Pipeline) -> str:
     return "(SELECT value AS s FROM json_each(%(subjects)s))"
 
 
-def accounts_for(pipe: pipeline.Pipeline, keys: Sequence[LedgerKey], now: str) -> Charge:
-    """The accounts ``keys`` (subject keys, distinct, in key order) are charged to.
+def accounts_for(
+    pipe: pipeline.Pipeline,
+    keys: Sequence[LedgerKey],
+    now: str,
+    cohorts: Sequence[CohortKeys] = (),
+) -> Charge:
+    """The accounts ``keys`` (subject keys, distinct, in key order) and ``cohorts``
+    (registered cohorts in a window) are charged to.
 
-    Registers each scope's cohort if it is new and refines the scope's classes if the
-    cohort is new to it. The windows must already be locked exclusively (every scope's
-    partition changes only under its window's lock). Returns account keys in key order.
+    Registers each scope's cohort of listed keys if it is new, and refines the scope's
+    classes if the cohort is new to it. The windows must already be locked exclusively
+    (a scope's partition changes only under its window's lock). Returns account keys in
+    key order.
     """
     by_scope: dict[Scope, list[str]] = {}
     for key in keys:
         by_scope.setdefault((key.tenant, key.query_type, key.window), []).append(key.subject)
+    known: dict[Scope, Cohort] = {}
+    for given in cohorts:
+        scope = (given.tenant, given.query_type, given.window)
+        if scope in by_scope or scope in known:
+            raise ValueError(f"one release covers window {scope} with more than one cohort")
+        known[scope] = given.cohort
     charge = Charge(keys=[])
-    for scope in sorted(by_scope):
-        subjects = sorted(by_scope[scope])
-        cohort_id, digest = _register(pipe, scope[0], subjects, now)
-        cohort = _listed(pipe, scope, cohort_id, digest, len(subjects))
+    for scope in sorted({*by_scope, *known}):
+        if scope in known:
+            size = known[scope].size
+            digest = known[scope].digest
+            cohort_id = registered(pipe, known[scope])
+        else:
+            subjects = sorted(by_scope[scope])
+            size = len(subjects)
+            cohort_id, digest = _register(pipe, scope[0], subjects, now)
+        cohort = _listed(pipe, scope, cohort_id, digest, size)
         if cohort is None:
-            cohort = _refine(pipe, scope, cohort_id, digest, len(subjects), now)
+            cohort = _refine(pipe, scope, cohort_id, digest, size, now)
         charge.cohorts.append(cohort)
         tenant, query_type, window = scope
         charge.keys += [
@@ -152,6 +222,34 @@ def accounts_for(pipe: pipeline.Pipeline, keys: Sequence[LedgerKey], now: str) -
         ]
     charge.keys.sort(key=lambda k: (k.tenant, k.subject, k.query_type, k.window))
     return charge
+
+
+def registered(pipe: pipeline.Pipeline, cohort: Cohort) -> int:
+    """The id of a registered cohort; refused when the ledger holds no such cohort."""
+    found = pipe.query(_COHORT, {"tenant": cohort.tenant, "digest": cohort.digest})
+    if not found:
+        raise LedgerError(
+            f"no cohort {cohort.digest[:12]} of tenant {cohort.tenant!r} in this ledger: "
+            "register its subjects with ledger.cohort(...) first"
+        )
+    cohort_id, size = found[0]
+    if size != cohort.size:
+        raise LedgerCorrupt(
+            f"cohort {cohort.digest[:12]} of tenant {cohort.tenant!r} is stored with {size} "
+            f"subjects but its handle names {cohort.size}"
+        )
+    return int(cohort_id)
+
+
+_COHORT = "SELECT id, size FROM dp_cohorts WHERE tenant = %(tenant)s AND digest = %(digest)s"
+
+
+def register(
+    pipe: pipeline.Pipeline, tenant: str, subjects: Sequence[str], now: str
+) -> tuple[int, str]:
+    """The id and digest of the cohort of ``subjects`` (sorted canonical ids), stored
+    with its members if new."""
+    return _register(pipe, tenant, subjects, now)
 
 
 def _register(
