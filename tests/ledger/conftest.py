@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from dp_budget_provider.ledger import PrivacyBudgetLedger
+from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger
+from tests.ledger.legacy import LegacyLedger
+from tests.ledger.test_pending_and_server_paths import migrate
 
 
 @pytest.fixture
@@ -23,3 +25,17 @@ def make_ledger() -> Iterator[Callable[..., PrivacyBudgetLedger]]:
     yield make
     for ledger in opened:
         ledger.close()
+
+
+@pytest.fixture
+def ledger_at(make_ledger) -> Callable[[str, str, BudgetCap], LegacyLedger]:
+    """``ledger_at(url, revision, cap)``: a ledger this package created with ``cap`` and
+    took down to ``revision`` while empty, and the writer that fills it in SQL as that
+    revision's code did (see ``tests/ledger/legacy.py``)."""
+
+    def make(url: str, revision: str, cap: BudgetCap) -> LegacyLedger:
+        make_ledger(cap=cap, url=url).close()
+        migrate(url, "downgrade", revision)
+        return LegacyLedger(url)
+
+    return make

@@ -30,6 +30,7 @@ from dp_budget_provider.ledger import (
     history,
     key_for,
 )
+from tests.ledger.legacy import insert
 from tests.ledger.test_history_chains import rows
 from tests.ledger.test_pending_and_server_paths import (
     GAUSS,
@@ -78,22 +79,6 @@ REVISION = "SELECT version_num FROM dp_budget_alembic_version"
 
 def _residual(cost: Cost) -> str | None:
     return None if cost[1] is None else json.dumps(cost[1].tolist())
-
-
-def _insert(connection: sa.Connection, table: str, row: dict[str, Any]) -> None:
-    columns = ", ".join(f'"{column}"' for column in row)
-    values = ", ".join(f":{column}" for column in row)
-    connection.execute(sa.text(f"INSERT INTO {table} ({columns}) VALUES ({values})"), row)
-
-
-def insert(url: str, table: str, *table_rows: dict[str, Any]) -> None:
-    engine = sa.create_engine(url)
-    try:
-        with engine.begin() as connection:
-            for row in table_rows:
-                _insert(connection, table, row)
-    finally:
-        engine.dispose()
 
 
 def account_row(key: LedgerKey, **values: Any) -> dict[str, Any]:
@@ -185,10 +170,9 @@ def seed_revision_0007(url: str) -> None:
 
 
 @pytest.fixture
-def ledger_at_0007(ledger_url, make_ledger) -> str:
+def ledger_at_0007(ledger_url, ledger_at) -> str:
     """A ledger the package made, taken down to 0007 while empty, then seeded."""
-    make_ledger(cap=CAP, url=ledger_url).close()
-    migrate(ledger_url, "downgrade", "0007")
+    ledger_at(ledger_url, "0007", CAP)
     seed_revision_0007(ledger_url)
     return ledger_url
 

@@ -167,19 +167,18 @@ def test_verify_finds_tampering_on_any_chain(ledger_url, make_ledger, name):
     assert any(problem in p for p in report.problems), report.problems
 
 
-def test_upgrade_from_one_chain_keeps_the_history_and_shards_new_entries(ledger_url, make_ledger):
+def test_upgrade_from_one_chain_keeps_the_history_and_shards_new_entries(
+    ledger_url, ledger_at, make_ledger
+):
     """A revision-0002 ledger (one chain) upgraded: old entries stay valid on chain 1,
-    numbering continues after them, new entries spread; a downgrade is refused once
-    entries live on other chains.
+    numbering continues after them, new entries spread over the chains of their accounts.
     """
     postgresql = ledger_url.startswith("postgresql")
     key = key_on_chain(history.KEYLESS_CHAIN)
-    ledger = make_ledger(cap=CAP, url=ledger_url)
-    for _ in range(3):  # everything so far is on chain 1, and decided by the client
-        ledger.spend(key, LaplaceMechanism(5.0))
-    ledger.close()
-    migrate(ledger_url, "downgrade", "0002")
+    old = ledger_at(ledger_url, "0002", CAP)
     assert scalar(ledger_url, "SELECT count(*) FROM dp_chain_head") == 1
+    for _ in range(3):  # on the one chain, and decided by the client
+        old.spend(key, LaplaceMechanism(5.0))
     before = rows(ledger_url, "SELECT seq, prev_hash, hash FROM dp_history ORDER BY seq")
     assert [seq for seq, *_ in before] == list(range(1, 9))
     if postgresql:  # 0002's single-chain append is back
@@ -200,19 +199,24 @@ def test_upgrade_from_one_chain_keeps_the_history_and_shards_new_entries(ledger_
 
     migrate(ledger_url, "upgrade", "head")
     ledger = make_ledger(cap=CAP, url=ledger_url)
-    assert ledger.verify().ok
+    assert ledger.verify().ok, ledger.verify().problems
     assert rows(ledger_url, "SELECT seq, prev_hash, hash FROM dp_history ORDER BY seq") == before
-    elsewhere = keys_on_distinct_chains(1)[0]
-    ledger.spend(elsewhere, GAUSS)
-    ledger.spend(key, GAUSS)
+    # A new subject is charged to a new class, on its account's chain; the legacy key's
+    # account (a class of one, labelled by its subject) stays on chain 1.
+    elsewhere = ledger.spend(keys_on_distinct_chains(1)[0], GAUSS).key
+    assert ledger.spend(key, GAUSS).key == key
     assert rows(ledger_url, "SELECT seq, chain FROM dp_history WHERE seq > 8 ORDER BY seq") == [
         (9, history.chain_of(elsewhere, history.CHAINS)),
         (10, history.chain_of(elsewhere, history.CHAINS)),
         (11, 1),
         (12, 1),
     ]
-    assert ledger.verify().ok
-    ledger.close()
+    assert ledger.verify().ok, ledger.verify().problems
+
+
+def test_downgrade_to_one_chain_is_refused_once_entries_live_on_other_chains(ledger_url, ledger_at):
+    old = ledger_at(ledger_url, "0007", CAP)
+    old.spend(keys_on_distinct_chains(1)[0], GAUSS)  # sharded by subject, as 0003 to 0007 did
     with pytest.raises(RuntimeError, match="chains other than chain 1"):
         migrate(ledger_url, "downgrade", "0002")
     assert scalar(ledger_url, "SELECT count(*) FROM dp_chain_head") == history.CHAINS

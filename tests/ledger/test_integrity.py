@@ -21,7 +21,6 @@ from dp_budget_provider.ledger import (
     WindowBusy,
     WindowCalendar,
     WindowSealed,
-    history,
     key_for,
 )
 from dp_budget_provider.ledger import clock as ledger_clock
@@ -321,42 +320,20 @@ def test_counters_are_64_bit(postgres_url, make_ledger):
 # ---------------------------------------------------------------- upgrading an existing ledger
 
 
-def test_upgrade_seals_windows_an_earlier_version_reset(sqlite_url, make_ledger):
+def test_upgrade_seals_windows_an_earlier_version_reset(ledger_url, ledger_at, make_ledger):
     """Revision 0004 reset windows without sealing them, so late runs were charged from
     zero. Upgrading seals every window its history says was reset, keeps every account
     and keeps the history verifiable."""
-    ledger = make_ledger(BudgetCap(3.0, DELTA), url=sqlite_url)
+    old = ledger_at(ledger_url, "0004", BudgetCap(3.0, DELTA))
     reset_key, kept_key = (
         key_for("alice", "heatmap", "2026-w45"),
         key_for("alice", "heatmap", "2026-w46"),
     )
-    ledger.spend(reset_key, RELEASE)
-    ledger.spend(kept_key, RELEASE)
-    ledger.close()
-    migrate(sqlite_url, "downgrade", "0004")
-    engine = sa.create_engine(sqlite_url)
-    with engine.begin() as connection:  # what 0004's reset did: drop, and one entry
-        connection.execute(sa.text("DELETE FROM dp_accounts WHERE \"window\" = '2026-w45'"))
-        now = ledger_clock.stamp(datetime.now(UTC))
-        entry = history.entry_columns(
-            chain=history.KEYLESS_CHAIN,
-            at=now,
-            action="reset",
-            actor="old-version",
-            payload={"window": "2026-w45", "accounts": 1, "closed_at": now},
-        )
-        head = connection.execute(  # 0004's heads had no key id: an unkeyed link
-            sa.text(
-                "SELECT hash, (SELECT max(seq) + 1 FROM dp_history), NULL FROM dp_chain_head "
-                "WHERE id = 1"
-            )
-        ).one()
-        values = history.linked(entry, head, history.UNKEYED)
-        history.execute(connection, history.INSERT_ENTRY, values)
-        history.execute(connection, history.MOVE_HEAD, values)
-    engine.dispose()
-    migrate(sqlite_url, "upgrade", "head")
-    upgraded = make_ledger(url=sqlite_url)
+    old.spend(reset_key, RELEASE)
+    old.spend(kept_key, RELEASE)
+    old.reset("2026-w45")  # what 0004's reset did: drop the accounts, one entry, no seal
+    migrate(ledger_url, "upgrade", "head")
+    upgraded = make_ledger(url=ledger_url)
     assert upgraded.verify().ok, upgraded.verify().problems
     with pytest.raises(WindowSealed):
         upgraded.spend(reset_key, RELEASE)
@@ -365,10 +342,9 @@ def test_upgrade_seals_windows_an_earlier_version_reset(sqlite_url, make_ledger)
     assert upgraded.verify().ok
 
 
-def test_downgrade_below_0005_is_refused_over_seals(sqlite_url, make_ledger):
-    ledger = make_ledger(BudgetCap(3.0, DELTA), url=sqlite_url)
-    ledger.spend(key_for("alice", "heatmap", "2026-w45"), RELEASE)
-    ledger.reset("2026-w45")
-    ledger.close()
+def test_downgrade_below_0005_is_refused_over_seals(ledger_url, ledger_at):
+    old = ledger_at(ledger_url, "0007", BudgetCap(3.0, DELTA))
+    old.spend(key_for("alice", "heatmap", "2026-w45"), RELEASE)
+    old.reset("2026-w45")  # sealed first, as revisions 0005 to 0007 reset
     with pytest.raises(RuntimeError, match="sealed"):
-        migrate(sqlite_url, "downgrade", "0004")
+        migrate(ledger_url, "downgrade", "0004")

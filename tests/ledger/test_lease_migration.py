@@ -23,19 +23,16 @@ HISTORY = "SELECT seq, action, payload, hash FROM dp_history ORDER BY seq"
 
 
 def test_upgrade_from_0006_leases_every_row_at_its_creation_and_reap_charges_the_open(
-    ledger_url, make_ledger
+    ledger_url, ledger_at, make_ledger
 ):
-    ledger = make_ledger(cap=CAP, url=ledger_url)
+    old = ledger_at(ledger_url, "0006", CAP)
     keys = [key_for(f"s{i}", "count", WINDOW) for i in range(3)]
-    ledger.commit(ledger.reserve(keys, GaussianMechanism(5.0)))
-    ledger.release(ledger.reserve(keys[:1], LaplaceMechanism(2.0)), reason="never ran")
+    old.commit(old.reserve(keys, GaussianMechanism(5.0)))
+    old.release(old.reserve(keys[:1], LaplaceMechanism(2.0)), reason="never ran")
     abandoned = [
-        ledger.reserve(keys[1:], GaussianMechanism(6.0)),
-        ledger.reserve(keys[:1], LaplaceMechanism(3.0)),
+        old.reserve(keys[1:], GaussianMechanism(6.0)),
+        old.reserve(keys[:1], LaplaceMechanism(3.0)),
     ]
-    ledger.close()
-
-    migrate(ledger_url, "downgrade", "0006")
     assert "lease_expires_at" not in columns_of(ledger_url, "dp_reservations")
     with pytest.raises(LedgerSchemaError, match="revision '0006'"):
         PrivacyBudgetLedger(url=ledger_url)  # and an 0006 package cannot open 0007
@@ -48,7 +45,7 @@ def test_upgrade_from_0006_leases_every_row_at_its_creation_and_reap_charges_the
     assert len(leases) == 4 and all(lease == created for created, lease in leases)
 
     ledger = make_ledger(url=ledger_url)
-    assert ledger.verify().ok
+    assert ledger.verify().ok, ledger.verify().problems
     held = {key: ledger.receipt(key).epsilon for key in keys}
     fresh = ledger.reserve(keys[2:], GaussianMechanism(9.0))  # this version's: leased ahead
     assert sorted(ledger.reap()) == sorted(r.id for r in abandoned)
@@ -56,13 +53,29 @@ def test_upgrade_from_0006_leases_every_row_at_its_creation_and_reap_charges_the
     for reservation in abandoned:
         for key in reservation.keys:
             assert ledger.receipt(key).epsilon > held[key]  # charged, never refunded
-    assert ledger.verify().ok
-    ledger.close()
+    assert ledger.verify().ok, ledger.verify().problems
 
-    # Down and up again with a leased reservation open: the lease is re-derived, the
-    # reservation is due at the next reap, and nothing else changes.
-    migrate(ledger_url, "downgrade", "0006")
+
+def test_down_and_up_again_a_leased_reservation_is_due_at_the_next_reap(
+    ledger_url, ledger_at, make_ledger
+):
+    """A reservation open with a lease (made at 0007, leased ahead) taken down to 0006 and
+    up again: the lease is re-derived from its creation, the reservation is due at the next
+    reap, and nothing else changes."""
+    old = ledger_at(ledger_url, "0007", CAP)
+    leased = old.reserve([key_for("s0", "count", WINDOW)], GaussianMechanism(9.0))
     migrate(ledger_url, "upgrade", "head")
     ledger = make_ledger(url=ledger_url)
-    assert ledger.reap() == [fresh.id]
-    assert ledger.verify().ok
+    assert ledger.reap() == []  # its lease has not run out
+    ledger.close()
+    reservations, entries = rows(ledger_url, RESERVATIONS), rows(ledger_url, HISTORY)
+    assert [(created < lease) for created, lease in rows(ledger_url, LEASES)] == [True]
+
+    migrate(ledger_url, "downgrade", "0006")
+    migrate(ledger_url, "upgrade", "head")
+    assert rows(ledger_url, RESERVATIONS) == reservations
+    assert rows(ledger_url, HISTORY) == entries
+    assert [(created == lease) for created, lease in rows(ledger_url, LEASES)] == [True]
+    ledger = make_ledger(url=ledger_url)
+    assert ledger.reap() == [leased.id]
+    assert ledger.verify().ok, ledger.verify().problems

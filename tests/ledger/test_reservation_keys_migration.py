@@ -15,6 +15,7 @@ from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
 from dp_budget_provider.ledger import BudgetCap, key_for
 from tests.ledger.test_history_chains import rows
 from tests.ledger.test_pending_and_server_paths import execute, migrate
+from tests.ledger.test_schema_matches_models import assert_schema_is_the_models
 
 CAP = BudgetCap(epsilon=100.0, delta=1e-5)
 WINDOW = "2026-w45"
@@ -45,31 +46,34 @@ def test_verify_reports_key_rows_of_no_reservation(ledger_url, make_ledger):
     ]
 
 
-def test_upgrade_drops_the_constraint_and_downgrade_restores_it(ledger_url, make_ledger):
+def test_upgrade_drops_the_constraint_and_downgrade_restores_it(ledger_url, ledger_at, make_ledger):
     """From 0003 (with the constraint) to 0004 and back, keeping every row; the way
     back is refused while an orphan key row exists."""
-    ledger = make_ledger(cap=CAP, url=ledger_url)
+    old = ledger_at(ledger_url, "0003", CAP)
+    assert [fk["referred_table"] for fk in foreign_keys(ledger_url)] == ["dp_reservations"]
     keys = [key_for(f"s{i}", "count", WINDOW) for i in range(3)]
-    ledger.commit(ledger.reserve(keys, GaussianMechanism(5.0)))
-    ledger.spend(keys[0], LaplaceMechanism(2.0))
-    ledger.close()
+    old.commit(old.reserve(keys, GaussianMechanism(5.0)))
+    old.spend(keys[0], LaplaceMechanism(2.0))
     key_rows = "SELECT * FROM dp_reservation_keys ORDER BY reservation_id, position"
     before = rows(ledger_url, key_rows)
+    assert len(before) == 4
+
+    migrate(ledger_url, "upgrade", "head")
     assert foreign_keys(ledger_url) == []
+    assert rows(ledger_url, key_rows) == before
+    ledger = make_ledger(url=ledger_url)
+    assert ledger.verify().ok, ledger.verify().problems
+    ledger.close()
 
     migrate(ledger_url, "downgrade", "0003")
     assert [fk["referred_table"] for fk in foreign_keys(ledger_url)] == ["dp_reservations"]
     assert rows(ledger_url, key_rows) == before
 
     migrate(ledger_url, "upgrade", "head")
-    assert foreign_keys(ledger_url) == []
-    assert rows(ledger_url, key_rows) == before
-    ledger = make_ledger(cap=CAP, url=ledger_url)
-    assert ledger.verify().ok
-    ledger.spend(keys[1], GaussianMechanism(5.0))  # the upgraded ledger works
-    ledger.close()
-
     execute(ledger_url, ORPHAN)
     with pytest.raises(RuntimeError, match="1 reservation key rows belong to no reservation"):
         migrate(ledger_url, "downgrade", "0003")
     assert foreign_keys(ledger_url) == []
+    assert_schema_is_the_models(ledger_url)  # the revisions taken down before it are back
+    ledger = make_ledger(url=ledger_url)
+    ledger.spend(keys[1], GaussianMechanism(5.0))  # the upgraded ledger works
