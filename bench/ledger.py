@@ -362,7 +362,17 @@ def bench_many_subjects() -> list[tuple]:
     return rows
 
 
-_TABLES = ("dp_accounts", "dp_reservation_keys", "dp_reservations", "dp_history")
+_TABLES = (
+    "dp_accounts",
+    "dp_members",
+    "dp_cohorts",
+    "dp_cohort_members",
+    "dp_cohort_accounts",
+    "dp_charge_cohorts",
+    "dp_reservation_keys",
+    "dp_reservations",
+    "dp_history",
+)
 
 
 def _rows(ledger: PrivacyBudgetLedger) -> int:
@@ -411,15 +421,28 @@ def _cohort_rows(backend: str, size: int, url: str) -> list[tuple]:
     start = time.perf_counter()
     keys = keys_for(subjects, "count", [WINDOW])
     timed["keys"] = time.perf_counter() - start
-    for name in ("first", "repeated"):
-        before = _rows(ledger)
-        start = time.perf_counter()
-        ledger.commit(ledger.reserve(keys, MECHANISM))
-        timed[name] = time.perf_counter() - start
-        timed[f"{name} rows"] = _rows(ledger) - before
+    # The realistic shape: an upstream task registers the cohort, the release charges it.
+    before = _rows(ledger)
+    start = time.perf_counter()
+    covered = ledger.cohort(subjects).in_window("count", WINDOW)
+    ledger.commit(ledger.reserve(covered, MECHANISM))
+    timed["first"] = time.perf_counter() - start
+    timed["first rows"] = _rows(ledger) - before
+    before = _rows(ledger)
+    start = time.perf_counter()
+    ledger.commit(ledger.reserve(covered, MECHANISM))
+    timed["repeated"] = time.perf_counter() - start
+    timed["repeated rows"] = _rows(ledger) - before
+    start = time.perf_counter()
+    ledger.commit(ledger.reserve(keys, MECHANISM))
+    timed["repeated keys"] = time.perf_counter() - start
+    start = time.perf_counter()
+    check = ledger.budget_check(covered, MECHANISM)
+    timed["check"] = time.perf_counter() - start
+    assert not check.exceeds and check.states == 1
     start = time.perf_counter()
     check = ledger.budget_check(keys, MECHANISM)
-    timed["check"] = time.perf_counter() - start
+    timed["check keys"] = time.perf_counter() - start
     assert not check.exceeds and check.states == 1
     ledger.close()
     print(f"  {backend} {size}: {timed} against COPY {copy:.3f} s", file=sys.stderr)
@@ -428,12 +451,16 @@ def _cohort_rows(backend: str, size: int, url: str) -> list[tuple]:
     return [
         (f"{label}: build the keys", timed["keys"], "s", copy, baseline, timed["keys"] / copy,
          "(info)"),
-        (f"{label}: first release (reserve + commit)", timed["first"], "s", copy, baseline,
-         timed["first"] / copy, "<= 3"),
-        (f"{label}: the same release again", timed["repeated"], "s", copy, baseline,
-         timed["repeated"] / copy, "<= 0.05"),
-        (f"{label}: budget_check over the cohort", timed["check"], "s", copy, baseline,
-         timed["check"] / copy, "<= 0.1"),
+        (f"{label}: first release (register the cohort, reserve, commit)", timed["first"],
+         "s", copy, baseline, timed["first"] / copy, "<= 3"),
+        (f"{label}: the same release again (cohort handle)", timed["repeated"], "s", copy,
+         baseline, timed["repeated"] / copy, "<= 0.05"),
+        (f"{label}: the same release again (list of keys)", timed["repeated keys"], "s", copy,
+         baseline, timed["repeated keys"] / copy, "(info)"),
+        (f"{label}: budget_check over the cohort (handle)", timed["check"], "s", copy,
+         baseline, timed["check"] / copy, "<= 0.1"),
+        (f"{label}: budget_check over the cohort (list of keys)", timed["check keys"], "s",
+         copy, baseline, timed["check keys"] / copy, "(info)"),
         (f"{label}: rows written by the repeated release", timed["repeated rows"], "rows",
          size, "subjects", timed["repeated rows"] / size, "O(1)"),
     ]  # fmt: skip

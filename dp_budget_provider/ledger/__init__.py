@@ -4,6 +4,7 @@ Imports SQLAlchemy and the accounting layer, never Airflow: the CLI, notebooks a
 Airflow adapters all use this same API.
 """
 
+from dp_budget_provider.ledger.classes import Cohort, CohortKeys
 from dp_budget_provider.ledger.errors import (
     BudgetExhausted,
     LedgerConfigMismatch,
@@ -35,6 +36,8 @@ __all__ = [
     "BudgetCap",
     "BudgetCheck",
     "BudgetExhausted",
+    "Cohort",
+    "CohortKeys",
     "LedgerConfigMismatch",
     "LedgerCorrupt",
     "LedgerError",

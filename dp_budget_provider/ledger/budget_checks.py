@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from sqlalchemy import Connection
 
 from dp_budget_provider.accounting import (
     Mechanism,
     RDPAccountant,
 )
 from dp_budget_provider.accounting import validation as check
+from dp_budget_provider.ledger.classes import CohortKeys
 from dp_budget_provider.ledger.core import (
+    Charged,
     LedgerCore,
 )
-from dp_budget_provider.ledger.held import held_states
+from dp_budget_provider.ledger.held import HeldState, cohort_states, held_states
 from dp_budget_provider.ledger.keys import (
     LedgerKey,
 )
@@ -30,7 +34,7 @@ class BudgetCheckRoom(LedgerCore):
 
     def budget_check(
         self,
-        keys: LedgerKey | Iterable[LedgerKey],
+        keys: LedgerKey | CohortKeys | Iterable[LedgerKey],
         mechanism: Mechanism | Mapping[str, Any],
         count: int = 1,
     ) -> BudgetCheck:
@@ -49,7 +53,7 @@ class BudgetCheckRoom(LedgerCore):
 
     def _check(
         self,
-        keys: LedgerKey | Iterable[LedgerKey],
+        keys: LedgerKey | CohortKeys | Iterable[LedgerKey],
         mechanism: Mechanism | Mapping[str, Any],
         count: int,
         *,
@@ -57,10 +61,9 @@ class BudgetCheckRoom(LedgerCore):
     ) -> BudgetCheck:
         """:meth:`budget_check`; with ``chargeable`` False, keys no release may charge
         are priced all the same (what a key would reach, as a number to look at)."""
-        distinct = self._distinct_keys(keys)
         cost = self._cost(self._mechanism(mechanism), check.count("count", count))
         with self.reading() as connection:
-            states = held_states(connection, distinct, self._orders.size)
+            distinct, states = self._states(connection, keys)
             policies = self._policy_store.read(connection)
             if chargeable:
                 self._refuse_unchargeable(connection, distinct, states, policies)
@@ -73,11 +76,22 @@ class BudgetCheckRoom(LedgerCore):
             if state.example is not None and (worst is None or rank > worst[:2]):
                 worst = (*rank, state.example, epsilon, cap.cap_epsilon)
         assert worst is not None  # every window has a named state: see held_states
-        return BudgetCheck(len(distinct), worst[2], worst[3], worst[4], len(states))
+        subjects = sum(state.keys for state in states)
+        return BudgetCheck(subjects, worst[2], worst[3], worst[4], len(states))
+
+    def _states(
+        self, connection: Connection, keys: LedgerKey | CohortKeys | Iterable[LedgerKey]
+    ) -> tuple[Sequence[Charged], list[HeldState]]:
+        """What ``keys`` cover (distinct keys, or a cohort's keys in a window) and the
+        distinct states they hold."""
+        if isinstance(keys, CohortKeys):
+            return [keys], cohort_states(connection, keys, self._orders.size)
+        distinct = self._distinct_keys(keys)
+        return distinct, held_states(connection, distinct, self._orders.size)
 
     def would_exceed(
         self,
-        keys: LedgerKey | Iterable[LedgerKey],
+        keys: LedgerKey | CohortKeys | Iterable[LedgerKey],
         mechanism: Mechanism | Mapping[str, Any],
         count: int = 1,
     ) -> bool:
@@ -86,13 +100,12 @@ class BudgetCheckRoom(LedgerCore):
         return self.budget_check(keys, mechanism, count).exceeds
 
     def prospective_accountants(
-        self, keys: LedgerKey | Iterable[LedgerKey]
+        self, keys: LedgerKey | CohortKeys | Iterable[LedgerKey]
     ) -> list[tuple[RDPAccountant, Policy]]:
         """Each distinct committed-plus-reserved spend among ``keys`` as an accountant, with
         the policy over it (for noise planning: one entry per state, not per key)."""
-        distinct = self._distinct_keys(keys)
         with self.reading() as connection:
-            states = held_states(connection, distinct, self._orders.size)
+            _, states = self._states(connection, keys)
             policies = self._policy_store.read(connection)
         planned: dict[tuple[Any, ...], tuple[RDPAccountant, Policy]] = {}
         for state in states:

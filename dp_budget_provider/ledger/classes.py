@@ -211,7 +211,7 @@ def accounts_for(
         else:
             subjects = sorted(by_scope[scope])
             size = len(subjects)
-            cohort_id, digest = _register(pipe, scope[0], subjects, now)
+            cohort_id, digest = register(pipe, scope[0], subjects, now)
         cohort = _listed(pipe, scope, cohort_id, digest, size)
         if cohort is None:
             cohort = _refine(pipe, scope, cohort_id, digest, size, now)
@@ -247,15 +247,8 @@ _COHORT = "SELECT id, size FROM dp_cohorts WHERE tenant = %(tenant)s AND digest 
 def register(
     pipe: pipeline.Pipeline, tenant: str, subjects: Sequence[str], now: str
 ) -> tuple[int, str]:
-    """The id and digest of the cohort of ``subjects`` (sorted canonical ids), stored
-    with its members if new."""
-    return _register(pipe, tenant, subjects, now)
-
-
-def _register(
-    pipe: pipeline.Pipeline, tenant: str, subjects: Sequence[str], now: str
-) -> tuple[int, str]:
-    """The id of the cohort of ``subjects`` (sorted), stored with its members if new."""
+    """The id and digest of the cohort of ``subjects`` (sorted canonical ids), stored with
+    its members if new."""
     digest = cohort_digest(subjects)
     named = {"tenant": tenant, "digest": digest}
     found = pipe.query(

@@ -74,6 +74,9 @@ from dp_budget_provider.ledger.schema import Window as WindowRow
 from dp_budget_provider.ledger.spend import Spend
 from dp_budget_provider.ledger.windows import WindowCalendar, window_bounds
 
+# What a charge covers in a window: subject keys, or a registered cohort's keys there.
+Charged = LedgerKey | classes.CohortKeys
+
 _CHUNK = 1000
 _BOUND_CACHE_SIZE = 100_000
 _KEY_COLUMNS = statements.KEY_COLUMNS
@@ -273,6 +276,16 @@ class LedgerCore:
     # ------------------------------------------------------------------ validation helpers
 
     @classmethod
+    def _covered(
+        cls, keys: LedgerKey | classes.CohortKeys | Iterable[LedgerKey]
+    ) -> tuple[list[LedgerKey], list[classes.CohortKeys]]:
+        """What a charge covers: subject keys in lock order, or one registered cohort's
+        keys in a window (:meth:`cohort`)."""
+        if isinstance(keys, classes.CohortKeys):
+            return [], [keys]
+        return cls._keys(keys), []
+
+    @classmethod
     def _keys(cls, keys: LedgerKey | Iterable[LedgerKey]) -> list[LedgerKey]:
         """Distinct keys in lock order (see ``_lock_order``)."""
         by_parts = cls._key_parts(keys)
@@ -375,6 +388,7 @@ class LedgerCore:
         keys: Sequence[LedgerKey],
         moment: datetime,
         reserving: Spend | None = None,
+        cohorts: Sequence[classes.CohortKeys] = (),
     ) -> tuple[dict[LedgerKey, statements.LockedAccount], Policies, classes.Charge]:
         """Lock the windows ``keys`` (subject keys) charge and the accounts of their
         classes, refusing any that may not be charged.
@@ -387,8 +401,8 @@ class LedgerCore:
         (its account keys in lock order, and its cohorts for the history entry).
         """
         now = clock.stamp(moment)
-        self._lock_windows(pipe, keys, now)
-        charge = classes.accounts_for(pipe, keys, now)
+        self._lock_windows(pipe, [*keys, *cohorts], now)
+        charge = classes.accounts_for(pipe, keys, now, cohorts)
         locked, version = self._lock_accounts(pipe, charge.keys, now, reserving)
         policies = self._policy_store.at(pipe, version)
         self._check_windows(charge.keys, policy_lookup(policies), moment)
@@ -399,7 +413,7 @@ class LedgerCore:
         return locked, policies, charge
 
     @staticmethod
-    def _lock_windows(pipe: pipeline.Pipeline, keys: Sequence[LedgerKey], now: str) -> None:
+    def _lock_windows(pipe: pipeline.Pipeline, keys: Sequence[Charged], now: str) -> None:
         """Create and share-lock the window rows ``keys`` charge; refuse a sealed one.
 
         Every account's scope and window has a row in ``dp_windows``; a reset seals it
@@ -431,7 +445,7 @@ class LedgerCore:
 
     @staticmethod
     def _check_windows(
-        keys: Sequence[LedgerKey], policy_of: Callable[[LedgerKey], Policy], moment: datetime
+        keys: Sequence[Charged], policy_of: Callable[[Any], Policy], moment: datetime
     ) -> None:
         """Refuse a window that is not its scope calendar's own name for a period, or that
         has not begun (data that does not exist yet cannot be released)."""
@@ -457,7 +471,7 @@ class LedgerCore:
     def _refuse_unchargeable(
         self,
         connection: Connection,
-        keys: Sequence[LedgerKey],
+        keys: Sequence[Charged],
         states: Sequence[HeldState],
         policies: Policies,
     ) -> None:

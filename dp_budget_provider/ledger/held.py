@@ -10,15 +10,29 @@ of different chunks and windows are merged: one state per scope and stored value
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
-from sqlalchemy import Connection, Select, any_, bindparam, func, literal, literal_column, select
+from sqlalchemy import (
+    Connection,
+    Select,
+    and_,
+    any_,
+    bindparam,
+    func,
+    literal,
+    literal_column,
+    select,
+)
 
+from dp_budget_provider.ledger.classes import CohortKeys
+from dp_budget_provider.ledger.errors import LedgerError
 from dp_budget_provider.ledger.keys import LedgerKey
-from dp_budget_provider.ledger.schema import Account, Member
+from dp_budget_provider.ledger.schema import Account, Cohort, CohortAccount, CohortMember, Member
 from dp_budget_provider.ledger.spend import Pending, Spend
 from dp_budget_provider.ledger.standing import SPEND_COLUMNS
 from dp_budget_provider.ledger.statements import member_account, newline_joined
@@ -110,36 +124,112 @@ def held_states(connection: Connection, keys: Sequence[LedgerKey], size: int) ->
                 statement,
                 {"tenant": tenant, "query_type": query_type, "window": window, "subjects": packed},
             ).all()
-            touched = 0
-            for row in rows:
-                touched += row.holders
-                stored = tuple(getattr(row, column.key) for column in SPEND_COLUMNS)
-                add(
-                    (tenant, query_type, row.rescoped_to, stored),
-                    HeldState(
-                        tenant,
-                        query_type,
-                        Spend.from_columns(row.rho, row.residual, row.gaussian_mu2, size),
-                        Pending.from_columns(
-                            row.pending_rho,
-                            row.pending_residual,
-                            row.pending_mu2,
-                            row.pending_others,
-                            size,
-                        ),
-                        row.holders,
-                        LedgerKey.from_canonical(tenant, row.first, query_type, window),
-                        row.rescoped_to,
-                    ),
-                )
-            if touched < len(chunk):
-                first = (
-                    None
-                    if rows
-                    else LedgerKey.from_canonical(tenant, min(chunk), query_type, window)
-                )
-                add(
-                    (tenant, query_type, None, "untouched"),
-                    HeldState(tenant, query_type, Spend(), Pending(), len(chunk) - touched, first),
-                )
+            scope = (tenant, query_type, window)
+            _add_rows(add, rows, scope, size, len(chunk), functools.partial(min, chunk))
+    return list(merged.values())
+
+
+def _add_rows(
+    add: Callable[[tuple[object, ...], HeldState], None],
+    rows: Sequence[Any],
+    scope: tuple[str, str, str],
+    size: int,
+    asked: int,
+    least: Callable[[], str],
+) -> None:
+    """The states of grouped rows of one window (``holders`` subjects each, ``first`` the
+    least); the ``asked`` subjects no row holds are untouched, the zero state, named by
+    ``least()`` only when no row holds any (see :class:`HeldState`)."""
+    tenant, query_type, window = scope
+    touched = 0
+    for row in rows:
+        touched += int(row.holders)
+        stored = tuple(getattr(row, column.key) for column in SPEND_COLUMNS)
+        add(
+            (tenant, query_type, row.rescoped_to, stored),
+            HeldState(
+                tenant,
+                query_type,
+                Spend.from_columns(row.rho, row.residual, row.gaussian_mu2, size),
+                Pending.from_columns(
+                    row.pending_rho, row.pending_residual, row.pending_mu2, row.pending_others, size
+                ),
+                int(row.holders),
+                LedgerKey.from_canonical(tenant, row.first, query_type, window),
+                row.rescoped_to,
+            ),
+        )
+    if touched < asked:
+        first = None if rows else LedgerKey.from_canonical(tenant, least(), query_type, window)
+        add(
+            (tenant, query_type, None, "untouched"),
+            HeldState(tenant, query_type, Spend(), Pending(), asked - touched, first),
+        )
+
+
+def cohort_states(connection: Connection, covered: CohortKeys, size: int) -> list[HeldState]:
+    """The distinct states of a registered cohort's subjects in one window.
+
+    A cohort its window has seen is partitioned by the accounts listed for it: one
+    grouped read of those accounts, however many subjects (a state's example is then an
+    account key). A cohort new to the window is read through its members' accounts.
+    """
+    tenant, query_type, window = covered.tenant, covered.query_type, covered.window
+    found = connection.execute(
+        select(Cohort.id, Cohort.size).where(
+            Cohort.tenant == tenant, Cohort.digest == covered.cohort.digest
+        )
+    ).one_or_none()
+    if found is None or found.size != covered.cohort.size:
+        raise LedgerError(
+            f"no cohort {covered.cohort.digest[:12]} of {covered.cohort.size} subjects of "
+            f"tenant {tenant!r} in this ledger: register it with ledger.cohort(...) first"
+        )
+    grouping = (*SPEND_COLUMNS, Account.rescoped_to)
+    listed = select(CohortAccount.account).where(
+        CohortAccount.cohort_id == found.id,
+        CohortAccount.query_type == query_type,
+        CohortAccount.window == window,
+    )
+    rows = connection.execute(
+        select(
+            *grouping,
+            func.sum(Account.size).label("holders"),
+            func.min(Account.subject).label("first"),
+        )
+        .where(
+            Account.tenant == tenant,
+            Account.query_type == query_type,
+            Account.window == window,
+            Account.subject.in_(listed),
+        )
+        .group_by(*grouping)
+    ).all()
+    if not rows:
+        rows = connection.execute(
+            select(
+                *grouping, func.count().label("holders"), func.min(Member.subject).label("first")
+            )
+            .select_from(CohortMember)
+            .join(
+                Member,
+                and_(
+                    Member.tenant == tenant,
+                    Member.query_type == query_type,
+                    Member.window == window,
+                    Member.subject == CohortMember.subject,
+                ),
+            )
+            .join(Account, member_account())
+            .where(CohortMember.cohort_id == found.id)
+            .group_by(*grouping)
+        ).all()
+    merged: dict[tuple[object, ...], HeldState] = {}
+
+    def least() -> str:
+        return connection.execute(
+            select(func.min(CohortMember.subject)).where(CohortMember.cohort_id == found.id)
+        ).scalar_one()
+
+    _add_rows(merged.__setitem__, rows, (tenant, query_type, window), size, found.size, least)
     return list(merged.values())

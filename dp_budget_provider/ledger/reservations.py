@@ -40,6 +40,7 @@ from dp_budget_provider.ledger import (
     pipeline,
     statements,
 )
+from dp_budget_provider.ledger.classes import Cohort, CohortKeys
 from dp_budget_provider.ledger.core import (
     _BOUND_CACHE_SIZE,
     _CHUNK,
@@ -56,7 +57,9 @@ from dp_budget_provider.ledger.errors import (
 )
 from dp_budget_provider.ledger.keys import (
     LedgerKey,
+    canonical_part,
     free_text,
+    subject_ids,
 )
 from dp_budget_provider.ledger.lease import LeaseKeeper, WarningLog
 from dp_budget_provider.ledger.policy import Policy
@@ -87,7 +90,7 @@ class ReservationRoom(LedgerCore):
 
     def reserve(
         self,
-        keys: LedgerKey | Iterable[LedgerKey],
+        keys: LedgerKey | CohortKeys | Iterable[LedgerKey],
         mechanism: Mechanism | Mapping[str, Any],
         count: int = 1,
         attempt: str | None = None,
@@ -103,13 +106,15 @@ class ReservationRoom(LedgerCore):
         release or renew it. Its lease runs for :attr:`lease` from now: keep it alive
         with :meth:`keep_alive` (or :meth:`renew`) while the release works on the data.
         """
-        ordered = self._keys(keys)
+        ordered, cohorts = self._covered(keys)
         mechanism, count, attempt_id, cost = self._release(mechanism, count, attempt)
         if not cost.finite:  # beyond every cap (a noise multiplier of 1e-200): no row touched
-            raise BudgetExhausted(ordered[0], math.inf, self.policy_for(ordered[0]).cap_epsilon)
+            first = ordered[0] if ordered else cohorts[0]
+            cap = self.policy_for_scope(first.tenant, first.query_type).cap_epsilon
+            raise BudgetExhausted(first, math.inf, cap)
         try:
             with self._pipelined() as pipe:
-                return self._reserve(pipe, ordered, mechanism, count, attempt_id, cost)
+                return self._reserve(pipe, ordered, cohorts, mechanism, count, attempt_id, cost)
         except pipeline.UniqueViolation as error:
             if "attempt_id" not in str(error):
                 raise
@@ -161,6 +166,7 @@ class ReservationRoom(LedgerCore):
         self,
         pipe: pipeline.Pipeline,
         keys: list[LedgerKey],
+        cohorts: list[CohortKeys],
         mechanism: Mechanism,
         count: int,
         attempt_id: str,
@@ -169,7 +175,9 @@ class ReservationRoom(LedgerCore):
         moment = clock.now()
         now = clock.stamp(moment)
         lease_expires_at = clock.stamp(moment + self._lease)
-        locked, policies, charge = self._lock_chargeable(pipe, keys, moment, reserving=cost)
+        locked, policies, charge = self._lock_chargeable(
+            pipe, keys, moment, reserving=cost, cohorts=cohorts
+        )
         accounts = charge.keys
         # The pending spend read back includes this cost but for its residual curve.
         residual = Spend(0.0, cost.residual, 0.0)
@@ -647,6 +655,27 @@ class ReservationRoom(LedgerCore):
                 )
                 reaped.append(row.id)
         return reaped
+
+    # ------------------------------------------------------------------ cohorts
+
+    def cohort(self, subjects: Iterable[Any], tenant: str = "default") -> Cohort:
+        """Register a release's subjects once and get a handle naming them by content.
+
+        ``subjects`` is any collection of ids (see :func:`~.keys.subject_ids`). The same
+        set of ids is the same cohort: registering it again stores nothing. Hand the
+        handle on (``cohort.as_dict()`` through XCom) and charge
+        ``cohort.in_window(query_type, window)``: the ids never travel or get hashed
+        again, and a release over a cohort its window has seen costs one row per class.
+        Registering charges nothing and writes no history entry: the history names a
+        cohort (by digest) when a charge covers it.
+        """
+        ids = sorted(subject_ids(subjects))
+        if not ids:
+            raise ValueError("a cohort needs at least one subject")
+        tenant = canonical_part("tenant", tenant)
+        with self._pipelined() as pipe:
+            _, digest = classes.register(pipe, tenant, ids, clock.stamp(clock.now()))
+        return Cohort(tenant, digest, len(ids))
 
     # ------------------------------------------------------------------ one-step spend
 
