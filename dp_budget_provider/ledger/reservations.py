@@ -59,7 +59,7 @@ from dp_budget_provider.ledger.keys import (
     LedgerKey,
     canonical_part,
     free_text,
-    subject_ids,
+    sorted_subject_ids,
 )
 from dp_budget_provider.ledger.lease import LeaseKeeper, WarningLog
 from dp_budget_provider.ledger.policy import Policy
@@ -669,9 +669,7 @@ class ReservationRoom(LedgerCore):
         Registering charges nothing and writes no history entry: the history names a
         cohort (by digest) when a charge covers it.
         """
-        ids = sorted(subject_ids(subjects))
-        if not ids:
-            raise ValueError("a cohort needs at least one subject")
+        ids = sorted_subject_ids(subjects)
         tenant = canonical_part("tenant", tenant)
         with self._pipelined() as pipe:
             _, digest = classes.register(pipe, tenant, ids, clock.stamp(clock.now()))
