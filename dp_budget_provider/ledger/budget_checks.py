@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection
@@ -12,9 +12,9 @@ from dp_budget_provider.accounting import (
     RDPAccountant,
 )
 from dp_budget_provider.accounting import validation as check
-from dp_budget_provider.ledger.classes import CohortKeys
 from dp_budget_provider.ledger.core import (
     Charged,
+    Covered,
     LedgerCore,
 )
 from dp_budget_provider.ledger.held import HeldState, cohort_states, held_states
@@ -34,7 +34,7 @@ class BudgetCheckRoom(LedgerCore):
 
     def budget_check(
         self,
-        keys: LedgerKey | CohortKeys | Iterable[LedgerKey],
+        keys: Covered,
         mechanism: Mechanism | Mapping[str, Any],
         count: int = 1,
     ) -> BudgetCheck:
@@ -53,7 +53,7 @@ class BudgetCheckRoom(LedgerCore):
 
     def _check(
         self,
-        keys: LedgerKey | CohortKeys | Iterable[LedgerKey],
+        keys: Covered,
         mechanism: Mechanism | Mapping[str, Any],
         count: int,
         *,
@@ -80,18 +80,24 @@ class BudgetCheckRoom(LedgerCore):
         return BudgetCheck(subjects, worst[2], worst[3], worst[4], len(states))
 
     def _states(
-        self, connection: Connection, keys: LedgerKey | CohortKeys | Iterable[LedgerKey]
+        self, connection: Connection, keys: Covered
     ) -> tuple[Sequence[Charged], list[HeldState]]:
         """What ``keys`` cover (distinct keys, or a cohort's keys in a window) and the
         distinct states they hold."""
-        if isinstance(keys, CohortKeys):
-            return [keys], cohort_states(connection, keys, self._orders.size)
+        cohorts = self._cohorts(keys)
+        if cohorts:
+            states = [
+                state
+                for covered in cohorts
+                for state in cohort_states(connection, covered, self._orders.size)
+            ]
+            return cohorts, states
         distinct = self._distinct_keys(keys)
         return distinct, held_states(connection, distinct, self._orders.size)
 
     def would_exceed(
         self,
-        keys: LedgerKey | CohortKeys | Iterable[LedgerKey],
+        keys: Covered,
         mechanism: Mechanism | Mapping[str, Any],
         count: int = 1,
     ) -> bool:
@@ -99,9 +105,7 @@ class BudgetCheckRoom(LedgerCore):
         reservations): :meth:`budget_check` without the details."""
         return self.budget_check(keys, mechanism, count).exceeds
 
-    def prospective_accountants(
-        self, keys: LedgerKey | CohortKeys | Iterable[LedgerKey]
-    ) -> list[tuple[RDPAccountant, Policy]]:
+    def prospective_accountants(self, keys: Covered) -> list[tuple[RDPAccountant, Policy]]:
         """Each distinct committed-plus-reserved spend among ``keys`` as an accountant, with
         the policy over it (for noise planning: one entry per state, not per key)."""
         with self.reading() as connection:

@@ -32,9 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import Connection, func, select
+
 from dp_budget_provider.ledger import pipeline
 from dp_budget_provider.ledger.errors import LedgerCorrupt, LedgerError
-from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
+from dp_budget_provider.ledger.keys import LedgerKey, canonical_part, keys_for
+from dp_budget_provider.ledger.schema import Member
 from dp_budget_provider.ledger.statements import newline_joined
 
 # An account label: never a canonical subject, which is case-folded (no upper case).
@@ -109,6 +112,34 @@ class CohortKeys:
     @property
     def tenant(self) -> str:
         return self.cohort.tenant
+
+
+def is_cohort(subjects: object) -> bool:
+    """Whether a release's subjects are a cohort handle (or its ``as_dict`` via XCom)."""
+    return isinstance(subjects, Cohort) or (
+        isinstance(subjects, dict) and set(subjects) == {"tenant", "digest", "size"}
+    )
+
+
+def covered_by(
+    subjects: Any, query_type: str, windows: Sequence[str], tenant: str
+) -> list[LedgerKey] | list[CohortKeys]:
+    """What a release over ``subjects`` in ``windows`` charges: a cohort handle's keys in
+    each window, or one key per subject and window (:func:`~.keys.keys_for`)."""
+    if not is_cohort(subjects):
+        return keys_for(subjects, query_type, windows, tenant=tenant)
+    cohort = subjects if isinstance(subjects, Cohort) else Cohort.from_dict(subjects)
+    if cohort.tenant != canonical_part("tenant", tenant):
+        raise ValueError(
+            f"the cohort was registered for tenant {cohort.tenant!r}, the release charges "
+            f"tenant {tenant!r}"
+        )
+    return [cohort.in_window(query_type, window) for window in dict.fromkeys(windows)]
+
+
+def subjects_in(covered: Sequence[LedgerKey] | Sequence[CohortKeys]) -> int:
+    """How many (subject, window) pairs ``covered`` holds."""
+    return sum(item.cohort.size if isinstance(item, CohortKeys) else 1 for item in covered)
 
 
 @dataclass(frozen=True)
@@ -435,17 +466,19 @@ def _carry(pipe: pipeline.Pipeline, scope: Scope, parent: str, child: str) -> li
     return carried
 
 
-def example_subject(pipe: pipeline.Pipeline, key: LedgerKey) -> LedgerKey:
-    """The least subject of account ``key`` as a subject key (for messages): the account
-    itself when it is a class of one made before classes existed."""
+def example_subject(connection: Connection, key: LedgerKey) -> LedgerKey:
+    """The least subject of account ``key`` as a subject key (what messages and receipts
+    name): the account itself when it is a class of one made before classes existed."""
     if not is_label(key.subject):
         return key
-    rows = pipe.query(
-        "SELECT min(subject) FROM dp_members WHERE tenant = %(t)s AND query_type = %(q)s "
-        'AND "window" = %(w)s AND account = %(a)s',
-        {"t": key.tenant, "q": key.query_type, "w": key.window, "a": key.subject},
-    )
-    subject = rows[0][0] if rows else None
+    subject = connection.execute(
+        select(func.min(Member.subject)).where(
+            Member.tenant == key.tenant,
+            Member.query_type == key.query_type,
+            Member.window == key.window,
+            Member.account == key.subject,
+        )
+    ).scalar_one()
     if subject is None:
         return key
     return LedgerKey.from_canonical(key.tenant, subject, key.query_type, key.window)

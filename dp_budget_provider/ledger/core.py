@@ -76,6 +76,8 @@ from dp_budget_provider.ledger.windows import WindowCalendar, window_bounds
 
 # What a charge covers in a window: subject keys, or a registered cohort's keys there.
 Charged = LedgerKey | classes.CohortKeys
+# What reserve and the budget checks take: keys, or cohorts' keys in their windows.
+Covered = LedgerKey | classes.CohortKeys | Iterable[LedgerKey] | Sequence[classes.CohortKeys]
 
 _CHUNK = 1000
 _BOUND_CACHE_SIZE = 100_000
@@ -276,14 +278,24 @@ class LedgerCore:
     # ------------------------------------------------------------------ validation helpers
 
     @classmethod
-    def _covered(
-        cls, keys: LedgerKey | classes.CohortKeys | Iterable[LedgerKey]
-    ) -> tuple[list[LedgerKey], list[classes.CohortKeys]]:
-        """What a charge covers: subject keys in lock order, or one registered cohort's
-        keys in a window (:meth:`cohort`)."""
+    def _covered(cls, keys: Covered) -> tuple[list[LedgerKey], list[classes.CohortKeys]]:
+        """What a charge covers: subject keys in lock order, or registered cohorts' keys
+        in their windows (see ``cohort``)."""
+        cohorts = cls._cohorts(keys)
+        return ([], cohorts) if cohorts else (cls._keys(keys), [])  # type: ignore[arg-type]
+
+    @staticmethod
+    def _cohorts(keys: object) -> list[classes.CohortKeys]:
+        """``keys`` as cohorts' keys in their windows, or [] when they are not that."""
         if isinstance(keys, classes.CohortKeys):
-            return [], [keys]
-        return cls._keys(keys), []
+            return [keys]
+        if (
+            isinstance(keys, list | tuple)
+            and keys
+            and all(isinstance(item, classes.CohortKeys) for item in keys)
+        ):
+            return list(keys)
+        return []
 
     @classmethod
     def _keys(cls, keys: LedgerKey | Iterable[LedgerKey]) -> list[LedgerKey]:
@@ -409,7 +421,7 @@ class LedgerCore:
         for key in charge.keys:
             moved = locked[key].rescoped_to
             if moved is not None:
-                raise _rescoped(classes.example_subject(pipe, key), moved)
+                raise _rescoped(classes.example_subject(pipe.core(), key), moved)
         return locked, policies, charge
 
     @staticmethod

@@ -116,6 +116,13 @@ class ReadingRoom(LedgerCore):
             ).scalar_one()
         return LedgerKey.from_canonical(key.tenant, label, key.query_type, key.window)
 
+    def subject_of(self, account: LedgerKey) -> LedgerKey:
+        """A subject of ``account`` (the least), as a subject key: what a receipt of a
+        class is shown as. A subject key, or an account that holds no subject, is itself."""
+        account = self._one_key(account)[0]
+        with self.reading() as connection:
+            return classes.example_subject(connection, account)
+
     def epsilon_of(self, key: LedgerKey) -> float:
         """Committed cumulative eps of ``key`` at the ledger's delta (0 if untouched)."""
         return self.receipt(key).epsilon

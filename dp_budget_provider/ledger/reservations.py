@@ -45,6 +45,7 @@ from dp_budget_provider.ledger.core import (
     _BOUND_CACHE_SIZE,
     _CHUNK,
     _CLEAR,
+    Covered,
     LedgerCore,
     _chunks,
     _key_of,
@@ -90,7 +91,7 @@ class ReservationRoom(LedgerCore):
 
     def reserve(
         self,
-        keys: LedgerKey | CohortKeys | Iterable[LedgerKey],
+        keys: Covered,
         mechanism: Mechanism | Mapping[str, Any],
         count: int = 1,
         attempt: str | None = None,
@@ -194,7 +195,7 @@ class ReservationRoom(LedgerCore):
                 bound = bounds[marker] = self._bounds([total])[0]
             cap = policy_of(key).cap_epsilon
             if bound.epsilon > cap:
-                raise BudgetExhausted(classes.example_subject(pipe, key), bound.epsilon, cap)
+                raise BudgetExhausted(classes.example_subject(pipe.core(), key), bound.epsilon, cap)
             worst = max(worst, bound.epsilon)
         if cost.residual is not None:
             self._add_pending_residual(pipe, accounts, locked, cost.residual)

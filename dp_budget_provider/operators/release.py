@@ -48,8 +48,8 @@ from dp_budget_provider.ledger import (
     SpendReceipt,
     SubjectSource,
     WindowSealed,
-    keys_for,
 )
+from dp_budget_provider.ledger.classes import CohortKeys, covered_by, subjects_in
 from dp_budget_provider.plugins.links import DPBudgetAccountLink
 
 RECEIPT_XCOM_KEY = "dp_budget_receipt"
@@ -100,7 +100,10 @@ class DPReleaseOperator(BaseOperator):
         any collection of ids from the data (a list, a numpy array, an upstream task's
         ``.output``), or a callable that Airflow calls with ``context`` and ``jinja_env``
         when the task runs (as for any templated field) and that returns one; ids that
-        are one canonical id are one subject, charged once.
+        are one canonical id are one subject, charged once. ``subjects`` may also be a
+        registered cohort (``ledger.cohort(ids)``, or its ``as_dict()`` returned by an
+        upstream task): then the ids never travel again, and a release over a cohort its
+        window has seen costs one row per class, whatever its size.
     :param tenant: ledger tenant. :param query_type: release family.
     :param window: one budget window, a canonical label of the scope's calendar (e.g. the
         window a :class:`BudgetSensor` found room in); default: every window the run's
@@ -226,7 +229,9 @@ class DPReleaseOperator(BaseOperator):
             return self.mechanism
         return Mechanism.from_spec(self.mechanism)
 
-    def _auto_mechanism(self, ledger: PrivacyBudgetLedger, keys: list[LedgerKey]) -> Mechanism:
+    def _auto_mechanism(
+        self, ledger: PrivacyBudgetLedger, keys: list[LedgerKey] | list[CohortKeys]
+    ) -> Mechanism:
         """The least noise found that keeps every key within its target, checked on each
         distinct held state (keys that have had the same releases share one)."""
         budgets = [
@@ -243,21 +248,24 @@ class DPReleaseOperator(BaseOperator):
         self.log.info(
             "noise_multiplier='auto' resolved to %.6g for %d key(s) in %d distinct state(s)",
             needed,
-            len(keys),
+            subjects_in(keys),
             len(budgets),
         )
         return GaussianMechanism(needed)
 
     # ------------------------------------------------------------------ keys
 
-    def _keys(self, ledger: PrivacyBudgetLedger, context: Mapping[str, Any]) -> list[LedgerKey]:
-        """Every (subject, window) the release charges: the data it reads, per subject."""
+    def _keys(
+        self, ledger: PrivacyBudgetLedger, context: Mapping[str, Any]
+    ) -> list[LedgerKey] | list[CohortKeys]:
+        """Every (subject, window) the release charges: the data it reads, per subject
+        (or a registered cohort's subjects in each window)."""
         if self.window:
             windows = [self.window]
         else:
             windows = ledger.windows_for(self.tenant, self.query_type, *data_interval(context))
         subjects = [self.subject] if self.subject is not None else self.subjects
-        return keys_for(subjects, self.query_type, windows, tenant=self.tenant)
+        return covered_by(subjects, self.query_type, windows, self.tenant)
 
     # ------------------------------------------------------------------ execute
 
@@ -279,7 +287,7 @@ class DPReleaseOperator(BaseOperator):
             # quarantined ledger: nothing was written and the callable never runs.
             raise AirflowFailException(f"no release: {refusal}") from refusal
         except BudgetExhausted as refusal:
-            Stats.incr("dp_budget.refusals", tags={"query_type": keys[0].query_type})
+            Stats.incr("dp_budget.refusals", tags={"query_type": self.query_type})
             # The refusal is this task's receipt: its account link opens the key that
             # refused, and nothing looks for a receipt that was never written.
             context["ti"].xcom_push(
@@ -287,7 +295,7 @@ class DPReleaseOperator(BaseOperator):
                 value={
                     "refused": True,
                     "mechanism": plan.charged.to_spec(),
-                    "keys": len(keys),
+                    "keys": subjects_in(keys),
                     "key": refusal.key.as_dict(),
                     "epsilon": refusal.would_be_epsilon,
                     "cap_epsilon": refusal.cap_epsilon,
@@ -301,7 +309,7 @@ class DPReleaseOperator(BaseOperator):
             "reserved %s on %d key(s), eps would reach %.6g; its lease (until %s) is renewed "
             "while the query runs",
             plan.charged.to_spec(),
-            len(keys),
+            subjects_in(keys),
             reservation.prospective_epsilon,
             reservation.lease_expires_at,
         )
@@ -318,22 +326,27 @@ class DPReleaseOperator(BaseOperator):
                 # Quarantined meanwhile: the release is withheld, its reservation stays
                 # open and is charged when reaped.
                 raise AirflowFailException(f"release withheld: {refusal}") from refusal
-            summary = self._summary(receipts, reservation.id, plan)
+            summary = self._summary(ledger, receipts, reservation.id, plan)
             context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
         self._report(receipts, summary, context)
         return release
 
     @staticmethod
     def _summary(
-        receipts: list[SpendReceipt], reservation_id: str, plan: NoisePlan
+        ledger: PrivacyBudgetLedger,
+        receipts: list[SpendReceipt],
+        reservation_id: str,
+        plan: NoisePlan,
     ) -> dict[str, Any]:
+        """The task's receipt: its worst account, named by one of its subjects."""
         worst = max(receipts, key=lambda r: r.fraction)
         return {
             "reservation_id": reservation_id,
             "mechanism": plan.charged.to_spec(),
             "granularity": plan.granularity,
-            "keys": len(receipts),
-            "key": worst.key.as_dict(),
+            "keys": sum(r.subjects for r in receipts),
+            "key": ledger.subject_of(worst.key).as_dict(),
+            "account": worst.key.subject,
             "epsilon": worst.epsilon,
             "cap_epsilon": worst.cap_epsilon,
             "remaining": worst.remaining,

@@ -23,8 +23,8 @@ from dp_budget_provider.ledger import (
     SubjectSource,
     WindowSealed,
     key_for,
-    keys_for,
 )
+from dp_budget_provider.ledger.classes import covered_by
 from dp_budget_provider.triggers.budget_window import BudgetWindowTrigger
 
 
@@ -94,7 +94,7 @@ class BudgetSensor(BaseSensorOperator):
     def _fits(self, ledger: PrivacyBudgetLedger, window: str) -> bool:
         subjects = [self.subject] if self.subject is not None else self.subjects
         try:
-            keys = keys_for(subjects, self.query_type, [window], tenant=self.tenant)
+            keys = covered_by(subjects, self.query_type, [window], self.tenant)
             fresh = key_for("-", self.query_type, window, tenant=self.tenant)
             too_big = ledger.would_exceed(fresh, self.mechanism, self.count)
             check = ledger.budget_check(keys, self.mechanism, self.count)

@@ -85,7 +85,9 @@ def test_a_weekly_run_spanning_two_iso_weeks_charges_both(ledger, weekly):
             assert ledger.epsilon_of(key) == pytest.approx(one_release(), rel=1e-12), key
     assert ledger.epsilon_of(key_for("alice", "heatmap", "2026-w47")) == 0.0
     (reserve,) = [e for e in ledger.history() if e["action"] == "reserve"]
-    assert reserve["payload"]["key_count"] == 4  # 2 subjects x 2 windows, one reservation
+    # 2 subjects x 2 windows, one reservation: one class of both subjects per window.
+    assert reserve["payload"]["key_count"] == 2
+    assert [c["size"] for c in reserve["payload"]["cohorts"]] == [2, 2]
     assert ledger.verify().ok
 
 
