@@ -7,8 +7,10 @@ declares its shape too: ``cells=16`` (the 4 x 4 grid) and ``integer=True`` (an i
 answer, which snapping to the lattice leaves unchanged, so the charge is that of
 sensitivity 1; a float heatmap would pay for snapping each cell). An answer with more
 cells, or of a float dtype, would fail before noise, charged. Every subject in the data is
-charged: an upstream task lists the week's cohort from the data, and the release charges
-each of its subjects (one release over many subjects).
+charged: an upstream task reads the week's cohort from the data and registers it in the
+ledger, and the release charges each of its subjects through the cohort's handle (one
+release over many subjects; the ids never travel through XCom, and the same population
+next week costs one row per spend class, whatever its size).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from datetime import datetime, timezone
 import numpy as np
 from airflow.sdk import DAG, task
 
+from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 from dp_budget_provider.operators.release import DPReleaseOperator
 
 
@@ -49,11 +52,12 @@ with DAG(
 ) as dag:
 
     @task
-    def list_cohort() -> list[str]:
-        """Who is in this week's data: the subjects the release charges (read from the
-        data when the run starts, never written into the DAG file)."""
+    def register_cohort(params: dict | None = None) -> dict:
+        """Who is in this week's data (read when the run starts, never written into the
+        DAG file), registered once: the release gets a handle naming them by content."""
         subjects, _ = weekly_visits()
-        return sorted(set(subjects.tolist()))
+        ledger = DPBudgetHook().get_ledger()
+        return ledger.cohort(subjects, tenant=(params or {})["tenant"]).as_dict()
 
     DPReleaseOperator(
         task_id="release_heatmap",
@@ -63,7 +67,7 @@ with DAG(
         granularity=1,
         cells=16,
         integer=True,
-        subjects=list_cohort(),
+        subjects=register_cohort(),
         query_type="heatmap",
         tenant="{{ params.tenant }}",
     )

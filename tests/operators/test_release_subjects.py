@@ -26,6 +26,13 @@ with DAG("DAG_ID", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezon
     def list_cohort():
         return [f"user-{{i}}" for i in range({size})] + ["USER-0"]  # one subject twice
 
+    @task
+    def register_cohort():
+        from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+
+        ids = [f"user-{{i}}" for i in range({size})]
+        return DPBudgetHook().get_ledger().cohort(ids).as_dict()
+
     DPReleaseOperator(
         task_id="release",
         python_callable=lambda: {size},
@@ -81,6 +88,22 @@ def test_subjects_from_an_array_or_a_callable(ledger, subjects):
     dag_run, receipt = run(40, subjects)
     assert task_states(dag_run)["release"] == "success"
     assert receipt["keys"] == 40 and len(charged(ledger, 40)) == 1
+
+
+def test_a_registered_cohort_travels_as_its_handle_and_repeats_touch_one_row(ledger):
+    """The upstream task registers the ids and hands on only the handle: the release
+    charges every subject through it, and the same release again writes one
+    reservation key (one class), not one per subject."""
+    dag_run, receipt = run(250, "register_cohort()")
+    assert task_states(dag_run) == {"register_cohort": "success", "release": "success"}
+    assert receipt["keys"] == 250 and receipt["key"]["subject"].startswith("user-")
+    assert len(charged(ledger, 250)) == 1
+    again, _ = run(250, "register_cohort()")
+    assert task_states(again)["release"] == "success"
+    reserves = [e for e in ledger.history() if e["action"] == "reserve"]
+    assert [e["payload"]["key_count"] for e in reserves] == [1, 1]
+    assert reserves[1]["payload"]["cohorts"][0]["refined"] is None  # a known cohort
+    assert len(charged(ledger, 250)) == 1 and ledger.verify().ok
 
 
 def test_a_template_string_is_refused_before_anything_is_reserved(ledger):
