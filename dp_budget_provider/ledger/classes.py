@@ -352,6 +352,8 @@ def _refine(
     splits: list[list[Any]] = []
     lock = " FOR UPDATE" if pipe.postgresql else ""
     labels = sorted(covered)
+    if pipe.postgresql:
+        _lock_open_reservations(pipe, scope, labels)
     for start in range(0, len(labels), _CHUNK):
         chunk = labels[start : start + _CHUNK]
         rows = pipe.query(
@@ -443,6 +445,30 @@ def _split(
         "AND l.account = %(parent)s AND c.tenant = %(tenant)s",
         named,
     )
+
+
+def _lock_open_reservations(pipe: pipeline.Pipeline, scope: Scope, labels: Sequence[str]) -> None:
+    """Lock the open reservations holding any of ``labels`` before the accounts.
+
+    A commit, release or reap locks its reservation first and its accounts next; a split
+    gives the reservation a key, so it takes the locks in the same order: a commit then
+    either closes before the split (and is not carried) or waits and finds the new key.
+    No reservation can open on these accounts meanwhile: that needs the window's lock.
+    """
+    tenant, query_type, window = scope
+    for start in range(0, len(labels), _CHUNK):
+        pipe.query(
+            "SELECT r.id FROM dp_reservations r WHERE r.state = 'open' AND r.id IN ("
+            "SELECT k.reservation_id FROM dp_reservation_keys k WHERE k.tenant = %(t)s "
+            'AND k.query_type = %(q)s AND k."window" = %(w)s AND k.subject IN '
+            f"(SELECT s FROM {_unpack(pipe)})) ORDER BY r.id FOR UPDATE OF r",
+            {
+                "t": tenant,
+                "q": query_type,
+                "w": window,
+                "subjects": _subjects_param(pipe, labels[start : start + _CHUNK]),
+            },
+        )
 
 
 def _carry(pipe: pipeline.Pipeline, scope: Scope, parent: str, child: str) -> list[str]:
