@@ -15,6 +15,7 @@ Statements are written for psycopg2 (``%(name)s`` parameters); SQLite gets them 
 from __future__ import annotations
 
 import contextlib
+import io
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -59,6 +60,16 @@ class Pipeline:
             self._begun = True
         cursor.execute(statement)
         return cursor.fetchall() if cursor.description else []
+
+    def copy_in(self, sql: str, text: str) -> None:
+        """PostgreSQL: ``COPY ... FROM STDIN`` of ``text`` now, inside the transaction."""
+        if not self.postgresql:
+            raise RuntimeError("COPY is PostgreSQL's")
+        cursor = self._pg_cursor()
+        if not self._begun:
+            cursor.execute("BEGIN")
+            self._begun = True
+        cursor.copy_expert(sql, io.StringIO(text))
 
     def query_alone(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Any]:
         """Run one statement as a transaction of its own (a server-side function call)."""
