@@ -155,3 +155,16 @@ def test_a_handle_must_name_a_registered_cohort(ledger_url, make_ledger):
     with pytest.raises(ValueError):
         Cohort.from_dict({"tenant": "default", "digest": "x", "size": 2})
     assert ledger.epsilon_of(key_for("a", "count", WINDOW)) == 0.0
+
+
+def test_awkward_ids_round_trip_through_the_cohort_store(ledger_url, make_ledger):
+    """Backslashes, quotes, COPY's NULL marker and non-ASCII ids are stored as they are."""
+    ledger = make_ledger(cap=CAP, url=ledger_url)
+    ids = ["a\\b", "q\"u,o'te", "\\N", "x\\\\y", "é ü", "tab-free\u00a0space"]
+    cohort = ledger.cohort(ids)
+    receipts = ledger.commit(ledger.reserve(cohort.in_window("q", WINDOW), GaussianMechanism(5.0)))
+    assert [r.subjects for r in receipts] == [len(ids)]
+    for subject in ids:
+        assert ledger.epsilon_of(key_for(subject, "q", WINDOW)) == receipts[0].epsilon
+    assert ledger.cohort(ids) == cohort  # the same set is the same cohort
+    assert ledger.verify().ok
