@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import multiprocessing
 import os
 import re
@@ -412,6 +413,33 @@ def _copy_baseline(size: int, url: str) -> float:
     return elapsed
 
 
+VERIFIED_RELEASES = 100
+_VERIFY_CHILD = """
+import json, sys, time
+from pathlib import Path
+from dp_budget_provider.ledger import PrivacyBudgetLedger
+ledger = PrivacyBudgetLedger(url=sys.argv[1])
+start = time.perf_counter()
+report = ledger.verify()
+elapsed = time.perf_counter() - start
+peak = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
+            if line.startswith("VmHWM:"))
+result = {"seconds": elapsed, "kib": peak, "ok": report.ok, "problems": report.problems[:3]}
+print(json.dumps(result))
+"""
+
+
+def _verify_in_a_child(url: str) -> tuple[float, float]:
+    """verify() of the ledger in a fresh process: its seconds and its peak RSS (MiB)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _VERIFY_CHILD, url], capture_output=True, text=True, check=True
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if not result["ok"]:
+        raise AssertionError(f"verify failed: {result['problems']}")
+    return result["seconds"], result["kib"] / 1024
+
+
 def _cohort_rows(backend: str, size: int, url: str) -> list[tuple]:
     """The release shapes of a real population (issue: cohorts and spend classes)."""
     copy = _copy_baseline(size, url)
@@ -444,6 +472,9 @@ def _cohort_rows(backend: str, size: int, url: str) -> list[tuple]:
     check = ledger.budget_check(keys, MECHANISM)
     timed["check keys"] = time.perf_counter() - start
     assert not check.exceeds and check.states == 1
+    while sum(1 for e in ledger.history() if e["action"] == "commit") < VERIFIED_RELEASES:
+        ledger.commit(ledger.reserve(covered, MECHANISM))
+    timed["verify"], timed["verify MiB"] = _verify_in_a_child(url)
     ledger.close()
     print(f"  {backend} {size}: {timed} against COPY {copy:.3f} s", file=sys.stderr)
     label = f"{backend}, {size:.0e} subjects"
@@ -461,6 +492,10 @@ def _cohort_rows(backend: str, size: int, url: str) -> list[tuple]:
          baseline, timed["check"] / copy, "<= 0.1"),
         (f"{label}: budget_check over the cohort (list of keys)", timed["check keys"], "s",
          copy, baseline, timed["check keys"] / copy, "(info)"),
+        (f"{label}: verify after {VERIFIED_RELEASES} releases over the cohort", timed["verify"],
+         "s", copy, baseline, timed["verify"] / copy, "<= 1"),
+        (f"{label}: verify's peak RSS", timed["verify MiB"], "MiB", 256, "the goal's bound MiB",
+         timed["verify MiB"] / 256, "<= 1"),
         (f"{label}: rows written by the repeated release", timed["repeated rows"], "rows",
          size, "subjects", timed["repeated rows"] / size, "O(1)"),
     ]  # fmt: skip
