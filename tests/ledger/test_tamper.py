@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -108,19 +108,19 @@ def build(url: str) -> None:
 
 
 class Copies:
-    """Fresh copies of the built ledger, per backend."""
+    """Fresh copies of a ledger ``make`` builds (this module's ``build``), per backend."""
 
-    def __init__(self, backend: str, tmp: Path) -> None:
+    def __init__(self, backend: str, tmp: Path, make: Callable[[str], None] = build) -> None:
         self.backend = backend
         self.tmp = tmp
         self.count = 0
         if backend == "sqlite":
             self.template = tmp / "template.db"
-            build(f"sqlite:///{self.template}")
+            make(f"sqlite:///{self.template}")
         else:
             self._scratch = scratch_database("dpb_tamper_template")
             self.template_name, url = self._scratch.__enter__()
-            build(url)
+            make(url)
 
     def new(self) -> str:
         self.count += 1
