@@ -69,7 +69,13 @@ LEGACY: dict[LedgerKey, tuple[list[tuple[Any, int]], str | None, int]] = {
     LOOKALIKE: ([(GAUSS, 1)], None, 0),
     ACME_ALICE: ([(GAUSS_B, 1)], None, 0),
 }
-NEW_TABLES = ("dp_members", "dp_cohorts", "dp_cohort_members", "dp_cohort_accounts")
+NEW_TABLES = (
+    "dp_members",
+    "dp_cohorts",
+    "dp_cohort_members",
+    "dp_cohort_accounts",
+    "dp_charge_cohorts",
+)
 ACCOUNTS = "SELECT * FROM dp_accounts ORDER BY id"
 RESERVATIONS = "SELECT * FROM dp_reservations ORDER BY id"
 RESERVATION_KEYS = "SELECT * FROM dp_reservation_keys ORDER BY reservation_id, position"
@@ -203,6 +209,7 @@ def assert_legacy_accounts_are_classes_of_one(
         "dp_cohorts": ["id", "tenant", "digest", "size", "created_at"],
         "dp_cohort_members": ["cohort_id", "subject"],
         "dp_cohort_accounts": ["cohort_id", "query_type", "window", "account"],
+        "dp_charge_cohorts": ["seq", "cohort_id", "query_type", "window"],
     }
     assert rows(url, ACCOUNTS) == [(*row, 1) for row in before]
     assert sorted(rows(url, MEMBERS)) == sorted(
