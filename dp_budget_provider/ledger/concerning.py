@@ -70,9 +70,11 @@ def reservations(key: LedgerKey) -> Any:
     return union(by_value, reserved)
 
 
-def entries(key: LedgerKey) -> Any:
+def entries(key: LedgerKey, *also: Any) -> Any:
     """Seqs of the history entries concerning ``key``: those naming it, those of its
-    reservations and, for a subject, the charges of its cohorts."""
+    reservations and, for a subject, the charges of its cohorts; and those of the
+    selects ``also`` (one UNION: each branch an indexed lookup, never an OR that would
+    scan the history)."""
     columns = (
         HistoryEntry.tenant,
         HistoryEntry.subject,
@@ -82,5 +84,5 @@ def entries(key: LedgerKey) -> Any:
     own = select(HistoryEntry.seq).where(_named(columns, key))
     held = select(HistoryEntry.seq).where(HistoryEntry.reservation_id.in_(reservations(key)))
     if classes.is_label(key.subject):
-        return union(own, held)
-    return union(own, held, charges(key))
+        return union(own, held, *also)
+    return union(own, held, charges(key), *also)

@@ -507,13 +507,12 @@ def account_status(ledger: PrivacyBudgetLedger, key: LedgerKey) -> AccountStatus
 # ---------------------------------------------------------------------- history
 
 
-def _concerning(connection: Connection, key: LedgerKey, *columns: Any) -> Select[Any]:
-    """``columns`` of the entries concerning ``key`` (:func:`concerning.entries`) and of
-    those that closed it (:func:`_closings`)."""
+def _concerning(connection: Connection, key: LedgerKey) -> Any:
+    """Seqs of the entries concerning ``key`` (:func:`concerning.entries`) and of those
+    that closed it (:func:`_closings`)."""
     closing_seqs = [seq for seq, _, _ in _closings(connection, key)]
-    return select(*columns).where(
-        or_(HistoryEntry.seq.in_(concerning.entries(key)), HistoryEntry.seq.in_(closing_seqs))
-    )
+    closed = select(HistoryEntry.seq).where(HistoryEntry.seq.in_(closing_seqs))
+    return concerning.entries(key, closed).subquery("concerning")
 
 
 def _closings(connection: Connection, key: LedgerKey) -> list[tuple[int, str, str]]:
@@ -584,10 +583,14 @@ def key_history(
         HistoryEntry.hash,
     )
     with ledger.reading() as connection:
-        entries = _concerning(connection, key, *columns).subquery()
-        order = entries.c.seq.desc() if newest_first else entries.c.seq.asc()
-        total = int(connection.execute(select(func.count()).select_from(entries)).scalar_one())
-        rows = list(connection.execute(select(entries).order_by(order).offset(offset).limit(limit)))
+        seqs = _concerning(connection, key)
+        total = int(connection.execute(select(func.count()).select_from(seqs)).scalar_one())
+        # The page's seqs first, then only their rows.
+        order = seqs.c.seq.desc() if newest_first else seqs.c.seq.asc()
+        page = select(seqs.c.seq).order_by(order).offset(offset).limit(limit)
+        order = HistoryEntry.seq.desc() if newest_first else HistoryEntry.seq.asc()
+        query = select(*columns).where(HistoryEntry.seq.in_(page)).order_by(order)
+        rows = list(connection.execute(query))
         reservations = _reservations_by_id(
             connection, sorted({r.reservation_id for r in rows if r.reservation_id})
         )
@@ -650,12 +653,17 @@ def spend_series(
     events: list[Event] = []
     with ledger.reading() as connection:
         closing_seqs = {seq for seq, _, _ in _closings(connection, key)}
-        query = _concerning(connection, key, *columns).outerjoin(
-            ReservationRow,
-            and_(
-                ReservationRow.id == HistoryEntry.reservation_id,
-                HistoryEntry.action.in_(_CHARGES),
-            ),
+        seqs = _concerning(connection, key)
+        query = (
+            select(*columns)
+            .where(HistoryEntry.seq.in_(select(seqs.c.seq)))
+            .outerjoin(
+                ReservationRow,
+                and_(
+                    ReservationRow.id == HistoryEntry.reservation_id,
+                    HistoryEntry.action.in_(_CHARGES),
+                ),
+            )
         )
         for row in connection.execute(query):
             event = _event(row, key, row.seq in closing_seqs, size)
