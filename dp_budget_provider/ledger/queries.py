@@ -6,12 +6,17 @@ at a time, and the account's cumulative epsilon over time. Those are here, as pl
 functions taking a :class:`PrivacyBudgetLedger`, so the ledger class stays about writing
 and the queries stay usable from the CLI or a notebook (no Airflow import).
 
+The accounts a page lists are subjects: one row per subject of a live account, at its
+account's (its spend class's) spend, read through the memberships (``subject_rows``).
+Counts and groups read the stored accounts instead, each standing for its ``size``
+subjects, unless a subject filter needs the per-subject rows (:func:`grouped_source`).
+
 Epsilon is not a column: it is converted from the stored RDP spend at read time. Filters
 on key fields, and sorts on key fields, release counts or update time, run in SQL and
 only the returned page is converted. Filtering by state or sorting by epsilon, fraction
-or headroom has to convert every matching account; each distinct stored spend (committed
+or headroom has to convert every matching spend; each distinct stored spend (committed
 and pending, with its scope: :mod:`standing`) is converted once (releases over many
-subjects leave many accounts with the same spend).
+subjects leave few distinct spends).
 """
 
 from __future__ import annotations
@@ -251,15 +256,17 @@ def find_accounts(
     limit: int = 50,
     offset: int = 0,
 ) -> Page[AccountStatus]:
-    """Live accounts matching ``filters``, sorted, one page of them, with the total count.
+    """The subjects of live accounts matching ``filters``, sorted, one page of them, with
+    the total count.
 
     ``sort`` is one of :data:`SORTS`; ties are broken by key (ascending), so pages are
     stable. Sorting by a key field, a count or the update time without a state filter is
-    one SQL query (and one for the releases of the page's scopes). Otherwise the matching
-    accounts are first grouped in SQL by what decides their standing and policy (tenant,
-    query type, stored spend); each group is converted once, and the page is read group
-    by group in sort order. Accounts charged by the same
-    releases share a group, so this stays fast for releases over many subjects.
+    one SQL query for the page and one count by account (and one for the releases of the
+    page's scopes). Otherwise the matching accounts are first grouped in SQL by what
+    decides their standing and policy (tenant, query type, stored spend); each group is
+    converted once, and the page is read group by group in sort order. Subjects charged
+    by the same releases share an account, and accounts with equal spend a group, so
+    this stays fast for releases over many subjects.
     """
     filters = filters or AccountFilter()
     limit, offset = page_bounds(limit, offset)
