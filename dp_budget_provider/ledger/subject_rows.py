@@ -2,8 +2,8 @@
 
 An account row holds the spend of a class of subjects (``schema``); people ask about
 subjects. :data:`SubjectRow` is ``dp_accounts`` joined with ``dp_members``: one row per
-subject of a live window, its ``subject`` the member's, every other column its account's
-(so a query written against ``Account`` reads the same against it), plus ``account``, the
+subject of a live window, its key the member's, every other column its account's (so a
+query written against ``Account`` reads the same against it), plus ``account``, the
 label of the account holding the subject's spend. Several rows share one account ``id``:
 key such rows by their key, never by id.
 
@@ -23,12 +23,17 @@ from dp_budget_provider.ledger.statements import member_account
 
 
 def _rows() -> Subquery:
+    # The key columns are the membership's (equal to the account's by the join, the
+    # label included): filters and the key order then run on the memberships' index of
+    # keys on either backend, and the account's own ``subject`` is not a column here (the
+    # alias would map ``subject`` to it).
+    keys = {"tenant", "subject", "query_type", "window"}
     columns = [
-        Member.subject.label("subject") if column.key == "subject" else getattr(Account, column.key)
+        getattr(Member, column.key).label(column.key)
+        if column.key in keys
+        else getattr(Account, column.key)
         for column in Account.__table__.columns
     ]
-    # The label from the membership row (equal to the account's subject by the join): the
-    # account's own ``subject`` must not be a column here, or the alias would map to it.
     return (
         select(*columns, Member.account.label("account"))
         .join(Member, member_account())
