@@ -1,4 +1,4 @@
-"""Benchmark of the budget UI on a big ledger: 10^5 accounts, one with 10^4 history entries.
+"""Benchmark of the budget UI on a big ledger: 10^5 subjects, one with 10^4 history entries.
 
 Run: ``.venv/bin/python bench/ui.py`` (PostgreSQL at ``DP_BUDGET_TEST_PG``, by default
 ``host=127.0.0.1 port=5432 user=postgres``). ``--accounts``, ``--history`` and
@@ -11,11 +11,12 @@ its history holds 10^4 entries (every release is a reserve and a commit entry). 
 backend (an SQLite file, a scratch PostgreSQL database) is timed through the real app
 and the real authentication: FastAPI's TestClient with an Airflow JWT (the simple auth
 manager, its metadata database in a throw-away AIRFLOW_HOME); no network in between.
-The three releases leave four spend classes (the hot key apart), the largest of 5*10^4
-subjects. Goal: the first page of the accounts API, the first page of the classes API
-(which groups all 10^5 accounts) and the account page of the 10^4-entry key each under
-300 ms (median). The script prints the load average, because wall times on a shared
-machine move with its load.
+The releases leave four spend classes (the hot key's among them), the largest of 5*10^4
+subjects, each stored as one account (``dp_members`` maps the 10^5 subjects to them):
+the accounts API lists subjects through the memberships, the classes API groups the
+four accounts. Goal: the first page of the accounts API, the first page of the classes
+API and the account page of the 10^4-entry key each under 300 ms (median). The script
+prints the load average, because wall times on a shared machine move with its load.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def airflow_home(path: Path) -> None:
 
 
 def fill(url: str, accounts: int, history: int):
-    """The ledger with ``accounts`` accounts and one key with ``history`` entries."""
+    """The ledger with ``accounts`` subjects and one key with ``history`` entries."""
     from dp_budget_provider.accounting import GaussianMechanism
     from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
 
@@ -127,7 +128,7 @@ def measure(
     largest = max(classes, key=lambda c: c["subjects"])
     cases = [
         ("accounts API, first page (50, key order)", get("/api/accounts"), True),
-        (f"classes API, first page (all {total} grouped)", get("/api/classes"), True),
+        (f"classes API, first page (all {total} subjects grouped)", get("/api/classes"), True),
         (
             f"class members API, first page (class of {largest['subjects']})",
             get("/api/classes/members", **dict(parse_qsl(urlsplit(largest["members_url"]).query))),
@@ -159,7 +160,7 @@ def load_average() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--accounts", type=int, default=10**5)
+    parser.add_argument("--accounts", type=int, default=10**5, help="subjects")
     parser.add_argument("--history", type=int, default=10**4)
     parser.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args()
@@ -182,7 +183,7 @@ def main() -> None:
                 print(f"{backend}: filling the ledger", file=sys.stderr, flush=True)
                 ledger, hot, entries, bulk, single, spends = fill(url, args.accounts, args.history)
                 print(
-                    f"{backend}: {args.accounts} accounts by 3 releases in {bulk:.1f} s, "
+                    f"{backend}: {args.accounts} subjects by 3 releases in {bulk:.1f} s, "
                     f"{spends} single-key releases in {single:.1f} s; key {hot} has "
                     f"{entries} history entries",
                     file=sys.stderr,
@@ -193,7 +194,7 @@ def main() -> None:
                 ledger.close()
 
     print(
-        f"\n{args.accounts} accounts, a key with {args.history} history entries, "
+        f"\n{args.accounts} subjects, a key with {args.history} history entries, "
         f"median and max of {args.repeat} requests after 2 warm-ups, "
         f"load average {load_average()}\n"
     )

@@ -62,6 +62,7 @@ from dp_budget_provider.ledger import (
     Policy,
     PrivacyBudgetLedger,
     WindowCalendar,
+    classes,
     database,
     history,
     key_for,
@@ -403,7 +404,8 @@ def _entry_records(
     """History entries as the schedule rows that ``history`` and ``show`` print or emit."""
     mechanisms = report.mechanisms_by_reservation(entries)
     epsilon_alone = report.EpsilonAlone(ledger)
-    return [report.entry_record(e, mechanisms, epsilon_alone) for e in entries]
+    names = report.SubjectNames(ledger, entries)
+    return [report.entry_record(e, mechanisms, epsilon_alone, names) for e in entries]
 
 
 def _history_lines(ledger: PrivacyBudgetLedger, entries: Sequence[dict[str, Any]]) -> list[str]:
@@ -634,7 +636,10 @@ def _status_lines(status: AccountStatus, delta: float) -> list[str]:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """One account: its state, its policy and its history."""
-    key = key_for(args.subject, args.query_type, args.window, tenant=args.tenant)
+    if classes.is_label(args.subject):  # an account (spend class), as receipts name them
+        key = classes.account_key(args.tenant, args.subject, args.query_type, args.window)
+    else:
+        key = key_for(args.subject, args.query_type, args.window, tenant=args.tenant)
     with _ledger(args) as ledger:
         status = queries.account_status(ledger, key)
         entries = ledger.history(key)
@@ -997,7 +1002,11 @@ def build_parser() -> argparse.ArgumentParser:
         "one account's state, policy and history",
         epilog="The key is (TENANT, SUBJECT, QUERY_TYPE, WINDOW); TENANT defaults to 'default'.",
     )
-    show.add_argument("subject", metavar="SUBJECT", help="the privacy unit (as released)")
+    show.add_argument(
+        "subject",
+        metavar="SUBJECT",
+        help="the privacy unit (as released), or an account's Class-... label",
+    )
     show.add_argument("query_type", metavar="QUERY_TYPE", help="the release family")
     show.add_argument("window", metavar="WINDOW", help=WINDOW_LABELS)
     show.add_argument("--tenant", default="default", help="default: 'default'")

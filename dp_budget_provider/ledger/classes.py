@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from dp_budget_provider.ledger.statements import newline_joined
 
 # An account label: never a canonical subject, which is case-folded (no upper case).
 LABEL_PREFIX = "Class-"
+_LABEL = re.compile(re.escape(LABEL_PREFIX) + "[0-9a-f]{12}")
 _CHUNK = 1000
 
 Scope = tuple[str, str, str]  # (tenant, query_type, window)
@@ -50,6 +52,20 @@ Scope = tuple[str, str, str]  # (tenant, query_type, window)
 def is_label(subject: str) -> bool:
     """Whether an account's subject part is a class label (not a subject of its own)."""
     return subject.startswith(LABEL_PREFIX)
+
+
+def account_key(tenant: str, label: str, query_type: str, window: str) -> LedgerKey:
+    """The key of account ``label`` from parts as a person gives them (a URL, a command
+    line): the label exactly as the ledger made it (canonicalising would lower-case it
+    into a subject), the other parts canonical. ValueError for a malformed label."""
+    if _LABEL.fullmatch(label) is None:
+        raise ValueError(f"{label!r} is not an account label ({LABEL_PREFIX} and 12 hex digits)")
+    return LedgerKey.from_canonical(
+        canonical_part("tenant", tenant),
+        label,
+        canonical_part("query_type", query_type),
+        canonical_part("window", window),
+    )
 
 
 def new_label() -> str:

@@ -6,12 +6,17 @@ at a time, and the account's cumulative epsilon over time. Those are here, as pl
 functions taking a :class:`PrivacyBudgetLedger`, so the ledger class stays about writing
 and the queries stay usable from the CLI or a notebook (no Airflow import).
 
+The accounts a page lists are subjects: one row per subject of a live account, at its
+account's (its spend class's) spend, read through the memberships (``subject_rows``).
+Counts and groups read the stored accounts instead, each standing for its ``size``
+subjects, unless a subject filter needs the per-subject rows (:func:`grouped_source`).
+
 Epsilon is not a column: it is converted from the stored RDP spend at read time. Filters
 on key fields, and sorts on key fields, release counts or update time, run in SQL and
 only the returned page is converted. Filtering by state or sorting by epsilon, fraction
-or headroom has to convert every matching account; each distinct stored spend (committed
+or headroom has to convert every matching spend; each distinct stored spend (committed
 and pending, with its scope: :mod:`standing`) is converted once (releases over many
-subjects leave many accounts with the same spend).
+subjects leave few distinct spends).
 """
 
 from __future__ import annotations
@@ -29,14 +34,15 @@ from sqlalchemy import (
     Connection,
     Select,
     and_,
+    case,
     func,
     or_,
     select,
-    union_all,
+    tuple_,
 )
 
 from dp_budget_provider.accounting import EpsilonBound
-from dp_budget_provider.ledger import history
+from dp_budget_provider.ledger import classes, concerning, history
 from dp_budget_provider.ledger.keys import (
     MAX_PART_LENGTH,
     LedgerKey,
@@ -55,11 +61,11 @@ from dp_budget_provider.ledger.records import COMMITTED, OPEN, REAPED, RELEASED,
 from dp_budget_provider.ledger.schema import (
     Account,
     HistoryEntry,
-    ReservationKey,
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.spend import Spend
 from dp_budget_provider.ledger.standing import SPEND_COLUMNS, Standing, Standings, stored_values
+from dp_budget_provider.ledger.subject_rows import SubjectRow, on, subject_rows, subjects_of
 
 T = TypeVar("T")
 
@@ -146,8 +152,8 @@ def _key_values(key: LedgerKey) -> tuple[str, str, str, str]:
     return key.tenant, key.subject, key.query_type, key.window
 
 
-def _account_columns() -> tuple[Any, ...]:
-    return (Account.tenant, Account.subject, Account.query_type, Account.window)
+def _account_columns(entity: Any = SubjectRow) -> tuple[Any, ...]:
+    return (entity.tenant, entity.subject, entity.query_type, entity.window)
 
 
 def _pattern(name: str, value: str) -> str | None:
@@ -162,17 +168,36 @@ def _pattern(name: str, value: str) -> str | None:
     return escaped.replace(WILDCARD, "%")
 
 
-def filtered(query: Select[Any], filters: AccountFilter) -> Select[Any]:
-    for name, column in zip(KEY_FIELDS, _account_columns(), strict=True):
-        value = getattr(filters, name)
-        if value is None or value == "":
-            continue
-        pattern = _pattern(name, value)
-        if pattern is None:
-            query = query.where(column == canonical_part(name, value))
-        elif pattern.strip("%"):
-            query = query.where(column.like(pattern, escape="\\"))
+def _condition(name: str, value: str | None, column: Any) -> ColumnElement[bool] | None:
+    """What a filter value asks of its column; None when it matches anything."""
+    if value is None or value == "":
+        return None
+    pattern = _pattern(name, value)
+    if pattern is None:
+        return column == canonical_part(name, value)
+    if pattern.strip("%"):
+        return column.like(pattern, escape="\\")
+    return None
+
+
+def filtered(query: Select[Any], filters: AccountFilter, entity: Any = SubjectRow) -> Select[Any]:
+    """``query`` restricted to the rows of ``entity`` matching ``filters``' key fields:
+    per-subject rows, or with ``entity=Account`` accounts (only when ``filters`` leaves
+    the subject open, see :func:`grouped_source`)."""
+    for name, column in zip(KEY_FIELDS, _account_columns(entity), strict=True):
+        condition = _condition(name, getattr(filters, name), column)
+        if condition is not None:
+            query = query.where(condition)
     return query
+
+
+def grouped_source(filters: AccountFilter) -> Any:
+    """What a grouped read of the subjects matching ``filters`` reads: the accounts, each
+    counting the ``size`` subjects of its class (one row per class), unless the subjects
+    are filtered, which only the per-subject rows can do (one row per subject)."""
+    if _condition("subject", filters.subject, SubjectRow.subject) is None:
+        return Account
+    return SubjectRow
 
 
 def page_bounds(limit: int, offset: int) -> tuple[int, int]:
@@ -231,15 +256,17 @@ def find_accounts(
     limit: int = 50,
     offset: int = 0,
 ) -> Page[AccountStatus]:
-    """Live accounts matching ``filters``, sorted, one page of them, with the total count.
+    """The subjects of live accounts matching ``filters``, sorted, one page of them, with
+    the total count.
 
     ``sort`` is one of :data:`SORTS`; ties are broken by key (ascending), so pages are
     stable. Sorting by a key field, a count or the update time without a state filter is
-    one SQL query (and one for the releases of the page's scopes). Otherwise the matching
-    accounts are first grouped in SQL by what decides their standing and policy (tenant,
-    query type, stored spend); each group is converted once, and the page is read group
-    by group in sort order. Accounts charged by the same
-    releases share a group, so this stays fast for releases over many subjects.
+    one SQL query for the page and one count by account (and one for the releases of the
+    page's scopes). Otherwise the matching accounts are first grouped in SQL by what
+    decides their standing and policy (tenant, query type, stored spend); each group is
+    converted once, and the page is read group by group in sort order. Subjects charged
+    by the same releases share an account, and accounts with equal spend a group, so
+    this stays fast for releases over many subjects.
     """
     filters = filters or AccountFilter()
     limit, offset = page_bounds(limit, offset)
@@ -258,7 +285,7 @@ def find_accounts(
     if len(groups) > MAX_GROUPS:
         rows = _full_pass(ledger, filters, groups, sort, descending, limit, offset)
     elif sort in SQL_SORTS:
-        query = filtered(select(Account), filters).where(or_(*map(_group_match, groups)))
+        query = filtered(subject_rows(), filters).where(or_(*map(_group_match, groups)))
         query = query.order_by(*_sql_order(sort, descending)).offset(offset).limit(limit)
         with ledger.reading() as connection:
             rows = list(connection.execute(query))
@@ -306,8 +333,10 @@ def _groups(
     standings: Standings,
     policies: PolicyCache,
 ) -> list[_Group]:
-    columns = (Account.tenant, Account.query_type, *SPEND_COLUMNS)
-    query = filtered(select(*columns, func.count().label("count")), filters).group_by(*columns)
+    entity = grouped_source(filters)
+    columns = (entity.tenant, entity.query_type, *on(entity, SPEND_COLUMNS))
+    counted = select(*columns, subjects_of(entity).label("count"))
+    query = filtered(counted, filters, entity).group_by(*columns)
     with ledger.reading() as connection:
         rows = list(connection.execute(query))
     groups = []
@@ -333,10 +362,12 @@ def holds(column: Any, value: Any) -> ColumnElement[bool]:
 
 
 def _group_match(group: _Group) -> ColumnElement[bool]:
+    """The per-subject rows of ``group``."""
+    spend = on(SubjectRow, SPEND_COLUMNS)
     return and_(
-        Account.tenant == group.tenant,
-        Account.query_type == group.query_type,
-        *(holds(column, value) for column, value in zip(SPEND_COLUMNS, group.spend, strict=True)),
+        SubjectRow.tenant == group.tenant,
+        SubjectRow.query_type == group.query_type,
+        *(holds(column, value) for column, value in zip(spend, group.spend, strict=True)),
     )
 
 
@@ -361,7 +392,7 @@ def _banded(
                 skip = max(0, offset - position)
                 take = min(size, end - position) - skip
                 query = (
-                    filtered(select(Account), filters)
+                    filtered(subject_rows(), filters)
                     .where(or_(*map(_group_match, band)))
                     .order_by(*_account_columns())
                     .offset(skip)
@@ -383,11 +414,15 @@ def _full_pass(
     limit: int,
     offset: int,
 ) -> list[Any]:
-    """The page when almost every account differs: rank them all, then read the page."""
+    """The page when almost every account differs: rank every subject, then read the page.
+
+    Subjects are ranked by key (their account's ``id`` is shared by its whole class).
+    """
     by_signature = {group.signature: group for group in groups}
-    query = filtered(select(Account.id, *_account_columns(), *SPEND_COLUMNS), filters)
+    keys = _account_columns()
+    query = filtered(select(*keys, *on(SubjectRow, SPEND_COLUMNS)), filters)
     if sort in SQL_SORTS and sort != "key":
-        query = query.add_columns(getattr(Account, sort).label("sort_value"))
+        query = query.add_columns(getattr(SubjectRow, sort).label("sort_value"))
     with ledger.reading() as connection:
         ranked = []
         for row in connection.execute(query):
@@ -401,17 +436,22 @@ def _full_pass(
                 value = row.sort_value
             else:
                 value = group.value(sort)
-            ranked.append((value, key, row.id))
+            ranked.append((value, key))
         ranked.sort(key=lambda item: item[1])
         if sort != "key":
             ranked.sort(key=lambda item: item[0], reverse=descending)
         elif descending:
             ranked.reverse()
-        ids = [account_id for _, _, account_id in ranked[offset : offset + limit]]
-        found = {
-            row.id: row for row in connection.execute(select(Account).where(Account.id.in_(ids)))
-        }
-    return [found[account_id] for account_id in ids]
+        page = [key for _, key in ranked[offset : offset + limit]]
+        found = (
+            {
+                (row.tenant, row.subject, row.query_type, row.window): row
+                for row in connection.execute(subject_rows().where(tuple_(*keys).in_(page)))
+            }
+            if page
+            else {}
+        )
+    return [found[key] for key in page]
 
 
 def _key_of(row: Any) -> LedgerKey:
@@ -422,7 +462,7 @@ def _sql_order(sort: str, descending: bool) -> list[Any]:
     keys = _account_columns()
     if sort == "key":
         return [k.desc() if descending else k.asc() for k in keys]
-    column = getattr(Account, sort)
+    column = getattr(SubjectRow, sort)
     return [column.desc() if descending else column.asc(), *keys]
 
 
@@ -437,10 +477,9 @@ def _sql_page(
     policies: PolicyCache,
 ) -> Page[AccountStatus]:
     order = _sql_order(sort, descending)
-    count = filtered(select(func.count()).select_from(Account), filters)
-    page = filtered(select(Account), filters).order_by(*order).offset(offset).limit(limit)
+    page = filtered(subject_rows(), filters).order_by(*order).offset(offset).limit(limit)
     with ledger.reading() as connection:
-        total = int(connection.execute(count).scalar_one())
+        total = count_subjects(connection, filters)
         rows = list(connection.execute(page))
     items = [
         AccountStatus.of(row, standing, policies(row.tenant, row.query_type))
@@ -449,12 +488,24 @@ def _sql_page(
     return Page(total=total, offset=offset, limit=limit, items=items)
 
 
+def count_subjects(connection: Connection, filters: AccountFilter) -> int:
+    """How many subjects of live accounts match ``filters`` (one row per class read
+    unless the subjects are filtered)."""
+    entity = grouped_source(filters)
+    query = filtered(select(subjects_of(entity)).select_from(entity), filters, entity)
+    return int(connection.execute(query).scalar_one())
+
+
 def account_status(ledger: PrivacyBudgetLedger, key: LedgerKey) -> AccountStatus | None:
-    """The live account of ``key`` with its status, or None when it has none."""
+    """The status of subject key ``key`` (its account's), or of account key ``key`` (a
+    class label: the account's own, for its ``size`` subjects); None when it has none."""
+    if classes.is_label(key.subject):
+        rows = select(Account, Account.subject.label("account"))
+        query = rows.where(_key_match(_account_columns(Account), key))
+    else:
+        query = subject_rows().where(_key_match(_account_columns(), key))
     with ledger.reading() as connection:
-        row = connection.execute(
-            select(Account).where(_key_match(_account_columns(), key))
-        ).one_or_none()
+        row = connection.execute(query).one_or_none()
     if row is None:
         return None
     return AccountStatus.of(row, Standings(ledger).of_row(row), ledger.policy_for(key))
@@ -463,41 +514,23 @@ def account_status(ledger: PrivacyBudgetLedger, key: LedgerKey) -> AccountStatus
 # ---------------------------------------------------------------------- history
 
 
-def _history_of(key: LedgerKey, closing_seqs: Sequence[int], *columns: Any) -> Any:
-    """Entries concerning ``key``: its own (key columns set), its multi-key reservations'
-    and the entries that closed it (``closing_seqs``, see :func:`_closings`).
-
-    A UNION ALL of indexed lookups: single-key entries carry the key, multi-key entries
-    (key columns NULL) are found through the reservation's keys, closings by their seq.
-    """
-    history_key = (
-        HistoryEntry.tenant,
-        HistoryEntry.subject,
-        HistoryEntry.query_type,
-        HistoryEntry.window,
-    )
-    reservation_key = (
-        ReservationKey.tenant,
-        ReservationKey.subject,
-        ReservationKey.query_type,
-        ReservationKey.window,
-    )
-    touching = select(ReservationKey.reservation_id).where(_key_match(reservation_key, key))
-    own = select(*columns).where(_key_match(history_key, key))
-    shared = select(*columns).where(
-        HistoryEntry.tenant.is_(None), HistoryEntry.reservation_id.in_(touching)
-    )
-    closed = select(*columns).where(HistoryEntry.seq.in_(list(closing_seqs)))
-    return union_all(own, shared, closed).subquery()
+def _concerning(connection: Connection, key: LedgerKey) -> Any:
+    """Seqs of the entries concerning ``key`` (:func:`concerning.entries`) and of those
+    that closed it (:func:`_closings`)."""
+    closing_seqs = [seq for seq, _, _ in _closings(connection, key)]
+    closed = select(HistoryEntry.seq).where(HistoryEntry.seq.in_(closing_seqs))
+    return concerning.entries(key, closed).subquery("concerning")
 
 
 def _closings(connection: Connection, key: LedgerKey) -> list[tuple[int, str, str]]:
     """(seq, at, action) of the entries that ended ``key``'s account: resets of its window
     that sealed its scope, and rescopes away from it (action ``rescope-away``).
 
-    Neither carries ``key`` in its key columns (a reset is keyless, a rescope carries the
-    new key and names the old one in its payload), so the history table would miss them
-    and the chart would change with no matching row; both are read here, for both.
+    Neither names ``key`` (a reset is keyless, a rescope names the new account, and the
+    old one in its payload), so the history table would miss them and the chart would
+    change with no matching row; both are read here, for both. A subject's rescope away
+    from it is one of its charges already (:func:`concerning.charges`), found here too
+    only when written before spend classes (its payload names the subject's key).
     """
     entries = select(HistoryEntry.seq, HistoryEntry.at, HistoryEntry.action, HistoryEntry.payload)
     moved = entries.where(
@@ -557,11 +590,14 @@ def key_history(
         HistoryEntry.hash,
     )
     with ledger.reading() as connection:
-        closing_seqs = [seq for seq, _, _ in _closings(connection, key)]
-        entries = _history_of(key, closing_seqs, *columns)
-        order = entries.c.seq.desc() if newest_first else entries.c.seq.asc()
-        total = int(connection.execute(select(func.count()).select_from(entries)).scalar_one())
-        rows = list(connection.execute(select(entries).order_by(order).offset(offset).limit(limit)))
+        seqs = _concerning(connection, key)
+        total = int(connection.execute(select(func.count()).select_from(seqs)).scalar_one())
+        # The page's seqs first, then only their rows.
+        order = seqs.c.seq.desc() if newest_first else seqs.c.seq.asc()
+        page = select(seqs.c.seq).order_by(order).offset(offset).limit(limit)
+        order = HistoryEntry.seq.desc() if newest_first else HistoryEntry.seq.asc()
+        query = select(*columns).where(HistoryEntry.seq.in_(page)).order_by(order)
+        rows = list(connection.execute(query))
         reservations = _reservations_by_id(
             connection, sorted({r.reservation_id for r in rows if r.reservation_id})
         )
@@ -590,6 +626,9 @@ def _reservations_by_id(connection: Connection, ids: Sequence[str]) -> dict[str,
     return found
 
 
+Event = tuple[int, str, str, Spend]  # (seq, at, action, cost)
+
+
 def spend_series(
     ledger: PrivacyBudgetLedger, key: LedgerKey, *, max_points: int = 200
 ) -> SpendSeries:
@@ -607,44 +646,36 @@ def spend_series(
     if not isinstance(max_points, int) or max_points < 2:
         raise ValueError(f"max_points must be an integer >= 2, got {max_points!r}")
     size = np.asarray(ledger.orders).size
-    reservation_key = (
-        ReservationKey.tenant,
-        ReservationKey.subject,
-        ReservationKey.query_type,
-        ReservationKey.window,
-    )
-    history_key = (
-        HistoryEntry.tenant,
-        HistoryEntry.subject,
+    needs_payload = HistoryEntry.action.in_(("correction", "rescope"))
+    columns = (
+        HistoryEntry.seq,
+        HistoryEntry.at,
+        HistoryEntry.action,
         HistoryEntry.query_type,
-        HistoryEntry.window,
+        case((needs_payload, HistoryEntry.payload), else_=None).label("payload"),
+        ReservationRow.cost_rho,
+        ReservationRow.cost_residual,
+        ReservationRow.cost_gaussian_mu2,
     )
-    touching = select(ReservationKey.reservation_id).where(_key_match(reservation_key, key))
-    charges = (
-        select(
-            HistoryEntry.seq,
-            HistoryEntry.at,
-            HistoryEntry.action,
-            ReservationRow.cost_rho,
-            ReservationRow.cost_residual,
-            ReservationRow.cost_gaussian_mu2,
-        )
-        .join(ReservationRow, ReservationRow.id == HistoryEntry.reservation_id)
-        .where(HistoryEntry.action.in_(_CHARGES), HistoryEntry.reservation_id.in_(touching))
-    )
-    own = select(
-        HistoryEntry.seq, HistoryEntry.at, HistoryEntry.action, HistoryEntry.payload
-    ).where(_key_match(history_key, key), HistoryEntry.action.in_(("correction", "rescope")))
-    events: list[tuple[int, str, str, Spend]] = []
+    events: list[Event] = []
     with ledger.reading() as connection:
-        for row in connection.execute(charges):
-            cost = Spend.from_columns(row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, size)
-            events.append((row.seq, row.at, row.action, cost))
-        for row in connection.execute(own):
-            payload = json.loads(row.payload)
-            cost = payload["cost"] if row.action == "correction" else payload["carried"]
-            events.append((row.seq, row.at, row.action, Spend.from_payload(cost, size)))
-        events += [(seq, at, action, Spend()) for seq, at, action in _closings(connection, key)]
+        closing_seqs = {seq for seq, _, _ in _closings(connection, key)}
+        seqs = _concerning(connection, key)
+        query = (
+            select(*columns)
+            .where(HistoryEntry.seq.in_(select(seqs.c.seq)))
+            .outerjoin(
+                ReservationRow,
+                and_(
+                    ReservationRow.id == HistoryEntry.reservation_id,
+                    HistoryEntry.action.in_(_CHARGES),
+                ),
+            )
+        )
+        for row in connection.execute(query):
+            event = _event(row, key, row.seq in closing_seqs, size)
+            if event is not None:
+                events.append(event)
     events.sort(key=lambda event: event[0])
     closings = {index for index, event in enumerate(events) if event[2] in CLOSINGS}
     wanted = _sample(len(events), max_points) | closings
@@ -656,6 +687,30 @@ def spend_series(
         if index in wanted:
             points.append(SeriesPoint(seq, at, action, epsilons.of_spend(total)))
     return SpendSeries(events=len(events), points=points)
+
+
+def _event(row: Any, key: LedgerKey, closing: bool, size: int) -> Event | None:
+    """What one entry concerning ``key`` adds to its spend: (seq, at, action, cost), None
+    for an entry that charges nothing (reserve, release).
+
+    A commit or reap charges its reservation's cost, a correction its own, a rescope onto
+    the key what it carried; a rescope away (a rescope of another query type) and a reset
+    close the account, adding nothing.
+    """
+    if row.action in _CHARGES:
+        cost = Spend.from_columns(row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, size)
+        return row.seq, row.at, row.action, cost
+    if row.action == "correction":
+        cost = Spend.from_payload(json.loads(row.payload)["cost"], size)
+        return row.seq, row.at, row.action, cost
+    if row.action == "rescope" and row.query_type == key.query_type:
+        cost = Spend.from_payload(json.loads(row.payload)["carried"], size)
+        return row.seq, row.at, row.action, cost
+    if row.action == "rescope":
+        return row.seq, row.at, "rescope-away", Spend()
+    if closing:
+        return row.seq, row.at, row.action, Spend()
+    return None
 
 
 def _sample(count: int, max_points: int) -> set[int]:
@@ -681,17 +736,7 @@ def key_reservations(
     for state in wanted or []:
         if state not in RESERVATION_STATES:
             raise ValueError(f"reservation state must be one of {RESERVATION_STATES}: {state!r}")
-    reservation_key = (
-        ReservationKey.tenant,
-        ReservationKey.subject,
-        ReservationKey.query_type,
-        ReservationKey.window,
-    )
-    base = (
-        select(ReservationRow)
-        .join(ReservationKey, ReservationKey.reservation_id == ReservationRow.id)
-        .where(_key_match(reservation_key, key))
-    )
+    base = select(ReservationRow).where(ReservationRow.id.in_(concerning.reservations(key)))
     if wanted is not None:
         base = base.where(ReservationRow.state.in_(wanted))
     counted = base.with_only_columns(func.count()).order_by(None)

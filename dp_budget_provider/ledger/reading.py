@@ -7,14 +7,13 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
-    and_,
-    or_,
     select,
     tuple_,
 )
 
 from dp_budget_provider.ledger import (
     classes,
+    concerning,
     history,
     statements,
 )
@@ -40,16 +39,13 @@ from dp_budget_provider.ledger.records import (
 )
 from dp_budget_provider.ledger.schema import (
     Account,
-    ChargeCohort,
-    Cohort,
-    CohortMember,
     HistoryEntry,
     Member,
-    ReservationKey,
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.spend import Pending, Spend
 from dp_budget_provider.ledger.standing import Standings
+from dp_budget_provider.ledger.subject_rows import SubjectRow, on, subject_rows
 
 
 class ReadingRoom(LedgerCore):
@@ -145,13 +141,16 @@ class ReadingRoom(LedgerCore):
         limit: int | None = None,
         offset: int = 0,
     ) -> list[AccountStatus]:
-        """Live accounts in key order, optionally filtered, with their status (committed
-        and held spend, state: :mod:`~dp_budget_provider.ledger.standing`)."""
-        query = select(Account).order_by(*_KEY_COLUMNS).offset(whole_number("offset", offset))
+        """Every subject of a live account in key order (subject keys), optionally filtered,
+        with its status (committed and held spend, state:
+        :mod:`~dp_budget_provider.ledger.standing`): its account's, which its whole class
+        shares."""
+        keys = on(SubjectRow, statements.KEY_COLUMNS)
+        query = subject_rows().order_by(*keys).offset(whole_number("offset", offset))
         if window is not None:
-            query = query.where(Account.window == canonical_part("window", window))
+            query = query.where(SubjectRow.window == canonical_part("window", window))
         if tenant is not None:
-            query = query.where(Account.tenant == canonical_part("tenant", tenant))
+            query = query.where(SubjectRow.tenant == canonical_part("tenant", tenant))
         if limit is not None:
             query = query.limit(whole_number("limit", limit))
         with self.reading() as connection:
@@ -194,7 +193,7 @@ class ReadingRoom(LedgerCore):
         if settled is not None:
             query = query.where(HistoryEntry.seq <= settled)
         if key is not None:
-            query = query.where(_concerning(key))
+            query = query.where(HistoryEntry.seq.in_(concerning.entries(key)))
         if limit is not None:
             query = query.limit(limit)
         with self.reading() as connection:
@@ -215,42 +214,3 @@ class ReadingRoom(LedgerCore):
                 self._reservation_from_row(row, tuple(self._reservation_keys(connection, row.id)))
                 for row in rows
             ]
-
-
-def _concerning(key: LedgerKey) -> Any:
-    """The history entries about ``key``: an account's, or a subject's through every
-    account it was ever in (the charges of the cohorts that hold it, and their closes)."""
-    about = and_(
-        HistoryEntry.tenant == key.tenant,
-        HistoryEntry.subject == key.subject,
-        HistoryEntry.query_type == key.query_type,
-        HistoryEntry.window == key.window,
-    )
-    by_value = select(ReservationKey.reservation_id).where(
-        ReservationKey.tenant == key.tenant,
-        ReservationKey.subject == key.subject,
-        ReservationKey.query_type == key.query_type,
-        ReservationKey.window == key.window,
-    )
-    if classes.is_label(key.subject):
-        return or_(about, HistoryEntry.reservation_id.in_(by_value))
-    charges = (
-        select(ChargeCohort.seq)
-        .join(CohortMember, CohortMember.cohort_id == ChargeCohort.cohort_id)
-        .join(Cohort, Cohort.id == ChargeCohort.cohort_id)
-        .where(
-            CohortMember.subject == key.subject,
-            Cohort.tenant == key.tenant,
-            ChargeCohort.query_type == key.query_type,
-            ChargeCohort.window == key.window,
-        )
-    )
-    reserved = select(HistoryEntry.reservation_id).where(
-        HistoryEntry.seq.in_(charges), HistoryEntry.reservation_id.is_not(None)
-    )
-    return or_(
-        about,
-        HistoryEntry.reservation_id.in_(by_value),  # before classes: keys by subject
-        HistoryEntry.seq.in_(charges),
-        HistoryEntry.reservation_id.in_(reserved),
-    )

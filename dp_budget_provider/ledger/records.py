@@ -93,6 +93,11 @@ class AccountStatus:
     ``remaining_after_held`` is the cap minus it: what a new release can still get.
     ``warned`` and ``exhausted`` (so the state) are decided on the held spend, since
     that is what the next release is checked against.
+
+    ``key`` is a subject's key; ``account`` is the label of the account (spend class)
+    holding its spend, and ``subjects`` how many subjects hold it: the class's size (a
+    spend class row's: its members, see :mod:`spend_classes`, whose ``account`` is None:
+    they may be held by several accounts).
     """
 
     key: LedgerKey
@@ -109,6 +114,8 @@ class AccountStatus:
     method: str
     updated_at: str
     rescoped_to: str | None = None  # sealed: its spend moved to this query type
+    account: str | None = None
+    subjects: int = 1
 
     @property
     def state(self) -> str:
@@ -122,7 +129,8 @@ class AccountStatus:
 
     @classmethod
     def of(cls, row: Any, standing: Standing, policy: Policy) -> AccountStatus:
-        """The status of a stored account row, given where it stands and its policy."""
+        """The status of a per-subject row (``subject_rows``: the account's columns, the
+        subject, the ``account`` label and ``size``), given where it stands and its policy."""
         committed, held, cap = standing.committed.epsilon, standing.held.epsilon, policy.cap_epsilon
         return cls(
             key=LedgerKey.from_canonical(row.tenant, row.subject, row.query_type, row.window),
@@ -139,6 +147,8 @@ class AccountStatus:
             method=standing.committed.method,
             updated_at=row.updated_at,
             rescoped_to=row.rescoped_to,
+            account=row.account,
+            subjects=int(row.size),
         )
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import func, select
+from sqlalchemy import select, tuple_
 
 import dp_budget_provider
 from dp_budget_provider.ledger.checkpoints import CheckpointStore, verify_and_checkpoint
@@ -37,9 +37,16 @@ from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.policy import ANY, lookup_order
 from dp_budget_provider.ledger.queries import AccountFilter
 from dp_budget_provider.ledger.records import AccountStatus
-from dp_budget_provider.ledger.schema import Account, ReservationKey
+from dp_budget_provider.ledger.schema import (
+    Account,
+    Cohort,
+    CohortMember,
+    HistoryEntry,
+    ReservationKey,
+)
 from dp_budget_provider.ledger.spend import Spend
 from dp_budget_provider.ledger.spend_classes import SpendClass, every_class
+from dp_budget_provider.ledger.subject_rows import subjects_of
 
 REPORT_FORMAT = 1
 SCHEDULE_ACTIONS = ("reserve", "commit", "release", "reap", "correction", "rescope", "reset")
@@ -163,16 +170,18 @@ def account_record(status: AccountStatus, delta: float) -> dict[str, Any]:
         "method": status.method,
         "updated_at": status.updated_at,
         "rescoped_to": status.rescoped_to,
+        "account": status.account,
+        "subjects": status.subjects,
     }
 
 
 def class_record(spend_class: SpendClass, delta: float) -> dict[str, Any]:
     """One spend class as plain JSON values: its id, size, least subject and status."""
     return {
+        **account_record(spend_class.status, delta),
         "id": spend_class.id,
         "subjects": spend_class.subjects,
         "first_subject": spend_class.status.key.subject,
-        **account_record(spend_class.status, delta),
     }
 
 
@@ -239,13 +248,17 @@ def entry_record(
     entry: Mapping[str, Any],
     mechanisms: Mapping[str, Mapping[str, Any]],
     epsilon_alone: Any = None,
+    names: SubjectNames | None = None,
 ) -> dict[str, Any]:
     """A history entry as a schedule row.
 
     ``mechanisms`` maps reservation ids to the mechanism spec of their ``reserve`` entry
     (commit, release and reap entries do not repeat it). ``epsilon_alone`` (a callable on a
     cost payload) adds what the entry's cost would be on its own; epsilons do not add up,
-    accounts compose curves.
+    accounts compose curves. ``account`` is the key the entry names (an account's);
+    with ``names``, ``key`` is the subject's where that account is a class of one, and
+    ``subjects`` counts the subjects the entry covered (None for entries made before
+    spend classes, whose keys are subjects).
     """
     payload = entry["payload"]
     reservation_id = entry.get("reservation_id")
@@ -259,6 +272,8 @@ def entry_record(
         "action": entry["action"],
         "actor": entry["actor"],
         "key": entry.get("key"),
+        "account": entry.get("key"),
+        "subjects": None,
         "key_count": payload.get("key_count", 1 if entry.get("key") else 0),
         "reservation_id": reservation_id,
         "attempt_id": payload.get("attempt_id"),
@@ -285,6 +300,8 @@ def entry_record(
         record["closed_at"] = payload.get("closed_at")
     if entry["action"] in ("create", "policy"):
         record["settings"] = payload
+    if names is not None:
+        names.name(entry, record)
     return record
 
 
@@ -354,14 +371,113 @@ def mechanisms_by_reservation(entries: Iterable[Mapping[str, Any]]) -> dict[str,
 def count_accounts(
     ledger: PrivacyBudgetLedger, *, window: str | None = None, tenant: str | None = None
 ) -> int:
-    """How many live accounts match (``status`` says how many it did not show)."""
-    query = select(func.count()).select_from(Account)
+    """How many subjects of live accounts match (``status`` says how many it did not
+    show), counted by class: one row read per account."""
+    query = select(subjects_of(Account)).select_from(Account)
     if window is not None:
         query = query.where(Account.window == canonical_part("window", window))
     if tenant is not None:
         query = query.where(Account.tenant == canonical_part("tenant", tenant))
     with ledger.reading() as connection:
         return int(connection.execute(query).scalar_one())
+
+
+KeyParts = tuple[str, str, str, str]
+
+
+def _parts(key: Mapping[str, str]) -> KeyParts:
+    return key["tenant"], key["subject"], key["query_type"], key["window"]
+
+
+class SubjectNames:
+    """The subject behind each class of one that some history entries name.
+
+    Entries name the accounts they charged (``Class-...`` labels); a person reading a
+    schedule wants the subject. A charge over one subject in a window is made to an
+    account of that subject alone (a class of one, so it names that subject for good),
+    and the charge's history entry records the subject's cohort (``cohorts`` in its
+    payload, a commit's, reap's or release's in its reservation's ``reserve`` entry); the
+    cohort's one member is read from ``dp_cohort_members``. Labels of bigger classes and
+    keys of entries written before classes stay as they are.
+    """
+
+    def __init__(self, ledger: PrivacyBudgetLedger, entries: Sequence[Mapping[str, Any]]) -> None:
+        self._cohorts: dict[str, list[dict[str, Any]]] = {}  # reservation id -> its cohorts
+        wanted = set()
+        for entry in entries:
+            cohorts = entry["payload"].get("cohorts")
+            if entry["action"] == "reserve" and cohorts is not None:
+                self._cohorts[entry["reservation_id"]] = cohorts
+            if cohorts is None and entry.get("reservation_id") and entry["action"] != "reserve":
+                wanted.add(entry["reservation_id"])
+        with ledger.reading() as connection:
+            missing = sorted(wanted - self._cohorts.keys())
+            for start in range(0, len(missing), _CHUNK):
+                rows = connection.execute(
+                    select(HistoryEntry.reservation_id, HistoryEntry.payload).where(
+                        HistoryEntry.action == "reserve",
+                        HistoryEntry.reservation_id.in_(missing[start : start + _CHUNK]),
+                    )
+                )
+                for reservation_id, payload in rows:
+                    cohorts = json.loads(payload).get("cohorts")
+                    if cohorts is not None:
+                        self._cohorts[reservation_id] = cohorts
+            singles = [
+                cohort
+                for entry in entries
+                for cohort in self.cohorts_of(entry)
+                if cohort["size"] == 1 and len(cohort["accounts"]) == 1
+            ]
+            self._names = self._read_names(connection, singles)
+
+    @staticmethod
+    def _read_names(connection: Any, singles: Sequence[Mapping[str, Any]]) -> dict[KeyParts, str]:
+        by_digest: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+        for cohort in singles:
+            by_digest.setdefault((cohort["tenant"], cohort["cohort"]), []).append(cohort)
+        names: dict[KeyParts, str] = {}
+        digests = sorted(by_digest)
+        for start in range(0, len(digests), _CHUNK):
+            rows = connection.execute(
+                select(Cohort.tenant, Cohort.digest, CohortMember.subject)
+                .join(CohortMember, CohortMember.cohort_id == Cohort.id)
+                .where(tuple_(Cohort.tenant, Cohort.digest).in_(digests[start : start + _CHUNK]))
+            )
+            for tenant, digest, subject in rows:
+                for cohort in by_digest[(tenant, digest)]:
+                    label = cohort["accounts"][0]
+                    names[(tenant, label, cohort["query_type"], cohort["window"])] = subject
+        return names
+
+    def cohorts_of(self, entry: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The cohorts an entry charged (or reserved, released): its own or its reserve's."""
+        cohorts = entry["payload"].get("cohorts")
+        if cohorts is None and entry.get("reservation_id"):
+            cohorts = self._cohorts.get(entry["reservation_id"])
+        return cohorts or []
+
+    def subject_key(self, key: Mapping[str, str] | None) -> Mapping[str, str] | None:
+        """``key`` with its subject in place of a class-of-one label (else ``key``)."""
+        if key is None:
+            return None
+        subject = self._names.get(_parts(key))
+        return key if subject is None else {**key, "subject": subject}
+
+    def subjects(self, entry: Mapping[str, Any]) -> int | None:
+        """How many subjects an entry covered; None when its history does not say (an
+        entry made before spend classes, or one that charges nothing)."""
+        cohorts = self.cohorts_of(entry)
+        return sum(cohort["size"] for cohort in cohorts) if cohorts else None
+
+    def name(self, entry: Mapping[str, Any], record: dict[str, Any]) -> None:
+        """Make ``record`` (of ``entry``) name subjects: ``key`` and a rescope's ``from``
+        become subject keys where they are a class of one, and ``subjects`` counts the
+        subjects the entry covered."""
+        record["key"] = self.subject_key(record["key"])
+        if record.get("from") is not None:
+            record["from"] = self.subject_key(record["from"])
+        record["subjects"] = self.subjects(entry)
 
 
 def _reservation_keys(
@@ -524,6 +640,7 @@ def build_report(
     entries = ledger.history()
     mechanisms = mechanisms_by_reservation(entries)
     epsilon_alone = EpsilonAlone(ledger)
+    names = SubjectNames(ledger, entries)
     filtered = window is not None or tenant is not None
     multi_key = sorted(
         {
@@ -553,7 +670,7 @@ def build_report(
             if tenant is None or entry["payload"].get("tenant") in (ANY, tenant):
                 policy_changes.append(entry_record(entry, mechanisms))
         elif entry["action"] in SCHEDULE_ACTIONS and in_scope(entry):
-            record = entry_record(entry, mechanisms, epsilon_alone)
+            record = entry_record(entry, mechanisms, epsilon_alone, names)
             if filtered and record["key"] is None and entry.get("reservation_id"):
                 record["keys_in_scope"] = sum(
                     _matches(k, window, tenant) for k in keys_of.get(entry["reservation_id"], [])

@@ -118,7 +118,14 @@ class Member(Base):
     """The account (class) one subject of one (tenant, query type, window) belongs to."""
 
     __tablename__ = "dp_members"
-    __table_args__ = (Index("ix_dp_members_account", "tenant", "query_type", "window", "account"),)
+    # An account's members in subject order: its least member is one index probe and a
+    # page of them one range (``spend_classes``). And the subjects in key order, as the
+    # per-subject view lists them (``subject_rows``): a page is an index range, not a
+    # sort of every subject (the order the accounts' unique key gave before classes).
+    __table_args__ = (
+        Index("ix_dp_members_account", "tenant", "query_type", "window", "account", "subject"),
+        Index("ix_dp_members_key", "tenant", "subject", "query_type", "window"),
+    )
 
     tenant: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
     query_type: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)

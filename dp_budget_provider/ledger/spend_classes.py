@@ -4,9 +4,12 @@ A release charges every subject it covers the same cost, so the subjects that th
 releases covered hold the same stored spend (committed and pending), release count and
 open reservations. Listing them one per subject shows 50 identical rows for a release
 over 50 subjects and a million for a population; a class row says "48,211 subjects, eps
-1.99 of 3" once, and its members are a drill-down away. Classes are read from the
-accounts by grouping (one GROUP BY per page); a class's id is a digest of what its
-members share, so it names the class while no release changes it.
+1.99 of 3" once, and its members are a drill-down away. Classes are read by grouping the
+stored accounts (each an exact class of the write path, ``classes``: several may hold
+equal spend and show as one class here), counting their ``size``: one row per account,
+never one per subject, unless a subject filter asks for the per-subject rows
+(``subject_rows``). A class's id is a digest of what its members share, so it names the
+class while no release changes it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, select
+from sqlalchemy import ColumnElement, and_, func, literal, select
 
 from dp_budget_provider.ledger.keys import canonical_part
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
@@ -25,12 +28,20 @@ from dp_budget_provider.ledger.queries import (
     Page,
     PolicyCache,
     filtered,
+    grouped_source,
     holds,
     page_bounds,
 )
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.schema import Account
 from dp_budget_provider.ledger.standing import SPEND_COLUMNS, Standings
+from dp_budget_provider.ledger.subject_rows import (
+    SubjectRow,
+    least_member,
+    on,
+    subject_rows,
+    subjects_of,
+)
 
 # What the members of a class share: their window, and everything their status reads.
 SHARED = (
@@ -49,8 +60,9 @@ class SpendClass:
     """Subjects of one window holding the same spend.
 
     ``status`` is that of the class's least subject: every member's status but for its
-    key and update time (``updated_at`` is the latest of the members'). ``subjects``
-    counts the members (those matching a subject filter, when one is given).
+    key and update time (``updated_at`` is the latest of the members'), and its
+    ``account`` is None (the class may be held by several accounts of equal spend).
+    ``subjects`` counts the members (those matching a subject filter, when one is given).
     """
 
     id: str
@@ -65,15 +77,23 @@ def _class_id(row: Any) -> str:
 
 
 def _grouped(filters: AccountFilter) -> Any:
+    """The classes of the subjects matching ``filters``: the rows of
+    :func:`~queries.grouped_source` grouped by what they share, with their subject count
+    and least subject (of an account: its least member, from its memberships)."""
+    entity = grouped_source(filters)
+    shared = on(entity, SHARED)
+    first = least_member() if entity is Account else entity.subject
     return filtered(
         select(
-            *SHARED,
-            func.count().label("subjects"),
-            func.min(Account.subject).label("subject"),
-            func.max(Account.updated_at).label("updated_at"),
+            *shared,
+            subjects_of(entity).label("size"),
+            func.min(first).label("subject"),
+            func.max(entity.updated_at).label("updated_at"),
+            literal(None).label("account"),  # a class may span several accounts
         ),
         filters,
-    ).group_by(*SHARED)
+        entity,
+    ).group_by(*shared)
 
 
 def _classes(ledger: PrivacyBudgetLedger, filters: AccountFilter) -> list[SpendClass]:
@@ -83,7 +103,7 @@ def _classes(ledger: PrivacyBudgetLedger, filters: AccountFilter) -> list[SpendC
     classes = [
         SpendClass(
             _class_id(row),
-            int(row.subjects),
+            int(row.size),
             AccountStatus.of(row, standing, policies(row.tenant, row.query_type)),
         )
         for row, standing in zip(rows, Standings(ledger).of_rows(rows), strict=True)
@@ -138,7 +158,8 @@ def class_members(
     limit: int = 50,
     offset: int = 0,
 ) -> Page[AccountStatus] | None:
-    """The accounts of one spend class, by subject, one page; None when the window has no
+    """The members of one spend class (the subjects of its accounts), by subject, one
+    page, each with its status and account; None when the window has no
     class of that id (it never had, or a release has since changed its members' spend)."""
     limit, offset = page_bounds(limit, offset)
     scope = AccountFilter(
@@ -156,9 +177,9 @@ def class_members(
         if shared is None:
             return None
         members = (
-            select(Account)
+            subject_rows()
             .where(_same(shared))
-            .order_by(Account.subject)
+            .order_by(SubjectRow.subject)
             .offset(offset)
             .limit(limit)
         )
@@ -168,9 +189,9 @@ def class_members(
         AccountStatus.of(row, standing, policy)
         for row, standing in zip(rows, Standings(ledger).of_rows(rows), strict=True)
     ]
-    return Page(total=int(shared.subjects), offset=offset, limit=limit, items=items)
+    return Page(total=int(shared.size), offset=offset, limit=limit, items=items)
 
 
 def _same(shared: Any) -> ColumnElement[bool]:
-    """Accounts holding exactly what ``shared`` (a grouped row) holds."""
-    return and_(*(holds(column, getattr(shared, column.key)) for column in SHARED))
+    """The subjects whose accounts hold exactly what ``shared`` (a grouped row) holds."""
+    return and_(*(holds(column, getattr(shared, column.key)) for column in on(SubjectRow, SHARED)))

@@ -35,6 +35,7 @@ from dp_budget_provider.ledger import (
     LedgerKey,
     Policy,
     PrivacyBudgetLedger,
+    classes,
     queries,
     spend_classes,
 )
@@ -42,6 +43,7 @@ from dp_budget_provider.ledger.keys import MAX_STORED_INT, canonical_part
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.report import (
     EpsilonAlone,
+    SubjectNames,
     build_report,
     describe_mechanism,
     key_label,
@@ -250,7 +252,11 @@ def _account_filter(raw: Mapping[str, str | None]) -> queries.AccountFilter:
 
 
 def _key(tenant: str, subject: str, query_type: str, window: str) -> LedgerKey:
+    """A subject's key, or an account's (a spend class label: receipts, history entries
+    and the task link name accounts)."""
     try:
+        if classes.is_label(subject):
+            return classes.account_key(tenant, subject, query_type, window)
         return LedgerKey(tenant, subject, query_type, window)
     except ValueError as error:
         raise HTTPException(status_code=422, detail=str(error)) from error
@@ -303,21 +309,35 @@ def _account_model(request: Request, account: AccountStatus, delta: float) -> sc
         open_reservations=account.open_reservations,
         method=account.method,
         updated_at=account.updated_at,
+        account=account.account,
+        subjects=account.subjects,
         page_url=_account_url(request, account.key),
     )
 
 
-def _history_record(entry: dict[str, Any], epsilon_alone: EpsilonAlone) -> dict[str, Any]:
-    """A history entry with what the table shows: attempt, mechanism, cost, a note."""
+def _history_records(ledger: PrivacyBudgetLedger, entries: list[dict[str, Any]]) -> list[Any]:
+    """History entries with what the table shows: attempt, mechanism, cost, a note, and
+    the subjects they covered (a class of one named by its subject: ``SubjectNames``)."""
+    epsilon_alone = EpsilonAlone(ledger)
+    names = SubjectNames(ledger, entries)
+    return [_history_record(entry, epsilon_alone, names) for entry in entries]
+
+
+def _history_record(
+    entry: dict[str, Any], epsilon_alone: EpsilonAlone, names: SubjectNames
+) -> dict[str, Any]:
     payload = entry["payload"]
     cost = payload.get("cost") or payload.get("carried")
     note = payload.get("reason") or None
     if entry["action"] == "rescope" and payload.get("from"):
-        note = f"carried from {key_label(payload['from'])}" + (f": {note}" if note else "")
+        source = key_label(names.subject_key(payload["from"]))
+        note = f"carried from {source}" + (f": {note}" if note else "")
     elif entry["action"] == "reset":
         note = f"window {payload.get('window')} reset"
     return {
         **entry,
+        "key": names.subject_key(entry["key"]),
+        "subjects": names.subjects(entry),
         "key_count": entry.get("key_count") or payload.get("key_count") or 1,
         "attempt_id": entry.get("attempt_id") or payload.get("attempt_id"),
         "mechanism": entry.get("mechanism") or payload.get("mechanism"),
@@ -591,8 +611,7 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         reservations = queries.key_reservations(
             ledger, key, limit=RESERVATIONS_PAGE, offset=(rpage - 1) * RESERVATIONS_PAGE
         )
-        epsilon_alone = EpsilonAlone(ledger)
-        history_items = [_history_record(entry, epsilon_alone) for entry in history.items]
+        history_items = _history_records(ledger, history.items)
         verified = verifications.cached(ledger)
         if verified is None:
             verification: dict[str, Any] = {"state": "pending", "problems": []}
@@ -778,14 +797,13 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         history = queries.key_history(
             ledger, key, limit=limit, offset=offset, newest_first=order == "newest"
         )
-        epsilon_alone = EpsilonAlone(ledger)
         return schemas.HistoryPage(
             total=history.total,
             offset=history.offset,
             limit=history.limit,
             entries=[
-                schemas.HistoryEntryModel(**_history_record(entry, epsilon_alone))
-                for entry in history.items
+                schemas.HistoryEntryModel(**record)
+                for record in _history_records(ledger, history.items)
             ],
         )
 

@@ -17,7 +17,8 @@ class KeyModel(BaseModel):
 
 
 class AccountModel(KeyModel):
-    """One live account: committed spend converted at the ledger's delta, against its cap."""
+    """One subject of a live account: the account's committed spend (its class's)
+    converted at the ledger's delta, against its cap."""
 
     epsilon: float = Field(description="cumulative epsilon of the committed releases")
     delta: float = Field(description="the ledger-wide delta every epsilon is stated at")
@@ -41,6 +42,11 @@ class AccountModel(KeyModel):
     open_reservations: int
     method: str = Field(description="which bound gave epsilon (rdp-improved, analytic-gaussian…)")
     updated_at: str
+    account: str | None = Field(
+        description="the label of the account (spend class) holding the subject's spend; "
+        "null on a spend class's row"
+    )
+    subjects: int = Field(description="how many subjects share that spend (the class's size)")
     page_url: str = Field(description="the account's page in the UI")
 
 
@@ -137,8 +143,15 @@ class HistoryEntryModel(BaseModel):
     action: str
     actor: str
     reservation_id: str | None
-    key: KeyModel | None = Field(description="null for an entry over many keys")
-    key_count: int
+    key: KeyModel | None = Field(
+        description="the account the entry charged (a spend class, or the subject's key "
+        "when its class holds it alone); null for an entry over many accounts"
+    )
+    key_count: int = Field(description="how many accounts (spend classes) the entry names")
+    subjects: int | None = Field(
+        description="how many subjects the entry covered; null for entries made before "
+        "spend classes (their keys are subjects) and those covering none"
+    )
     attempt_id: str | None
     mechanism: dict[str, Any] | None
     count: int | None

@@ -271,7 +271,7 @@ _MEMBERS = """{% extends "base.html" %}
 """
 
 _ACCOUNT = """{% extends "base.html" %}
-{% from "macros.html" import badge, bar, eps, pager %}
+{% from "macros.html" import badge, bar, eps, pager, subjects %}
 {% block title %}DP budget · {{ key.subject }}{% endblock %}
 {% macro attempt(attempt_id) -%}
 {%- if not attempt_id %}—{% elif task_link(attempt_id) -%}
@@ -306,6 +306,8 @@ _ACCOUNT = """{% extends "base.html" %}
     <div class="value">{{ account.open_reservations }}</div></div>
   <div class="card"><div class="label">bound</div>
     <div class="value small">{{ account.method }}</div></div>
+  <div class="card" id="class-size"><div class="label">spend class</div>
+    <div class="value small">{{ subjects(account.subjects) }} at this spend</div></div>
 </div>
 {% else %}
 <p class="muted">This key has no live account (never charged, reset with its window, or

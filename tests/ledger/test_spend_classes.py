@@ -20,6 +20,8 @@ from dp_budget_provider.ledger import (
     BudgetExhausted,
     PrivacyBudgetLedger,
     keys_for,
+    queries,
+    report,
 )
 from dp_budget_provider.ledger.queries import AccountFilter
 from dp_budget_provider.ledger.spend_classes import class_members, find_classes
@@ -120,3 +122,48 @@ def test_a_subject_search_finds_its_class_and_a_changed_class_is_gone(ledger):
     ledger.commit(ledger.reserve(keys[20:], GaussianMechanism(4.0)))  # the 30 join the 20
     assert class_members(ledger, "acme", "heatmap", WINDOWS[0], page.items[0].id) is None
     assert [c.subjects for c in find_classes(ledger).items] == [50]
+
+
+def test_accounts_list_each_subject_with_the_class_holding_its_spend(ledger):
+    keys = keys_for(range(50), "heatmap", WINDOWS[:1], tenant="acme")
+    ledger.commit(ledger.reserve(keys, GaussianMechanism(4.0)))
+    ledger.commit(ledger.reserve(keys[:20], GaussianMechanism(4.0)))
+    statuses = ledger.accounts(tenant="acme")
+    assert [s.key for s in statuses] == sorted(keys)  # one row per subject, key order
+    by_account = defaultdict(list)
+    for status in statuses:
+        assert status.account == ledger.account_of(status.key).subject
+        by_account[status.account].append(status)
+    assert sorted(len(members) for members in by_account.values()) == [20, 30]
+    for members in by_account.values():
+        assert {s.subjects for s in members} == {len(members)}
+        assert len({(s.epsilon, s.releases) for s in members}) == 1
+    assert [s.key for s in ledger.accounts(tenant="acme", limit=7, offset=10)] == sorted(keys)[
+        10:17
+    ]
+    page = queries.find_accounts(ledger, AccountFilter(tenant="acme"), sort="releases", limit=5)
+    assert page.total == 50 and [s.releases for s in page.items] == [1] * 5
+    assert report.count_accounts(ledger, tenant="acme") == 50
+
+
+def test_classes_read_by_account_and_by_subject_agree(ledger):
+    """Without a subject filter classes are grouped from the accounts (counting their
+    size); a filter matching every subject groups the per-subject rows: the same classes."""
+    keys = keys_for([f"p{i:02d}" for i in range(40)], "heatmap", WINDOWS, tenant="acme")
+    ledger.commit(ledger.reserve(keys, GaussianMechanism(4.0)))
+    ledger.commit(ledger.reserve(keys[:25], LaplaceMechanism(0.4)))
+    ledger.reserve(keys[10:15], GaussianMechanism(6.0))  # stays open
+    ledger.commit(ledger.reserve(keys[30:], GaussianMechanism(3.0)))
+
+    def listed(subject):
+        found = find_classes(ledger, AccountFilter(tenant="acme", subject=subject), limit=1000)
+        return [(c.id, c.subjects, c.status) for c in found.items]
+
+    by_account = listed(None)
+    assert sum(subjects for _, subjects, _ in by_account) == len(keys)
+    assert len(by_account) > len(WINDOWS)  # the releases split the windows' subjects
+    assert listed("p*") == by_account
+    assert listed("*") == by_account  # a pattern matching anything is no filter
+    one = listed("p07")  # the search for one subject: its class in each window
+    assert [(n, s.key.subject, s.key.window) for _, n, s in one] == [(1, "p07", w) for w in WINDOWS]
+    assert {i for i, _, _ in one} <= {i for i, _, _ in by_account}

@@ -286,7 +286,9 @@ def test_history_of_a_key_paginated(client, seeded):
     newest = body["entries"][0]
     assert newest["action"] == "correction" and newest["note"] == "release missed by the ledger"
     commit = next(e for e in body["entries"] if e["action"] == "commit")
-    assert commit["key"] is None and commit["key_count"] == 10  # one release over 10 keys
+    # One release over 10 subjects that every release so far covered together: one class.
+    assert commit["key_count"] == 1 and commit["subjects"] == 10
+    assert commit["key"]["subject"].startswith("Class-")  # the class, not one subject
     assert commit["attempt_id"].startswith("example_dp_heatmap/release_heatmap/manual__")
     assert commit["mechanism"] == {"kind": "gaussian", "noise_multiplier": 4.0}
     assert commit["cost_epsilon"] == pytest.approx(0.9263415, rel=1e-6)

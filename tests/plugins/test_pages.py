@@ -139,6 +139,9 @@ def test_account_page(client, seeded):
     assert "gaussian(noise_multiplier=4)" in text
     assert "release missed by the ledger" in text
     assert "Verifying the ledger" in text  # not verified yet: the page fetches it
+    assert "1 subject at this spend" in text  # the correction split it off its class
+    shared = Page(client.get("/account", params=seeded.heatmap[15].as_dict()).text).plain
+    assert "10 subjects at this spend" in shared  # 10-19: the same two releases, one class
 
 
 def test_account_page_shows_verification_once_known(client, seeded):

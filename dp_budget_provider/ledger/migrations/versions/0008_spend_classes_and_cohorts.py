@@ -13,7 +13,7 @@
   was recorded as one.
 * Plain SQL, no batch copy: ``ADD COLUMN`` with a constant default rewrites no row (SQLite
   stores the default in the schema, PostgreSQL >= 11 in the catalogue), and the members
-  are one ``INSERT ... SELECT`` (their secondary index is built after it, in one pass).
+  are one ``INSERT ... SELECT`` (their secondary indexes are built after it, in one pass).
 
 The way back is refused once revision 0008 code has made a class (a ``Class-`` label, or
 a size other than 1) or registered a cohort: revision 0007 keeps spend per subject, so it
@@ -60,7 +60,12 @@ def upgrade() -> None:
         'SELECT tenant, query_type, "window", subject, subject FROM dp_accounts'
     )
     op.create_index(
-        "ix_dp_members_account", "dp_members", ["tenant", "query_type", "window", "account"]
+        "ix_dp_members_account",
+        "dp_members",
+        ["tenant", "query_type", "window", "account", "subject"],
+    )
+    op.create_index(
+        "ix_dp_members_key", "dp_members", ["tenant", "subject", "query_type", "window"]
     )
     op.create_table(
         "dp_cohorts",
@@ -119,6 +124,7 @@ def downgrade() -> None:
     op.drop_index("ix_dp_cohort_members_subject", table_name="dp_cohort_members")
     op.drop_table("dp_cohort_members")
     op.drop_table("dp_cohorts")
+    op.drop_index("ix_dp_members_key", table_name="dp_members")
     op.drop_index("ix_dp_members_account", table_name="dp_members")
     op.drop_table("dp_members")
     # Plain DROP COLUMN (SQLite >= 3.35): a batch copy would rewrite every account row.
