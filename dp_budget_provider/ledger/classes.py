@@ -250,6 +250,9 @@ def accounts_for(
             raise ValueError(f"one release covers window {scope} with more than one cohort")
         known[scope] = given.cohort
     charge = Charge(keys=[])
+    # Each scope's cohort, with its listing there, or what it covers of the scope's
+    # classes (to refine them); a scope's refinement changes no other scope's.
+    found: list[tuple[Scope, int, str, int, CohortCharge | None, dict[str, int]]] = []
     for scope in sorted({*by_scope, *known}):
         if scope in known:
             size = known[scope].size
@@ -259,9 +262,13 @@ def accounts_for(
             subjects = sorted(by_scope[scope])
             size = len(subjects)
             cohort_id, digest = register(pipe, scope[0], subjects, now)
-        cohort = _listed(pipe, scope, cohort_id, digest, size)
-        if cohort is None:
-            cohort = _refine(pipe, scope, cohort_id, digest, size, now)
+        listed = _listed(pipe, scope, cohort_id, digest, size)
+        covered = {} if listed is not None else _covered(pipe, scope, cohort_id)
+        found.append((scope, cohort_id, digest, size, listed, covered))
+    if pipe.postgresql:
+        _lock_open_reservations(pipe, [(item[0], sorted(item[5])) for item in found])
+    for scope, cohort_id, digest, size, listed, covered in found:
+        cohort = listed or _refine(pipe, scope, cohort_id, digest, size, now, covered)
         charge.cohorts.append(cohort)
         tenant, query_type, window = scope
         charge.keys += [
@@ -365,27 +372,39 @@ def _listed(
     return CohortCharge(scope, cohort_id, digest, size, tuple(sorted(row[0] for row in rows)))
 
 
-def _refine(
-    pipe: pipeline.Pipeline, scope: Scope, cohort_id: int, digest: str, size: int, now: str
-) -> CohortCharge:
-    """Split the window's classes along a cohort new to it (see the module docstring)."""
+def _covered(pipe: pipeline.Pipeline, scope: Scope, cohort_id: int) -> dict[str, int]:
+    """How many of a cohort's subjects each account of the scope holds (the accounts the
+    cohort covers, wholly or in part)."""
     tenant, query_type, window = scope
-    where = {"tenant": tenant, "q": query_type, "w": window, "cohort": cohort_id, "now": now}
-    in_scope = 'tenant = %(tenant)s AND query_type = %(q)s AND "window" = %(w)s'
-    covered = dict(
+    return dict(
         pipe.query(
             "SELECT m.account, count(*) FROM dp_cohort_members c JOIN dp_members m ON "
             'm.tenant = %(tenant)s AND m.query_type = %(q)s AND m."window" = %(w)s '
             "AND m.subject = c.subject WHERE c.cohort_id = %(cohort)s GROUP BY m.account",
-            where,
+            {"tenant": tenant, "q": query_type, "w": window, "cohort": cohort_id},
         )
     )
+
+
+def _refine(
+    pipe: pipeline.Pipeline,
+    scope: Scope,
+    cohort_id: int,
+    digest: str,
+    size: int,
+    now: str,
+    covered: dict[str, int],
+) -> CohortCharge:
+    """Split the window's classes along a cohort new to it (see the module docstring);
+    ``covered``: what it covers of them (:func:`_covered`), whose open reservations are
+    locked already."""
+    tenant, query_type, window = scope
+    where = {"tenant": tenant, "q": query_type, "w": window, "cohort": cohort_id, "now": now}
+    in_scope = 'tenant = %(tenant)s AND query_type = %(q)s AND "window" = %(w)s'
     kept: list[str] = []
     splits: list[list[Any]] = []
     lock = " FOR UPDATE" if pipe.postgresql else ""
     labels = sorted(covered)
-    if pipe.postgresql:
-        _lock_open_reservations(pipe, scope, labels)
     for start in range(0, len(labels), _CHUNK):
         chunk = labels[start : start + _CHUNK]
         rows = pipe.query(
@@ -479,27 +498,44 @@ def _split(
     )
 
 
-def _lock_open_reservations(pipe: pipeline.Pipeline, scope: Scope, labels: Sequence[str]) -> None:
-    """Lock the open reservations holding any of ``labels`` before the accounts.
+def _lock_open_reservations(
+    pipe: pipeline.Pipeline, covered: Sequence[tuple[Scope, Sequence[str]]]
+) -> None:
+    """Lock the open reservations holding any account a charge refines (``covered``:
+    labels by scope) before any account, all of them at once, in id order.
 
     A commit, release or reap locks its reservation first and its accounts next; a split
     gives the reservation a key, so it takes the locks in the same order: a commit then
     either closes before the split (and is not carried) or waits and finds the new key.
-    No reservation can open on these accounts meanwhile: that needs the window's lock.
+    Two charges never share a window, but one reservation may hold accounts in windows
+    of both: had each charge locked the reservations of one window after another, two
+    could each hold one the other waits for. No reservation can open on these accounts
+    meanwhile, nor gain a key: either needs their windows' locks, which the charge holds.
     """
-    tenant, query_type, window = scope
-    for start in range(0, len(labels), _CHUNK):
+    held_by: set[str] = set()
+    for (tenant, query_type, window), labels in covered:
+        for start in range(0, len(labels), _CHUNK):
+            held_by.update(
+                row[0]
+                for row in pipe.query(
+                    "SELECT DISTINCT k.reservation_id FROM dp_reservation_keys k "
+                    "JOIN dp_reservations r ON r.id = k.reservation_id WHERE r.state = 'open' "
+                    'AND k.tenant = %(t)s AND k.query_type = %(q)s AND k."window" = %(w)s '
+                    f"AND k.subject IN (SELECT s FROM {_unpack(pipe)})",
+                    {
+                        "t": tenant,
+                        "q": query_type,
+                        "w": window,
+                        "subjects": _subjects_param(pipe, labels[start : start + _CHUNK]),
+                    },
+                )
+            )
+    ordered = sorted(held_by)  # code points: the order of the bytes compared below
+    for start in range(0, len(ordered), _CHUNK):
         pipe.query(
-            "SELECT r.id FROM dp_reservations r WHERE r.state = 'open' AND r.id IN ("
-            "SELECT k.reservation_id FROM dp_reservation_keys k WHERE k.tenant = %(t)s "
-            'AND k.query_type = %(q)s AND k."window" = %(w)s AND k.subject IN '
-            f"(SELECT s FROM {_unpack(pipe)})) ORDER BY r.id FOR UPDATE OF r",
-            {
-                "t": tenant,
-                "q": query_type,
-                "w": window,
-                "subjects": _subjects_param(pipe, labels[start : start + _CHUNK]),
-            },
+            f"SELECT r.id FROM dp_reservations r WHERE r.id IN (SELECT s FROM {_unpack(pipe)}) "
+            'ORDER BY r.id COLLATE "C" FOR UPDATE',
+            {"subjects": _subjects_param(pipe, ordered[start : start + _CHUNK])},
         )
 
 

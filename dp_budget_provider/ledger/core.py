@@ -105,16 +105,18 @@ def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]
 _key_of = audit._key_of  # one way to turn a stored row into a key
 
 
-def _lock_order(connection: Connection) -> list[Any]:
-    """ORDER BY clauses that sort keys exactly like Python's ``sorted`` (code points).
+def _lock_order(connection: Connection, columns: Sequence[Any] = _KEY_COLUMNS) -> list[Any]:
+    """ORDER BY clauses that sort keys (or other rows by ``columns``) exactly like
+    Python's ``sorted`` (code points).
 
-    Every writer locks accounts in this one order, so two transactions can never wait on
-    each other in a cycle. PostgreSQL must compare bytes (collation "C"): a linguistic
-    collation would order some keys differently from the upsert path and deadlock.
+    Every writer locks accounts (and window rows) in this one order, so two transactions
+    can never wait on each other in a cycle. PostgreSQL must compare bytes (collation
+    "C"): a linguistic collation would order some keys differently from the upsert path
+    (or the window lock of a charge) and deadlock.
     """
     if connection.dialect.name == "postgresql":
-        return [column.collate("C") for column in _KEY_COLUMNS]
-    return list(_KEY_COLUMNS)
+        return [column.collate("C") for column in columns]
+    return list(columns)
 
 
 class LedgerCore:

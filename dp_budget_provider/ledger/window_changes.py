@@ -91,7 +91,7 @@ class WindowRoom(LedgerCore):
                 for row in connection.execute(
                     select(WindowRow.tenant, WindowRow.query_type)
                     .where(WindowRow.window == label, WindowRow.sealed_at.is_(None))
-                    .order_by(WindowRow.tenant, WindowRow.query_type)
+                    .order_by(*_lock_order(connection, (WindowRow.tenant, WindowRow.query_type)))
                     .with_for_update()
                 )
             ]

@@ -58,7 +58,10 @@ def multi_key(
 ) -> None:
     """Reserve random overlapping key sets, in random argument order, holding up to two.
 
-    Reports every reservation made (id, keys, how it was resolved) and every refusal.
+    Reports every reservation made (id, the subjects it covers, how many accounts it
+    holds, how it was resolved) and every refusal. The subjects are the ones asked for:
+    a reservation's keys are the accounts of their spend classes, which the ledger
+    refines as the overlapping sets split them.
     """
     rng = random.Random(seed)
     keys = [key_for(subject, "count", "2026-w45") for subject in subjects]
@@ -92,7 +95,8 @@ def multi_key(
                 )
             else:
                 report["reserved"][reservation.id] = {
-                    "keys": sorted(k.subject for k in reservation.keys),
+                    "keys": sorted(k.subject for k in chosen),
+                    "accounts": len(reservation.keys),
                     "outcome": "open",
                 }
                 held.append(reservation)
@@ -146,8 +150,9 @@ def operation(url: str, op: str, argument: Any, z: float, go: Any, results: Any)
     commit the reservation it got, both here) or ``commit`` (argument: the
     :class:`Reservation` that ``reserve`` returned in another process, token included,
     pickled to this one: the commit itself runs here, on this worker's own ledger and
-    connections). After a :class:`LedgerUnavailable` the worker checks that the same
-    ledger object still answers once the database is back.
+    connections) or ``reset`` (argument: a window). After a :class:`LedgerUnavailable`
+    the worker checks that the same ledger object still answers once the database is
+    back.
     """
     report: dict[str, Any] = {
         "outcome": None,
@@ -173,6 +178,8 @@ def operation(url: str, op: str, argument: Any, z: float, go: Any, results: Any)
                 keys, attempt = argument
                 reservation = ledger.reserve(keys, mechanism, attempt=attempt)
                 report["epsilon"] = ledger.commit(reservation)[0].epsilon
+            elif op == "reset":
+                ledger.reset(argument)
             elif op == "commit":
                 if not isinstance(argument, Reservation) or not argument.token:
                     raise ValueError(f"commit needs a Reservation with its token, got {argument!r}")

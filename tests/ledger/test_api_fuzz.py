@@ -29,6 +29,7 @@ from sqlalchemy import func, select
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
 from dp_budget_provider.ledger import (
     BudgetCap,
+    Cohort,
     LedgerError,
     LedgerKey,
     Policy,
@@ -37,15 +38,21 @@ from dp_budget_provider.ledger import (
     WindowCalendar,
     key_for,
 )
+from dp_budget_provider.ledger.classes import cohort_digest
 from dp_budget_provider.ledger.schema import (
     Account,
     ChainHead,
+    ChargeCohort,
+    CohortAccount,
+    CohortMember,
     HistoryEntry,
     LedgerConfig,
+    Member,
     PolicyRow,
     ReservationKey,
     Window,
 )
+from dp_budget_provider.ledger.schema import Cohort as CohortRow
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 
 UTC = timezone.utc
@@ -54,6 +61,8 @@ OPEN = WindowCalendar().window_of(datetime.now(UTC))
 ALICE = key_for("alice", "heatmap", CLOSED)
 BOB = key_for("bob", "heatmap", OPEN)
 CAROL = key_for("carol", "count", OPEN, tenant="acme")
+# A cohort the seed registers, charged through its handle (content-addressed: known here).
+CREW = Cohort("default", cohort_digest(["alice", "frank"]), 2)
 
 
 class Opaque:
@@ -202,7 +211,16 @@ NOW = st.sampled_from([None, datetime.now(UTC)])
 OPERATIONS: list[Operation] = [
     (
         "reserve",
-        [st.one_of(KEYS, st.lists(KEYS, min_size=1, max_size=3)), MECHANISMS, COUNTS, st.none()],
+        [
+            st.one_of(
+                KEYS,
+                st.lists(KEYS, min_size=1, max_size=3),
+                st.just(CREW.in_window("heatmap", OPEN)),
+            ),
+            MECHANISMS,
+            COUNTS,
+            st.none(),
+        ],
         lambda ctx, keys, mech, count, attempt: ctx.ledger.reserve(
             keys, mech, count, attempt if attempt is not None else ctx.attempt()
         ),
@@ -246,6 +264,14 @@ OPERATIONS: list[Operation] = [
         lambda ctx, old, new, reason: ctx.ledger.rescope(old, new, reason),
     ),
     ("reset", [st.sampled_from([CLOSED, OPEN, "2019-w52"])], lambda ctx, w: ctx.ledger.reset(w)),
+    (
+        "cohort",
+        [
+            st.lists(st.sampled_from(["alice", "Frank", "zed", 17]), min_size=1, max_size=3),
+            st.sampled_from(["default", "acme"]),
+        ],
+        lambda ctx, subjects, tenant: ctx.ledger.cohort(subjects, tenant),
+    ),
     (
         "accounts",
         [
@@ -332,7 +358,20 @@ OPERATIONS: list[Operation] = [
 
 # A driver's or codec's own words passed through as a ValueError are not a clear error.
 RAW_WORDS = ("codec can't", "NUL (0x00)", "(sqlite3.", "(psycopg2.", "Background on this error")
-TABLES = (Account, ReservationRow, ReservationKey, Window, PolicyRow, ChainHead, LedgerConfig)
+TABLES = (
+    Account,
+    Member,
+    CohortRow,
+    CohortMember,
+    CohortAccount,
+    ChargeCohort,
+    ReservationRow,
+    ReservationKey,
+    Window,
+    PolicyRow,
+    ChainHead,
+    LedgerConfig,
+)
 
 
 def snapshot(ledger: PrivacyBudgetLedger) -> tuple[Any, ...]:
@@ -356,6 +395,7 @@ def seed(url: str) -> None:
         ledger.set_policy(Policy(2.0, tenant="acme", compliance_clause="DPA s.3"))
         ledger.spend(key_for("erin", "snapshot", OPEN), LaplaceMechanism(0.2), attempt="seed/3")
         ledger.reserve(CAROL, LaplaceMechanism(0.1), attempt="seed/4")
+        assert ledger.cohort(["Frank", "alice"]) == CREW
     finally:
         ledger.close()
 
@@ -518,7 +558,7 @@ def test_issue_probes(name, call, template, tmp_path):
 def test_every_public_write_is_fuzzed():
     names = {operation[0] for operation in OPERATIONS}
     wanted = {"reserve", "spend", "commit", "release", "renew", "reap", "correct", "rescope"}
-    wanted |= {"reset", "keep_alive"}
+    wanted |= {"reset", "keep_alive", "cohort"}
     assert wanted | {"accounts", "history", "policy set", "verify"} <= names
     assert all(isinstance(key, LedgerKey) for key in (ALICE, BOB, CAROL))
     assert Reservation  # the type the commit/release fuzz forges

@@ -119,21 +119,52 @@ def _stop(processes: list[Any]) -> None:
             process.join()
 
 
-def raw_accounts(url: str) -> list[Any]:
-    """The account rows exactly as stored (what verify() replays the history against)."""
+_ACCOUNT_VALUES = "rho, residual, gaussian_mu2, releases, open_reservations, size"
+
+
+def _rows(url: str, statement: str) -> list[Any]:
     engine = create_engine(url)
     try:
         with engine.connect() as connection:
-            return list(
-                connection.execute(
-                    text(
-                        "SELECT subject, rho, residual, gaussian_mu2, releases, "
-                        'open_reservations FROM dp_accounts ORDER BY subject, "window"'
-                    )
-                )
-            )
+            return list(connection.execute(text(statement)))
     finally:
         engine.dispose()
+
+
+def raw_accounts(url: str) -> list[Any]:
+    """The account rows exactly as stored (what verify() replays the history against):
+    one per spend class, its ``subject`` the class's label."""
+    return _rows(
+        url, f'SELECT subject, {_ACCOUNT_VALUES} FROM dp_accounts ORDER BY subject, "window"'
+    )
+
+
+def subject_accounts(url: str) -> list[Any]:
+    """Each subject's account row as stored, read through its membership (``subject`` is
+    the subject, ``account`` its class's label), by subject."""
+    return _rows(
+        url,
+        "SELECT m.subject, m.account, "
+        + ", ".join(f"a.{column.strip()}" for column in _ACCOUNT_VALUES.split(","))
+        + " FROM dp_members m JOIN dp_accounts a ON a.tenant = m.tenant "
+        'AND a.query_type = m.query_type AND a."window" = m."window" '
+        'AND a.subject = m.account ORDER BY m.subject, m."window"',
+    )
+
+
+# Every table a charge writes: its accounts and their classes' memberships, the cohorts
+# it registers and lists, the reservation and its keys, the history and its links.
+CHARGED_TABLES = (
+    "dp_accounts",
+    "dp_members",
+    "dp_cohorts",
+    "dp_cohort_members",
+    "dp_cohort_accounts",
+    "dp_charge_cohorts",
+    "dp_reservations",
+    "dp_reservation_keys",
+    "dp_history",
+)
 
 
 def table_counts(url: str) -> dict[str, int]:
@@ -142,7 +173,7 @@ def table_counts(url: str) -> dict[str, int]:
         with engine.connect() as connection:
             return {
                 table: connection.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
-                for table in ("dp_accounts", "dp_reservations", "dp_reservation_keys", "dp_history")
+                for table in CHARGED_TABLES
             }
     finally:
         engine.dispose()
@@ -234,6 +265,17 @@ def wait_for_lock_waiters(session: Any, database: str, count: int, timeout: floa
     pytest.fail(f"{count} ledger backends of {database} did not all wait within {timeout} s")
 
 
+def lock_waiters(session: Any, database: str) -> list[int]:
+    """The pids of the ledger backends of ``database`` waiting for a lock."""
+    with session.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND application_name = %s"
+            " AND wait_event_type = 'Lock' ORDER BY pid",
+            (database, LEDGER_APP),
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
 def wait_until_no_ledger_backend(session: Any, database: str, timeout: float = 30) -> None:
     """Wait until the server has noticed every dead ledger client (and rolled it back)."""
     deadline = time.monotonic() + timeout
@@ -273,6 +315,12 @@ def pg_snapshot(url: str) -> dict[str, list[tuple]]:
     """Every ledger table, row by row, in a fixed order."""
     order = {
         "dp_accounts": "id",
+        "dp_members": 'tenant, query_type, "window", subject',
+        "dp_cohorts": "id",
+        "dp_cohort_members": "cohort_id, subject",
+        "dp_cohort_accounts": 'cohort_id, query_type, "window", account',
+        "dp_charge_cohorts": 'seq, cohort_id, query_type, "window"',
+        "dp_windows": 'tenant, query_type, "window"',
         "dp_reservations": "id",
         "dp_reservation_keys": "reservation_id, position",
         "dp_history": "seq",
@@ -385,7 +433,9 @@ def test_overlapping_multi_key_reservations_neither_deadlock_nor_leak(ledger_url
         for subject in info["keys"]
     )
     ever_reserved = {subject for info in reserved.values() for subject in info["keys"]}
-    rows = raw_accounts(ledger_url)
+    # Each subject's class holds exactly the releases committed over it, however the
+    # overlapping sets split the classes (and carried open reservations to the new parts).
+    rows = subject_accounts(ledger_url)
     assert {row.subject for row in rows} == ever_reserved
     fit = max_fit(4.0)
     for row in rows:
@@ -396,7 +446,21 @@ def test_overlapping_multi_key_reservations_neither_deadlock_nor_leak(ledger_url
             reference_epsilon(4.0, commits_per_subject[row.subject]), rel=1e-9
         )
         assert epsilon <= CAP.epsilon
-    # Every refusal named a key that was in the refused set.
+    # The classes partition the subjects, and the overlaps did split them, carrying
+    # open reservations to the new parts.
+    members = Counter(row.account for row in rows)
+    assert {row.subject: row.size for row in raw_accounts(ledger_url)} == members
+    splits = [
+        split
+        for entry in entries
+        if entry["action"] == "reserve"
+        for cohort in entry["payload"]["cohorts"]
+        if cohort["refined"] is not None
+        for split in cohort["refined"]["split"]
+    ]
+    assert any(carried for *_, carried in splits), "no split carried an open reservation"
+    assert any(info["accounts"] > 1 for info in reserved.values())
+    # Every refusal named a subject of the refused set.
     assert all(refusal["key"] in refusal["keys"] for refusal in refused)
 
     assert_replay_within_cap(entries, {rid: info["keys"] for rid, info in reserved.items()}, 4.0)
@@ -427,7 +491,7 @@ def test_reservation_of_a_killed_worker_stays_counted_until_reaped(ledger_url):
     assert (held.id, held.attempt_id, held.keys, held.state) == (
         message["reservation_id"],
         attempt,
-        (key,),
+        (ledger.account_of(key),),  # bob's class: bob alone
         "open",
     )
     assert ledger.epsilon_of(key) == pytest.approx(reference_epsilon(4.0, fit - 1), rel=1e-9)
@@ -483,11 +547,20 @@ def test_worker_killed_inside_a_large_reserve_leaves_all_or_nothing(ledger_url):
     after = table_counts(ledger_url)
     held = ledger.open_reservations()
     if held:  # the kill came after COMMIT reached the database: everything is there
-        assert [len(r.keys) for r in held] == [len(keys)]
+        # Two classes: the subject spent on before (kept), and the 9999 new ones.
+        assert [set(r.keys) for r in held] == [
+            {ledger.account_of(keys[0]), ledger.account_of(keys[5000])}
+        ]
         assert after == {
-            "dp_accounts": before["dp_accounts"] + len(keys) - 1,
+            **before,
+            "dp_accounts": before["dp_accounts"] + 1,
+            "dp_members": before["dp_members"] + len(keys) - 1,
+            "dp_cohorts": before["dp_cohorts"] + 1,
+            "dp_cohort_members": before["dp_cohort_members"] + len(keys),
+            "dp_cohort_accounts": before["dp_cohort_accounts"] + 2,
+            "dp_charge_cohorts": before["dp_charge_cohorts"] + 1,
             "dp_reservations": before["dp_reservations"] + 1,
-            "dp_reservation_keys": before["dp_reservation_keys"] + len(keys),
+            "dp_reservation_keys": before["dp_reservation_keys"] + 2,
             "dp_history": before["dp_history"] + 1,
         }
     else:
@@ -587,8 +660,9 @@ def test_the_same_attempt_from_several_processes_is_charged_once(ledger_url, op)
     in its own process), every other one is refused with ReservationStateError naming
     that reservation, and the account is charged once. The workers are released together
     from behind a lock, so all of them are under way (on PostgreSQL: inside their reserve
-    transactions, queued on the account) before any of them could write the attempt:
-    nothing but the attempt's uniqueness in the ledger keeps a second one out.
+    transactions, queued on the window row, which a reserve locks first and exclusively)
+    before any of them could write the attempt: nothing but the attempt's uniqueness in
+    the ledger keeps a second one out.
     """
     postgres = make_url(ledger_url).get_backend_name() == "postgresql"
     ledger = PrivacyBudgetLedger(cap=CAP, url=ledger_url)
@@ -614,9 +688,14 @@ def test_the_same_attempt_from_several_processes_is_charged_once(ledger_url, op)
     if postgres:
         with pg_session(ledger_url, autocommit=False) as locker, pg_session(ledger_url) as session:
             with locker.cursor() as cursor:
-                cursor.execute("SELECT id FROM dp_accounts WHERE subject = 'erin' FOR UPDATE")
+                cursor.execute(
+                    'SELECT 1 FROM dp_windows WHERE "window" = %s FOR UPDATE', (key.window,)
+                )
             go.set()
             wait_for_lock_waiters(session, database, duplicates)
+            assert [queued_on(session, pid) for pid in lock_waiters(session, database)] == [
+                ["dp_windows"]
+            ] * duplicates
             locker.rollback()
     else:
         locker = sqlite3.connect(database, isolation_level=None)
@@ -645,12 +724,14 @@ def test_the_same_attempt_from_several_processes_is_charged_once(ledger_url, op)
     for refused in (r for r in reports if r is not winner):
         refusal = f"attempt {attempt!r} has already reserved ({reservation_id}, "
         assert refusal in refused["message"], refused
-    # The refused duplicates wrote nothing: one reservation, one key row, two entries more.
+    # The refused duplicates wrote nothing: one reservation, one key row (erin's class),
+    # two entries more and the reserve's link to its (known) cohort; no class, no cohort.
     assert table_counts(ledger_url) == {
-        "dp_accounts": before["dp_accounts"],
+        **before,
         "dp_reservations": before["dp_reservations"] + 1,
         "dp_reservation_keys": before["dp_reservation_keys"] + 1,
         "dp_history": before["dp_history"] + 2,
+        "dp_charge_cohorts": before["dp_charge_cohorts"] + 1,
     }
     (account,) = raw_accounts(ledger_url)
     assert (account.releases, account.open_reservations) == (2, 0)
@@ -794,32 +875,55 @@ def icu_postgres_url() -> Iterator[str]:
         yield url
 
 
+def _collation_sorts_underscore_first(session: Any) -> None:
+    """The premise: the database sorts tenant "s_1" before "s1" (Python: after)."""
+    with session.cursor() as cursor:
+        cursor.execute("SELECT array_agg(t ORDER BY t) FROM (VALUES ('s1'), ('s_1')) AS v(t)")
+        assert cursor.fetchone()[0] == ["s_1", "s1"]
+
+
+def _assert_not_locked(session: Any, statement: str, what: str) -> None:
+    """``statement`` (a FOR UPDATE NOWAIT) gets its row: no writer holds it."""
+    with session.cursor() as cursor:
+        try:
+            cursor.execute(statement)
+        except psycopg2.errors.LockNotAvailable:
+            pytest.fail(what)
+
+
 def test_reserve_and_commit_lock_in_the_same_order_under_a_linguistic_collation(
     icu_postgres_url,
 ):
-    """A reserve and a commit of the same two keys, both queued behind the first key.
+    """A reserve and a commit of the same two accounts, both queued behind the first.
 
-    The reserve locks its accounts in key order ("s1" first); the commit (in its own
-    process, holding the reservation's token) locks its reservation row, then the same
-    accounts in a statement of its own. Had it locked them in the database's collation
-    order it would hold "s_1" while waiting for "s1", and the reserve, once given "s1",
-    would wait for "s_1": a deadlock.
+    The accounts are one subject's spend classes in tenants "s1" and "s_1": a class
+    holds the subjects of one scope, so these are two accounts, and their tenants,
+    compared first, decide their order whatever their labels. The reserve locks its
+    accounts in key order ("s1" first); the commit (in its own process, holding the
+    reservation's token) locks its reservation row, then the same accounts in a statement
+    of its own. Had it locked them in the database's collation order it would hold "s_1"
+    while waiting for "s1", and the reserve, once given "s1", would wait for "s_1": a
+    deadlock.
     """
     url, database = icu_postgres_url, make_url(icu_postgres_url).database
     ledger = PrivacyBudgetLedger(cap=CAP, url=url)
-    underscore, plain = key_for("s_1", "count", WINDOW), key_for("s1", "count", WINDOW)
+    underscore = key_for("alice", "count", WINDOW, tenant="s_1")
+    plain = key_for("alice", "count", WINDOW, tenant="s1")
     assert sorted([underscore, plain]) == [plain, underscore]  # Python: "s1" < "s_1"
     held = ledger.reserve([underscore, plain], GaussianMechanism(4.0))
+    assert [key.tenant for key in held.keys] == ["s1", "s_1"]  # two accounts, key order
     ledger.close()
 
     with pg_session(url, autocommit=False) as locker, pg_session(url) as session:
-        with locker.cursor() as cursor:  # hold "s1", the key the reserve locks first
-            cursor.execute("SELECT id FROM dp_accounts WHERE subject = 's1' FOR UPDATE")
+        _collation_sorts_underscore_first(session)
+        with locker.cursor() as cursor:  # hold "s1", the account the reserve locks first
+            cursor.execute("SELECT id FROM dp_accounts WHERE tenant = 's1' FOR UPDATE")
         reserving, reserve_results = start_worker(
             workers.operation, (url, "reserve", [underscore, plain], 4.0, None)
         )
         expect_ready(reserve_results, reserving)
         reserve_pid = wait_for_backend(session, database, "wait_event_type = 'Lock'")
+        # Past its (exclusive) window locks, queued for the account.
         assert queued_on(session, reserve_pid) == ["dp_accounts"]
         committing, commit_results = start_worker(
             workers.operation, (url, "commit", held, 4.0, None)
@@ -832,11 +936,11 @@ def test_reserve_and_commit_lock_in_the_same_order_under_a_linguistic_collation(
         # The commit got past its reservation row and queues for an account: "s1", as
         # the reserve does, so neither of them holds "s_1".
         assert queued_on(session, commit_pid) == ["dp_accounts"]
-        with session.cursor() as cursor:
-            try:
-                cursor.execute("SELECT id FROM dp_accounts WHERE subject = 's_1' FOR UPDATE NOWAIT")
-            except psycopg2.errors.LockNotAvailable:
-                pytest.fail('the commit locked "s_1" before "s1": not the reserve\'s order')
+        _assert_not_locked(
+            session,
+            "SELECT id FROM dp_accounts WHERE tenant = 's_1' FOR UPDATE NOWAIT",
+            'the commit locked "s_1" before "s1": not the reserve\'s order',
+        )
         # The reserve gets "s1" next and then wants "s_1", which a commit locking in
         # collation order would hold while waiting for "s1".
         locker.rollback()
@@ -846,3 +950,195 @@ def test_reserve_and_commit_lock_in_the_same_order_under_a_linguistic_collation(
     deadlocked = [r["message"] for r in reports if "deadlock detected" in r["message"]]
     assert deadlocked == [], "reserve and commit took the same two row locks in opposite orders"
     assert [r["outcome"] for r in reports] == ["completed", "completed"], reports
+
+
+def test_reserve_and_reset_lock_windows_in_the_same_order_under_a_linguistic_collation(
+    icu_postgres_url,
+):
+    """A reserve over one subject in tenants "s1" and "s_1" and a reset of that (closed)
+    week, both queued behind the window row of "s1".
+
+    A reserve locks its window rows exclusively in byte order ("s1" first), before any
+    account; a reset locks every unsealed scope of its week to seal them. Had the reset
+    locked them in the database's collation order it would hold "s_1" while waiting for
+    "s1", and the reserve, once given "s1", would wait for "s_1": a deadlock. Locking in
+    the same order, the reset waits for the reserve and then finds its reservation open.
+    """
+    url, database = icu_postgres_url, make_url(icu_postgres_url).database
+    week = "2020-w01"  # closed and past its grace period: a reset may seal it
+    ledger = PrivacyBudgetLedger(cap=CAP, url=url)
+    underscore = key_for("alice", "count", week, tenant="s_1")
+    plain = key_for("alice", "count", week, tenant="s1")
+    ledger.commit(ledger.reserve([underscore, plain], GaussianMechanism(4.0)))
+    ledger.close()
+
+    with pg_session(url, autocommit=False) as locker, pg_session(url) as session:
+        _collation_sorts_underscore_first(session)
+        with locker.cursor() as cursor:  # hold "s1", the window the reserve locks first
+            cursor.execute("SELECT 1 FROM dp_windows WHERE tenant = 's1' FOR UPDATE")
+        reserving, reserve_results = start_worker(
+            workers.operation, (url, "reserve", [underscore, plain], 4.0, None)
+        )
+        expect_ready(reserve_results, reserving)
+        reserve_pid = wait_for_backend(session, database, "wait_event_type = 'Lock'")
+        assert queued_on(session, reserve_pid) == ["dp_windows"]
+        resetting, reset_results = start_worker(workers.operation, (url, "reset", week, 4.0, None))
+        expect_ready(reset_results, resetting)
+        wait_for_lock_waiters(session, database, 2)
+        reset_pid = wait_for_backend(
+            session, database, f"wait_event_type = 'Lock' AND pid <> {reserve_pid}"
+        )
+        assert queued_on(session, reset_pid) == ["dp_windows"]
+        _assert_not_locked(
+            session,
+            "SELECT 1 FROM dp_windows WHERE tenant = 's_1' FOR UPDATE NOWAIT",
+            'the reset locked window "s_1" before "s1": not the reserve\'s order',
+        )
+        locker.rollback()
+        reports = [reserve_results.get(timeout=60), reset_results.get(timeout=60)]
+    _stop([reserving, resetting])
+
+    deadlocked = [r["message"] for r in reports if "deadlock detected" in r["message"]]
+    assert deadlocked == [], "reserve and reset took the same two window locks in opposite orders"
+    assert [r["outcome"] for r in reports] == ["completed", "WindowBusy"], reports
+    ledger = PrivacyBudgetLedger(url=url)
+    assert len(ledger.open_reservations()) == 1
+    report = ledger.verify()
+    assert report.ok, report.problems
+    ledger.close()
+
+
+# ---------------------------------------------------------------------------- splits (PostgreSQL)
+
+
+@pytest.mark.parametrize("first", ["split", "commit"])
+def test_a_commit_racing_a_split_closes_first_or_charges_the_new_part(postgres_url, first):
+    """A reservation R holds the class of {a, b}; a reserve over a alone splits it while a
+    commit of R (in its own process) is under way, both queued behind that account.
+
+    A split locks the open reservations it carries before the accounts, as a commit locks
+    its reservation before its accounts: the split going first gives R the new part as one
+    more key, which the commit then charges with the old one; the commit going first closes
+    R, so the new part is born with R's charge and nothing to carry. Either way each subject
+    is charged R once, nothing stays pending but the new reservation, and nobody deadlocks.
+    """
+    database = make_url(postgres_url).database
+    ledger = PrivacyBudgetLedger(cap=CAP, url=postgres_url)
+    a, b = key_for("a", "count", WINDOW), key_for("b", "count", WINDOW)
+    held = ledger.reserve([a, b], GaussianMechanism(4.0))
+    (parent,) = held.keys
+    ledger.close()
+    reserve_args = (postgres_url, "reserve", [a], 4.0, None)
+    commit_args = (postgres_url, "commit", held, 4.0, None)
+    # The split waits for R (the commit holds it), or the commit waits for R (the split does).
+    runs = {"split": (reserve_args, commit_args), "commit": (commit_args, reserve_args)}[first]
+
+    with pg_session(postgres_url, autocommit=False) as locker, pg_session(postgres_url) as session:
+        with locker.cursor() as cursor:
+            cursor.execute(
+                "SELECT id FROM dp_accounts WHERE subject = %s FOR UPDATE", (parent.subject,)
+            )
+        started = []
+        for arguments in runs:
+            process, results = start_worker(workers.operation, arguments)
+            expect_ready(results, process)
+            started.append((process, results))
+            wait_for_lock_waiters(session, database, len(started))
+        pids = lock_waiters(session, database)
+        assert sorted(queued_on(session, pid) for pid in pids) == [
+            ["dp_accounts"],
+            ["dp_reservations"],
+        ]
+        locker.rollback()
+        reports = [results.get(timeout=60) for _, results in started]
+    _stop([process for process, _ in started])
+
+    assert [r["outcome"] for r in reports] == ["completed", "completed"], reports
+    ledger = PrivacyBudgetLedger(url=postgres_url)
+    entries = ledger.history()
+    commit = next(e for e in entries if e["action"] == "commit")
+    split_by = [e for e in entries if e["action"] == "reserve"][-1]
+    (refined,) = [cohort["refined"] for cohort in split_by["payload"]["cohorts"]]
+    ((split_parent, child, moved, carried),) = refined["split"]
+    assert (split_parent, moved) == (parent.subject, 1)
+    assert carried == ([held.id] if first == "split" else [])
+    assert commit["payload"]["key_count"] == (2 if first == "split" else 1)
+    rows = {row.subject: row for row in subject_accounts(postgres_url)}
+    assert (rows["a"].account, rows["b"].account) == (child, parent.subject)
+    assert (rows["a"].releases, rows["b"].releases) == (1, 1)
+    assert (rows["a"].open_reservations, rows["b"].open_reservations) == (1, 0)
+    assert (
+        ledger.epsilon_of(a)
+        == ledger.epsilon_of(b)
+        == pytest.approx(reference_epsilon(4.0, 1), rel=1e-9)
+    )
+    report = ledger.verify()
+    assert report.ok, report.problems
+    ledger.close()
+
+
+def test_refinements_of_several_windows_lock_carried_reservations_in_one_order(postgres_url):
+    """Two reserves, A over windows 1 and 2 and B over windows 3 and 4, each splitting a
+    class in both of its windows; open reservations R (windows 1 and 4) and R' (2 and 3)
+    hold those classes, so each reserve carries both R and R' to the new parts, and
+    locks them before it splits.
+
+    A is held up after it locked what window 1 carries (R), until B has locked what
+    window 3 carries (R') and queues for R. Had each reserve locked the reservations of
+    one window after another, A would now queue for R' (window 2): a deadlock. Locking
+    every carried reservation of the charge at once, in one order, A already holds R' and
+    B simply waits for it.
+    """
+    database = make_url(postgres_url).database
+    w1, w2, w3, w4 = (f"2026-w{week}" for week in (40, 41, 42, 43))
+    ledger = PrivacyBudgetLedger(cap=CAP, url=postgres_url)
+    pairs = {"R": (("x", w1), ("y", w4)), "R'": (("u", w2), ("v", w3))}
+    held = {
+        name: ledger.reserve(
+            [key_for(s + tail, "count", w) for s, w in pair for tail in ("", "3")],
+            GaussianMechanism(4.0),
+        )
+        for name, pair in pairs.items()
+    }
+    ledger.close()
+    over = {
+        "A": [key_for(s, "count", w) for s, w in (("x", w1), ("x2", w1), ("u", w2), ("u2", w2))],
+        "B": [key_for(s, "count", w) for s, w in (("v", w3), ("v2", w3), ("y", w4), ("y2", w4))],
+    }
+
+    with pg_session(postgres_url, autocommit=False) as locker, pg_session(postgres_url) as session:
+        with locker.cursor() as cursor:  # x's class: A waits for it after locking R
+            cursor.execute('SELECT id FROM dp_accounts WHERE "window" = %s FOR UPDATE', (w1,))
+        first, first_results = start_worker(
+            workers.operation, (postgres_url, "reserve", over["A"], 4.0, None)
+        )
+        expect_ready(first_results, first)
+        a_pid = wait_for_backend(session, database, "wait_event_type = 'Lock'")
+        assert queued_on(session, a_pid) == ["dp_accounts"]
+        second, second_results = start_worker(
+            workers.operation, (postgres_url, "reserve", over["B"], 4.0, None)
+        )
+        expect_ready(second_results, second)
+        wait_for_lock_waiters(session, database, 2)
+        b_pid = wait_for_backend(session, database, f"wait_event_type = 'Lock' AND pid <> {a_pid}")
+        assert queued_on(session, b_pid) == ["dp_reservations"]
+        locker.rollback()
+        reports = [first_results.get(timeout=60), second_results.get(timeout=60)]
+    _stop([first, second])
+
+    deadlocked = [r["message"] for r in reports if "deadlock detected" in r["message"]]
+    assert deadlocked == [], "two refinements locked the reservations they carry in opposite orders"
+    assert [r["outcome"] for r in reports] == ["completed", "completed"], reports
+    ledger = PrivacyBudgetLedger(url=postgres_url)
+    carried = [
+        [split[3] for split in cohort["refined"]["split"]]
+        for entry in ledger.history()[-2:]
+        for cohort in entry["payload"]["cohorts"]
+    ]
+    r, r_ = held["R"].id, held["R'"].id
+    assert sorted(carried) == sorted([[[r]], [[r_]], [[r_]], [[r]]])  # a split in each window
+    # R and R' hold the new parts too; A and B a part and a new class in each window.
+    assert [len(r.keys) for r in ledger.open_reservations()] == [4, 4, 4, 4]
+    report = ledger.verify()
+    assert report.ok, report.problems
+    ledger.close()

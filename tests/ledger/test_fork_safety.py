@@ -112,8 +112,11 @@ def test_the_child_never_touches_the_parents_socket(
     got = results.get(timeout=120)
     process.join(120)
     assert not isinstance(got, str), got
-    assert set(got) == {CHILD_KEY}
-    assert {r.key for r in parent_receipts} == {PARENT_KEY}
+    # A receipt names the account charged: each subject's class (of one), never the other's.
+    child_account, parent_account = ledger.account_of(CHILD_KEY), ledger.account_of(PARENT_KEY)
+    assert child_account != parent_account
+    assert set(got) == {child_account}
+    assert {r.key for r in parent_receipts} == {parent_account}
     assert ledger.receipt(CHILD_KEY).epsilon == ledger.receipt(PARENT_KEY).epsilon
     assert ledger.verify().ok
 

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
-from dp_budget_provider.ledger import BudgetCap, LedgerKey, history, key_for
+from dp_budget_provider.ledger import BudgetCap, LedgerKey, PrivacyBudgetLedger, history, key_for
 from tests.ledger.test_concurrency import pg_session
 from tests.ledger.test_pending_and_server_paths import execute, migrate, scalar
 
@@ -45,6 +45,37 @@ def keys_on_distinct_chains(count: int, chains: int = history.CHAINS) -> list[Le
     raise AssertionError("keys did not spread over chains")
 
 
+def accounts_on_distinct_chains(
+    ledger: PrivacyBudgetLedger, count: int
+) -> list[tuple[LedgerKey, LedgerKey]]:
+    """``count`` (subject key, account key) pairs whose accounts' entries land on ``count``
+    different chains, none on chain 1.
+
+    An entry lands on the chain of its (first) account's key, and a new subject's account
+    is a new class with a random label: the chain is known once a spend has made it.
+    Subjects whose class lands on a chain taken already are spent on and passed over.
+    """
+    found: dict[int, tuple[LedgerKey, LedgerKey]] = {}
+    for i in range(10_000):
+        key = key_for(f"subject-{i}", "count", WINDOW)
+        account = ledger.spend(key, GAUSS).key
+        assert account == ledger.account_of(key) != key  # a class of one, by its label
+        chain = history.chain_of(account, history.CHAINS)
+        if chain != history.KEYLESS_CHAIN:
+            found.setdefault(chain, (key, account))
+        if len(found) == count:
+            return list(found.values())
+    raise AssertionError("accounts did not spread over chains")
+
+
+def raw_account_keys(url: str) -> list[LedgerKey]:
+    """Every account's key as stored (a class's label as its subject part)."""
+    return [
+        LedgerKey.from_canonical(*row)
+        for row in rows(url, 'SELECT tenant, subject, query_type, "window" FROM dp_accounts')
+    ]
+
+
 def key_on_chain(chain: int) -> LedgerKey:
     for i in range(10_000):
         key = key_for(f"first-chain-{i}", "count", WINDOW)
@@ -67,13 +98,19 @@ def test_keys_spread_over_the_chains_and_keyless_entries_use_chain_one():
 
 
 def test_each_entry_lands_on_its_keys_chain_and_every_chain_verifies(ledger_url, make_ledger):
+    """Every entry about an account lands on its key's chain (a reservation's: its first
+    account's), keyless ones on chain 1; the chains verify, and every head names its
+    chain's last entry."""
     ledger = make_ledger(cap=CAP, url=ledger_url)
-    keys = keys_on_distinct_chains(5)
+    charged = accounts_on_distinct_chains(ledger, 5)
+    keys = [key for key, _ in charged]
     for key in keys:
-        ledger.spend(key, GAUSS)
         ledger.release(ledger.reserve(key, LaplaceMechanism(1.0)), reason="test")
     multi = ledger.reserve(keys[::-1], GAUSS)  # stored in key order: its first key anchors
+    # The same subjects' classes (one cohort covering them wholly), in key order.
+    assert list(multi.keys) == sorted(account for _, account in charged)
     ledger.commit(multi)
+    accounts = set(raw_account_keys(ledger_url))
 
     assert scalar(ledger_url, "SELECT chains FROM dp_ledger_config") == history.CHAINS
     assert scalar(ledger_url, "SELECT count(*) FROM dp_chain_head") == history.CHAINS
@@ -85,12 +122,15 @@ def test_each_entry_lands_on_its_keys_chain_and_every_chain_verifies(ledger_url,
     for seq, chain, action, tenant, subject, query_type, window, reservation_id in entries:
         if tenant is not None:
             key = LedgerKey.from_canonical(tenant, subject, query_type, window)
+            assert key in accounts, (seq, action)  # an account's key, never a subject's
             assert chain == history.chain_of(key, history.CHAINS), (seq, action)
         elif reservation_id == multi.id:
             assert chain == history.chain_of(multi.keys[0], history.CHAINS)
         else:
             assert action in ("create", "policy") and chain == history.KEYLESS_CHAIN
-    assert len({chain for _, chain, *_ in entries}) == 6
+    used = {chain for _, chain, *_ in entries}
+    assert used == {history.KEYLESS_CHAIN} | {history.chain_of(a, history.CHAINS) for a in accounts}
+    assert len(used) >= 6
     # seq orders the whole history and every head names its chain's last entry.
     last = {}
     for seq, chain, *_ in entries:
@@ -154,7 +194,7 @@ def _tampering(url: str) -> dict[str, tuple[str, str]]:
 )
 def test_verify_finds_tampering_on_any_chain(ledger_url, make_ledger, name):
     ledger = make_ledger(cap=CAP, url=ledger_url)
-    a, b = keys_on_distinct_chains(2)
+    (a, _), (b, _) = accounts_on_distinct_chains(ledger, 2)
     for _ in range(3):
         ledger.spend(a, GAUSS)
         ledger.spend(b, GAUSS)
@@ -230,8 +270,7 @@ def test_paging_waits_for_an_entry_numbered_before_others_but_still_committing(
     returning S+1, S+2 (a reader continuing after S+2 would never see S).
     """
     ledger = make_ledger(cap=CAP, url=postgres_url)
-    a, b = keys_on_distinct_chains(2)
-    ledger.spend(a, GAUSS)
+    (_, a), (b, _) = accounts_on_distinct_chains(ledger, 2)  # b's class: not on a's chain
     first = scalar(postgres_url, "SELECT max(seq) FROM dp_history") + 1
     entry = history.entry_columns(
         chain=history.chain_of(a, history.CHAINS),

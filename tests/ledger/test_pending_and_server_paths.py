@@ -451,18 +451,24 @@ def test_two_open_reservations_refuse_a_third_and_write_nothing(ledger_url, make
 # ---------------------------------------------------------------- 3. server path == general path
 
 
-def scripted_releases(ledger: PrivacyBudgetLedger) -> tuple[list[float], dict[str, str]]:
-    """One fixed sequence of every kind of write; returns receipt epsilons and reservation ids."""
+def scripted_releases(
+    ledger: PrivacyBudgetLedger,
+) -> tuple[list[tuple[LedgerKey, int, float]], dict[str, str]]:
+    """One fixed sequence of every kind of write; returns the receipts and reservation ids.
+
+    A receipt is recorded as (its class's least subject, the class's size, its epsilon),
+    a release's receipts sorted: they come in the order of their accounts' random labels.
+    """
     alice = key_for("alice", "heatmap", WINDOW)
     bob = key_for("bob", "heatmap", WINDOW)
     carol = key_for("carol", "heatmap", WINDOW)
     crowd = [key_for(f"subject-{i:02d}", "heatmap", WINDOW) for i in range(50)]
     gauss_b = GaussianMechanism(4.5)
-    epsilons: list[float] = []
+    epsilons: list[tuple[LedgerKey, int, float]] = []
     ids: dict[str, str] = {}
 
     def record(receipts: Any) -> None:
-        epsilons.extend(r.epsilon for r in receipts)
+        epsilons.extend(sorted((ledger.subject_of(r.key), r.subjects, r.epsilon) for r in receipts))
 
     # Gaussian single key, two overlapping reservations, the first committed as an object.
     r1 = ledger.reserve(alice, GAUSS)
@@ -498,12 +504,19 @@ def scripted_releases(ledger: PrivacyBudgetLedger) -> tuple[list[float], dict[st
 
 def ledger_record(url: str) -> tuple[list[tuple], list[tuple]]:
     """History and reservations without what differs between runs (ids, stamps, attempts,
-    tokens, the reap reason and lease, which name times).
+    tokens, the reap reason and lease, which name times, and account labels).
 
     Reservations are numbered in the order the history first names them. A reservation
     decided by the server (``dp_reserve``) records its prospective spend, not its epsilon;
     it is converted here, independently of the ledger, with ``RDPAccountant``, so both
     backends must record the same epsilon.
+
+    An account made by a charge is a spend class labelled at random, so it is named here
+    by how the history made it: ``new@<entry>`` (the subjects a charge's cohort brought
+    to the scope) or ``<parent's name>/<entry>`` (a split's new part); a legacy account
+    keeps its subject. Digests over labels are random as well: each backend's verify()
+    proves them, and the keys they cover are compared here by name instead (the entries'
+    cohorts, and every reservation's key rows).
     """
 
     def converted(rho: Any, mu2: Any) -> float:
@@ -528,33 +541,79 @@ def ledger_record(url: str) -> tuple[list[tuple], list[tuple]]:
             ).all()
             reservations = {
                 row[0]: (
-                    *row[1:9],
-                    row[9] if row[9] is not None else converted(row[10], row[11]),
+                    *row[1:8],
+                    row[8] if row[8] is not None else converted(row[9], row[10]),
                 )
                 for row in connection.execute(
                     sa.text(
                         "SELECT id, state, mechanism, count, cost_rho, cost_residual, "
-                        "cost_gaussian_mu2, key_count, keys_digest, prospective_epsilon, "
+                        "cost_gaussian_mu2, key_count, prospective_epsilon, "
                         "prospective_rho, prospective_mu2 FROM dp_reservations"
                     )
                 )
             }
+            held: dict[str, list[tuple[str, str, str, str]]] = {}
+            for rid, *key in connection.execute(
+                sa.text(
+                    'SELECT reservation_id, tenant, subject, query_type, "window" '
+                    "FROM dp_reservation_keys"
+                )
+            ):
+                held.setdefault(rid, []).append(tuple(key))
     finally:
         engine.dispose()
     number: dict[str, int] = {}
+    names: dict[tuple[str, str, str, str], str] = {}  # (tenant, query type, window, label)
+
+    def name(tenant: str, label: str, query_type: str, window: str) -> str:
+        return names.get((tenant, query_type, window, label), label)
+
+    def named_cohort(cohort: dict[str, Any], step: int) -> dict[str, Any]:
+        """A charge's cohort with its accounts named, naming first what it made."""
+        scope = (cohort["tenant"], cohort["query_type"], cohort["window"])
+        refined = cohort["refined"]
+        for parent, child, *_ in refined["split"] if refined else ():
+            names[(*scope, child)] = f"{names.get((*scope, parent), parent)}/{step}"
+        if refined and refined["new"]:
+            names[(*scope, refined["new"][0])] = f"new@{step}"
+
+        def of(labels: list[str]) -> list[str]:
+            return sorted(names.get((*scope, label), label) for label in labels)
+
+        if refined is not None:
+            refined = {
+                "kept": of(refined["kept"]),
+                "split": sorted(
+                    [*of([parent]), *of([child]), moved, sorted(number[rid] for rid in carried)]
+                    for parent, child, moved, carried in refined["split"]
+                ),
+                "new": refined["new"] and [*of(refined["new"][:1]), refined["new"][1]],
+            }
+        return {**cohort, "accounts": of(cohort["accounts"]), "refined": refined}
+
     steps = []
-    for action, reservation_id, *key, payload in entries:
+    for step, (action, reservation_id, *key, payload) in enumerate(entries):
         if reservation_id is not None:
             number.setdefault(reservation_id, len(number))
         reaping = {"reason", "lease_expires_at"} if action == "reap" else set()
-        varying = {"attempt_id", "token_hash"} | reaping
+        varying = {"attempt_id", "token_hash", "keys_digest"} | reaping
         content = {k: v for k, v in json.loads(payload).items() if k not in varying}
+        if "cohorts" in content:
+            content["cohorts"] = [named_cohort(cohort, step) for cohort in content["cohorts"]]
+        if "from" in content:
+            moved = content["from"]
+            label = name(moved["tenant"], moved["subject"], moved["query_type"], moved["window"])
+            content["from"] = {**moved, "subject": label}
         if "prospective" in content:
             spend = content.pop("prospective")
             content["prospective_epsilon"] = converted(spend["rho"], spend["gaussian_mu2"])
+        if key[0] is not None:
+            key[1] = name(*key)
         steps.append((action, number.get(reservation_id), *key, content))
     assert set(number) == set(reservations)
-    return steps, [reservations[rid] for rid in sorted(number, key=number.__getitem__)]
+    in_order = sorted(number, key=number.__getitem__)
+    keys = {rid: sorted((k[0], name(*k), *k[2:]) for k in held[rid]) for rid in in_order}
+    return steps, [(*reservations[rid], keys[rid]) for rid in in_order]
 
 
 def test_postgres_and_sqlite_store_identical_accounts(
@@ -631,7 +690,9 @@ def test_verify_reports_pending_spend_edited_in_sql(ledger_url, make_ledger, tam
     assert account(ledger_url, key) != before
     report = ledger.verify()
     assert not report.ok
-    assert any(str(key) in problem for problem in report.problems), report.problems
+    # The problem names the account edited: the subject's class (of one).
+    account_key = ledger.account_of(key)
+    assert any(str(account_key) in problem for problem in report.problems), report.problems
 
 
 @pytest.mark.parametrize("column", ["pending_mu2", "pending_others"])
