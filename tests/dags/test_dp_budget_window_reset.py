@@ -121,8 +121,8 @@ def test_reset_dag_fails_when_the_history_was_tampered_with(airflow_db, sqlite_u
 def test_a_reap_failing_on_an_edited_row_does_not_stop_the_verify(
     airflow_db, sqlite_url, monkeypatch
 ):
-    """An insider edits an open reservation so that reaping it fails (its key count), and
-    lowers an account's spend. The reap task fails; the verify still runs, finds both and
+    """An insider deletes the account an open reservation holds, so that reaping it fails,
+    and lowers another account's spend. The reap task fails; the verify still runs, finds both and
     quarantines the ledger: an edit that breaks the reap must not also switch off the
     check that would find it (and the lowered spend would then let a release pass the cap)."""
     import sqlalchemy as sa
@@ -136,7 +136,7 @@ def test_a_reap_failing_on_an_edited_row_does_not_stop_the_verify(
     ledger.reserve([key_for("dave", "heatmap", current)], GaussianMechanism(4.0))
     engine = sa.create_engine(sqlite_url)
     with engine.begin() as connection:
-        connection.execute(sa.text("UPDATE dp_reservations SET key_count = 2 WHERE state = 'open'"))
+        connection.execute(sa.text("DELETE FROM dp_accounts WHERE open_reservations > 0"))
         connection.execute(sa.text("UPDATE dp_accounts SET rho = 0, gaussian_mu2 = 0"))
     engine.dispose()
     states = task_states(run_reset_dag())

@@ -559,7 +559,9 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             handle = Reservation(reserved[0], attempt, (key,), mechanism, 1, OPEN, 0.0, "")
             model = self.granted_reservation(handle, [key], mechanism, 1, attempt)
             self.close(model, COMMITTED)
-            assert receipt.key == key and close_to(receipt.epsilon, self.live(key))
+            # The receipt names the account (spend class) the key is charged to.
+            assert receipt.key == self.ledger.account_of(key)
+            assert close_to(receipt.epsilon, self.live(key))
 
         # ------------------------------------------------------------ closing reservations
 
@@ -957,7 +959,10 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             listed = {r.id: r for r in self.ledger.open_reservations()}
             assert set(listed) == {i for i, r in self.reserved.items() if r.state == OPEN}
             for rid, listed_reservation in listed.items():
-                assert set(listed_reservation.keys) == self.reserved[rid].keys
+                # It holds the accounts of its subjects' classes: those it was made on, and
+                # the parts that later splits carried to it.
+                accounts = {self.ledger.account_of(key) for key in self.reserved[rid].keys}
+                assert set(listed_reservation.keys) == accounts, rid
                 lease = datetime.fromisoformat(listed_reservation.lease_expires_at)
                 assert lease == self.reserved[rid].lease_until, (rid, lease)
 

@@ -131,7 +131,7 @@ def test_a_real_dag_run_fills_the_ui_and_links_its_task(
     dag = _load_example("example_dp_heatmap")
     runs = [dag.test(run_conf={"tenant": "acme"}) for _ in range(2)]
     assert [task_states(run) for run in runs] == [
-        {"list_cohort": "success", "release_heatmap": "success"}
+        {"register_cohort": "success", "release_heatmap": "success"}
     ] * 2
     ledger = PrivacyBudgetLedger(url=sqlite_url)
     try:
