@@ -309,12 +309,12 @@ class ReservationRoom(LedgerCore):
         )
 
     def _reservation_keys(self, connection: Connection, reservation_id: str) -> list[LedgerKey]:
+        """The accounts a reservation holds, in key order: those it was made on and the
+        parts that splits carried to it later (stored after them)."""
         rows = connection.execute(
-            select(ReservationKey)
-            .where(ReservationKey.reservation_id == reservation_id)
-            .order_by(ReservationKey.position)
+            select(ReservationKey).where(ReservationKey.reservation_id == reservation_id)
         )
-        return [_key_of(row) for row in rows]
+        return sorted(_key_of(row) for row in rows)
 
     def _charge(
         self,
