@@ -21,7 +21,7 @@ mechanisms = st.one_of(
 releases = st.lists(st.tuples(mechanisms, st.integers(1, 10_000)), min_size=1, max_size=8)
 
 
-@settings(max_examples=10_000, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(releases)
 def test_composition_is_elementwise_addition(mix):
     one_by_one = RDPAccountant()
