@@ -1177,13 +1177,21 @@ def _check_cohort_accounts(connection: Connection, replay: _Replay, problems: li
 
 
 def _check_members(connection: Connection, replay: _Replay, problems: list[str]) -> None:
-    """Each live scope's subjects, one at a time (streamed in scope and subject order,
-    each with the cohorts listed in its scope that contain it): its account is the fold of
-    the scope's refinements over those cohorts, and each account has as many members as
-    the replay gives it subjects. The cohorts come from dp_cohort_accounts, which
-    :func:`_check_cohort_accounts` proves equal to the replay's listings."""
+    """Each live scope's subjects: a subject's account is the fold of the scope's
+    refinements over the cohorts listed in its scope that contain it (from itself when it
+    is a legacy key), and each account has as many members as the replay gives it
+    subjects. The cohorts come from dp_cohort_accounts, which
+    :func:`_check_cohort_accounts` proves equal to the replay's listings.
+
+    The server groups the subjects by what decides their fold (stored account, the cohorts
+    containing them, a legacy account of their own name) and counts them, so the fold runs
+    once per group, not per subject: the work here is proportional to the classes, and the
+    per-subject work is the database's joins and aggregates. A legacy start is read from
+    dp_accounts, whose every row :func:`_check_accounts` proves against the replay.
+    """
     members = Member.__table__
     cohort_members = CohortMember.__table__.alias("cm")
+    own = Account.__table__.alias("own")
     listed = (
         select(
             CohortAccount.cohort_id,
@@ -1197,14 +1205,14 @@ def _check_members(connection: Connection, replay: _Replay, problems: list[str])
         .subquery("listed")
     )
     containing = listed.join(cohort_members, cohort_members.c.cohort_id == listed.c.cohort_id)
-    statement = (
+    in_scope = (members.c.tenant, members.c.query_type, members.c.window)
+    per_subject = (
         select(
-            members.c.tenant,
-            members.c.query_type,
-            members.c.window,
+            *in_scope,
             members.c.subject,
             members.c.account,
-            listed.c.digest,
+            own.c.subject.label("start"),
+            func.aggregate_strings(listed.c.digest, ",").label("cohorts"),
         )
         .select_from(
             members.outerjoin(
@@ -1215,9 +1223,31 @@ def _check_members(connection: Connection, replay: _Replay, problems: list[str])
                     listed.c.window == members.c.window,
                     cohort_members.c.subject == members.c.subject,
                 ),
+            ).outerjoin(
+                own,
+                and_(
+                    own.c.tenant == members.c.tenant,
+                    own.c.query_type == members.c.query_type,
+                    own.c.window == members.c.window,
+                    own.c.subject == members.c.subject,
+                ),
             )
         )
-        .order_by(members.c.tenant, members.c.query_type, members.c.window, members.c.subject)
+        .group_by(*in_scope, members.c.subject, members.c.account, own.c.subject)
+        .subquery("per_subject")
+    )
+    grouped = per_subject.c.tenant, per_subject.c.query_type, per_subject.c.window
+    statement = (
+        select(
+            *grouped,
+            per_subject.c.account,
+            per_subject.c.start,
+            per_subject.c.cohorts,
+            func.count().label("subjects"),
+            func.min(per_subject.c.subject).label("example"),
+        )
+        .group_by(*grouped, per_subject.c.account, per_subject.c.start, per_subject.c.cohorts)
+        .order_by(*grouped)
     )
     sizes = replay.sizes()
     rows = connection.execution_options(yield_per=_BATCH).execute(statement)
@@ -1232,17 +1262,16 @@ def _check_members(connection: Connection, replay: _Replay, problems: list[str])
             )
             continue
         counts: dict[str, int] = {}
-        for subject, of_subject in itertools.groupby(of_scope, key=operator.itemgetter(3)):
-            found = list(of_subject)  # one subject's cohorts in its scope
-            account = found[0].account
-            counts[account] = counts.get(account, 0) + 1
-            legacy = expected.get(subject)
-            start = subject if legacy is not None and not legacy.of_class else None
-            folded = known.account_of(start, [row.digest for row in found if row.digest])
-            if account != folded:
+        for row in of_scope:
+            counts[row.account] = counts.get(row.account, 0) + row.subjects
+            legacy = expected.get(row.start) if row.start is not None else None
+            start = row.start if legacy is not None and not legacy.of_class else None
+            folded = known.account_of(start, row.cohorts.split(",") if row.cohorts else [])
+            if row.account != folded:
+                others = f" (and {row.subjects - 1} more)" if row.subjects > 1 else ""
                 problems.append(
-                    f"member {tenant}/{subject}/{query_type}/{window}: in account {account}, "
-                    f"but the history puts it in {folded}"
+                    f"member {tenant}/{row.example}/{query_type}/{window}{others}: in account "
+                    f"{row.account}, but the history puts it in {folded}"
                 )
         _check_sizes(scope, counts, expected, problems)
     for scope, expected in sizes.items():
