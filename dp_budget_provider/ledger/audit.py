@@ -28,12 +28,12 @@ and compares every stored row, column by column, with what the replay says:
   digest is made), and every cohort the history names is stored, of the size it names;
 * ``dp_cohort_accounts`` with the replayed listings of the live windows, and
   ``dp_charge_cohorts`` with the cohorts each charge entry names;
-* ``dp_members``, one subject at a time: in each live window a subject's account is the
-  fold of the window's refinements, in history order, over the cohorts containing it
-  (from itself if it is a legacy key of the window, a class of one charged before
-  classes, else from none; a refinement takes none to its new account, a split parent
-  to its child, a kept account to itself), and each account has as many members as its
-  size. A reset drops the window's accounts, members and listings (its cohorts stay);
+* ``dp_members``, from counts the server makes (work proportional to the listings, not
+  to the subjects): every account of a live window lies inside each cohort listed with it
+  and outside every other cohort listed in the window, a legacy account (a class of one
+  charged before classes) holds only its own subject, and each account has as many
+  members as its size. A reset drops the window's accounts, members and listings (its
+  cohorts stay);
 
 and proves the cap: no key's lifetime spend in a window (across resets, re-scopes and
 corrections) plus what was in flight ever passed the cap in force when a reservation was
@@ -90,6 +90,7 @@ from dp_budget_provider.ledger.spend import Pending, Spend
 from dp_budget_provider.ledger.windows import WindowCalendar
 
 _BATCH = 5000
+_MEMBER_BATCH = 50_000  # cohort members: one short text each
 _ENTRY_BATCH = 100  # history entries: a charge's payload grows with its classes
 # Cohorts the replay names before it checks them against dp_cohorts, and per query.
 _NAMED_BATCH = 10_000
@@ -174,17 +175,6 @@ class _Open:
     carried: list[LedgerKey] = field(default_factory=list)
 
 
-@dataclass(frozen=True, slots=True)
-class _Refinement:
-    """What one refinement of a cohort did to its subjects' accounts (labels). The
-    accounts it kept are not held again: they are the ones of the cohort's listing made
-    before it (a listing only ever gains children of later splits)."""
-
-    order: int  # its place among the scope's refinements, in history order
-    split: dict[str, str]  # parent -> the child that took the cohort's part of it
-    new: str | None  # the account of the cohort's subjects that had none
-
-
 @dataclass(slots=True)
 class _Scope:
     """One (tenant, query type, window) as the history made it."""
@@ -195,8 +185,6 @@ class _Scope:
     # it here, and the reverse (label -> the cohorts listing it), which a split follows.
     listings: dict[str, set[str]] = field(default_factory=dict)
     listed_in: dict[str, set[str]] = field(default_factory=dict)
-    # cohort digest -> its refinement here (a cohort is refined once per scope).
-    refinements: dict[str, _Refinement] = field(default_factory=dict)
 
     def record(self, digest: str, labels: set[str]) -> None:
         """A cohort refined here is listed with its accounts."""
@@ -211,31 +199,9 @@ class _Scope:
             self.listings[digest].add(child)
         self.listed_in[child] = set(digests)
 
-    def account_of(self, start: str | None, cohorts: list[str]) -> str | None:
-        """A subject's account as the history makes it: the fold of the scope's
-        refinements, in history order, over the ``cohorts`` (digests) that contain it,
-        from ``start`` (itself if it is a legacy key of the scope, else None). A refinement
-        maps none to its new account, a split parent to its child, a kept account to
-        itself. None: no account (never charged, or a refinement that covers the subject
-        but not its account)."""
-        account = start
-        for _, digest in sorted(
-            (self.refinements[digest].order, digest)
-            for digest in cohorts
-            if digest in self.refinements
-        ):
-            refinement = self.refinements[digest]
-            if account is None:
-                account = refinement.new
-            elif account in refinement.split:
-                account = refinement.split[account]
-            elif account not in self.listings[digest]:  # (older than it: kept iff listed)
-                return None
-        return account
-
     def drop_classes(self) -> None:
         """A reset: the scope's listings and members are gone (its cohorts stay)."""
-        self.listings, self.listed_in, self.refinements = {}, {}, {}
+        self.listings, self.listed_in = {}, {}
 
 
 def _plus(curve: np.ndarray | None, extra: np.ndarray | None) -> np.ndarray | None:
@@ -434,7 +400,9 @@ class _Replay:
         for label in sorted(kept):
             if self._live(_account(parts, label)) is None:
                 self._problem(entry, f"{where}: keeps {label}, which is no account of the window")
-        children: dict[str, str] = {}
+        if digest in scope.listings:
+            self._problem(entry, f"{where}: refines a cohort the window has refined before")
+        children: list[str] = []
         for parent, child, moved, *rest in refined["split"]:
             source = self._live(_account(parts, parent))
             if source is None:
@@ -464,16 +432,15 @@ class _Replay:
             )
             source.size -= int(moved)
             scope.split(parent, child)
-            children[parent] = child
+            children.append(child)
         new = None
         if refined["new"] is not None:
             new, count = refined["new"][0], int(refined["new"][1])
             if count < 1:
                 self._problem(entry, f"{where}: makes {new} for {count} subjects")
             made(new, _KeyState(updated_at=entry.at, size=count, of_class=True))
-        listing = {*kept, *children.values(), *([new] if new is not None else [])}
+        listing = {*kept, *children, *([new] if new is not None else [])}
         scope.record(digest, listing)
-        scope.refinements[digest] = _Refinement(len(scope.refinements), children, new)
         return listing
 
     def _carry(
@@ -1097,14 +1064,15 @@ def _check_cohorts(connection: Connection, problems: list[str]) -> None:
         .outerjoin(CohortMember, CohortMember.cohort_id == Cohort.id)
         .order_by(Cohort.id, _code_point_order(connection, CohortMember.subject))
     )
-    rows = connection.execution_options(yield_per=_BATCH).execute(statement)
+    rows = connection.execution_options(yield_per=_MEMBER_BATCH).execute(statement)
     for _, group in itertools.groupby(rows, key=operator.itemgetter(0)):
         first = next(group)
-        digest, count, separator = hashlib.sha256(), 0, b""
-        for row in itertools.chain([first], group):
-            if row.subject is not None:
-                digest.update(separator + row.subject.encode())
-                count, separator = count + 1, b"\n"
+        digest, count, separator = hashlib.sha256(), 0, ""
+        # A cohort with no members is one row with no subject (the outer join).
+        names = (row[4] for row in itertools.chain([first], group) if row[4] is not None)
+        while batch := list(itertools.islice(names, _MEMBER_BATCH)):  # bounded memory
+            digest.update((separator + "\n".join(batch)).encode())
+            count, separator = count + len(batch), "\n"
         name = f"cohort {first.digest} of {first.tenant}"
         if digest.hexdigest() != first.digest:
             problems.append(f"{name}: its digest is not that of its {count} members")
@@ -1177,21 +1145,22 @@ def _check_cohort_accounts(connection: Connection, replay: _Replay, problems: li
 
 
 def _check_members(connection: Connection, replay: _Replay, problems: list[str]) -> None:
-    """Each live scope's subjects: a subject's account is the fold of the scope's
-    refinements over the cohorts listed in its scope that contain it (from itself when it
-    is a legacy key), and each account has as many members as the replay gives it
-    subjects. The cohorts come from dp_cohort_accounts, which
-    :func:`_check_cohort_accounts` proves equal to the replay's listings.
+    """Every live scope's membership, proven from counts the server makes, in work
+    proportional to the listings (not to the subjects).
 
-    The server groups the subjects by what decides their fold (stored account, the cohorts
-    containing them, a legacy account of their own name) and counts them, so the fold runs
-    once per group, not per subject: the work here is proportional to the classes, and the
-    per-subject work is the database's joins and aggregates. A legacy start is read from
-    dp_accounts, whose every row :func:`_check_accounts` proves against the replay.
+    In the history's model every account of a scope is an atom of its cohorts: an account
+    listed for a cohort lies inside it, any other account lies outside it (a refinement
+    lists the parts it covers, and a later split lists the child wherever the parent is).
+    So dp_members is right when (1) each account has as many members as the replay gives
+    it subjects (:func:`_check_sizes`), (2) for each cohort listed in the scope, an
+    account has either all its members in it (listed there) or none (not listed), and
+    (3) a legacy account (a subject's own, from before classes) holds only its subject.
+    (2) is one count per (account, cohort) pair; the cohorts come from
+    dp_cohort_accounts, which :func:`_check_cohort_accounts` proves equal to the replay's
+    listings.
     """
     members = Member.__table__
     cohort_members = CohortMember.__table__.alias("cm")
-    own = Account.__table__.alias("own")
     listed = (
         select(
             CohortAccount.cohort_id,
@@ -1204,54 +1173,54 @@ def _check_members(connection: Connection, replay: _Replay, problems: list[str])
         .distinct()
         .subquery("listed")
     )
-    containing = listed.join(cohort_members, cohort_members.c.cohort_id == listed.c.cohort_id)
-    in_scope = (members.c.tenant, members.c.query_type, members.c.window)
-    per_subject = (
+    scope_columns = (members.c.tenant, members.c.query_type, members.c.window)
+    # Both streams in code point order, the order the merge below compares in.
+    scope_order = [_code_point_order(connection, column) for column in scope_columns]
+    counted = (
+        select(*scope_columns, members.c.account, func.count().label("n"))
+        .group_by(*scope_columns, members.c.account)
+        .order_by(*scope_order)
+    )
+    paired = (
         select(
-            *in_scope,
-            members.c.subject,
+            *scope_columns,
             members.c.account,
-            own.c.subject.label("start"),
-            func.aggregate_strings(listed.c.digest, ",").label("cohorts"),
+            listed.c.digest,
+            listed.c.cohort_id,
+            func.count().label("n"),
         )
         .select_from(
-            members.outerjoin(
-                containing,
+            members.join(cohort_members, cohort_members.c.subject == members.c.subject).join(
+                listed,
                 and_(
+                    listed.c.cohort_id == cohort_members.c.cohort_id,
                     listed.c.tenant == members.c.tenant,
                     listed.c.query_type == members.c.query_type,
                     listed.c.window == members.c.window,
-                    cohort_members.c.subject == members.c.subject,
-                ),
-            ).outerjoin(
-                own,
-                and_(
-                    own.c.tenant == members.c.tenant,
-                    own.c.query_type == members.c.query_type,
-                    own.c.window == members.c.window,
-                    own.c.subject == members.c.subject,
                 ),
             )
         )
-        .group_by(*in_scope, members.c.subject, members.c.account, own.c.subject)
-        .subquery("per_subject")
+        .group_by(*scope_columns, members.c.account, listed.c.digest, listed.c.cohort_id)
+        .order_by(*scope_order)
     )
-    grouped = per_subject.c.tenant, per_subject.c.query_type, per_subject.c.window
-    statement = (
-        select(
-            *grouped,
-            per_subject.c.account,
-            per_subject.c.start,
-            per_subject.c.cohorts,
-            func.count().label("subjects"),
-            func.min(per_subject.c.subject).label("example"),
-        )
-        .group_by(*grouped, per_subject.c.account, per_subject.c.start, per_subject.c.cohorts)
-        .order_by(*grouped)
+    of_scope = operator.itemgetter(0, 1, 2)
+    pairs = itertools.groupby(
+        connection.execution_options(yield_per=_BATCH).execute(paired), key=of_scope
+    )
+    pending: tuple[classes.Scope, list[Any]] | None = next(
+        ((scope, list(rows)) for scope, rows in pairs), None
     )
     sizes = replay.sizes()
-    rows = connection.execution_options(yield_per=_BATCH).execute(statement)
-    for scope, of_scope in itertools.groupby(rows, key=operator.itemgetter(0, 1, 2)):
+    counts_of = itertools.groupby(
+        connection.execution_options(yield_per=_BATCH).execute(counted), key=of_scope
+    )
+    for scope, rows in counts_of:
+        counts = {row.account: row.n for row in rows}
+        scope_pairs: list[Any] = []
+        while pending is not None and pending[0] <= scope:
+            if pending[0] == scope:
+                scope_pairs = pending[1]
+            pending = next(((s, list(r)) for s, r in pairs), None)
         tenant, query_type, window = scope
         known = replay.scopes.get(scope)
         expected = sizes.pop(scope, {})
@@ -1261,21 +1230,105 @@ def _check_members(connection: Connection, replay: _Replay, problems: list[str])
                 "the history never charged or has reset"
             )
             continue
-        counts: dict[str, int] = {}
-        for row in of_scope:
-            counts[row.account] = counts.get(row.account, 0) + row.subjects
-            legacy = expected.get(row.start) if row.start is not None else None
-            start = row.start if legacy is not None and not legacy.of_class else None
-            folded = known.account_of(start, row.cohorts.split(",") if row.cohorts else [])
-            if row.account != folded:
-                others = f" (and {row.subjects - 1} more)" if row.subjects > 1 else ""
-                problems.append(
-                    f"member {tenant}/{row.example}/{query_type}/{window}{others}: in account "
-                    f"{row.account}, but the history puts it in {folded}"
-                )
         _check_sizes(scope, counts, expected, problems)
+        _check_atoms(connection, scope, known, counts, scope_pairs, problems)
     for scope, expected in sizes.items():
         _check_sizes(scope, {}, expected, problems)
+    _check_legacy_members(connection, problems)
+
+
+def _check_atoms(
+    connection: Connection,
+    scope: classes.Scope,
+    known: _Scope,
+    counts: dict[str, int],
+    pairs: list[Any],
+    problems: list[str],
+) -> None:
+    """Each stored account of a scope against the cohorts listed there: all its members
+    in those the history lists it in, none in the others (``pairs``: its members per
+    cohort, as counted by the server)."""
+    tenant, query_type, window = scope
+    ids: dict[str, int] = {}
+    found: dict[tuple[str, str], int] = {}
+    for row in pairs:
+        ids[row.digest] = row.cohort_id
+        found[(row.account, row.digest)] = row.n
+    for (account, digest), n in sorted(found.items()):
+        if digest not in known.listed_in.get(account, ()):
+            example = _example_member(connection, scope, account, ids[digest], inside=True)
+            others = f" (and {n - 1} more)" if n > 1 else ""
+            problems.append(
+                f"member {tenant}/{example}/{query_type}/{window}{others}: in account "
+                f"{account}, and in cohort {digest}, but the history puts no subject of that "
+                "account in that cohort"
+            )
+    for account, held in sorted(counts.items()):
+        for digest in sorted(known.listed_in.get(account, ())):
+            inside = found.get((account, digest), 0)
+            if inside == held:
+                continue
+            cohort_id = ids.get(digest) or _cohort_id(connection, tenant, digest)
+            example = _example_member(connection, scope, account, cohort_id, inside=False)
+            others = f" (and {held - inside - 1} more)" if held - inside > 1 else ""
+            problems.append(
+                f"member {tenant}/{example}/{query_type}/{window}{others}: in account "
+                f"{account}, but not in cohort {digest}, where the history puts every "
+                "subject of that account"
+            )
+
+
+def _cohort_id(connection: Connection, tenant: str, digest: str) -> int | None:
+    return connection.execute(
+        select(Cohort.id).where(Cohort.tenant == tenant, Cohort.digest == digest)
+    ).scalar()
+
+
+def _example_member(
+    connection: Connection,
+    scope: classes.Scope,
+    account: str,
+    cohort_id: int | None,
+    *,
+    inside: bool,
+) -> str | None:
+    """The least member of ``account`` inside (or outside) cohort ``cohort_id``: what a
+    problem names (only read when verify has found one)."""
+    tenant, query_type, window = scope
+    in_cohort = (
+        select(CohortMember.subject)
+        .where(CohortMember.cohort_id == cohort_id, CohortMember.subject == Member.subject)
+        .exists()
+    )
+    return connection.execute(
+        select(func.min(Member.subject)).where(
+            Member.tenant == tenant,
+            Member.query_type == query_type,
+            Member.window == window,
+            Member.account == account,
+            in_cohort if inside else ~in_cohort,
+        )
+    ).scalar()
+
+
+def _check_legacy_members(connection: Connection, problems: list[str]) -> None:
+    """A legacy account (a subject's own, named by it) never splits: it holds at most its
+    own subject. Any other member named in it is a problem (the first hundred listed)."""
+    prefix = classes.LABEL_PREFIX
+    strays = connection.execute(
+        select(Member.tenant, Member.subject, Member.query_type, Member.window, Member.account)
+        .where(
+            func.substr(Member.account, 1, len(prefix)) != prefix,
+            Member.account != Member.subject,
+        )
+        .order_by(Member.tenant, Member.query_type, Member.window, Member.subject)
+        .limit(100)
+    )
+    problems += [
+        f"member {row.tenant}/{row.subject}/{row.query_type}/{row.window}: in account "
+        f"{row.account}, the legacy account of another subject"
+        for row in strays
+    ]
 
 
 def _check_sizes(

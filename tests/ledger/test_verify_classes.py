@@ -403,7 +403,7 @@ def rescope_another_subject(body: dict[str, Any]) -> bool:
     ("edit", "token"),
     [
         (drop_an_account, "its keys are not the accounts of its cohorts"),
-        (split_another_parent, "but the history puts it in"),
+        (split_another_parent, "but the history puts"),
         (carry_to_none, "open reservations, but carries 0 of them"),
         (rescope_another_subject, "re-scopes other accounts than its subject's own"),
     ],
@@ -419,3 +419,31 @@ def test_an_edited_refinement_is_caught_by_the_chain_and_by_the_replay(url, copy
     recompute_chain(relinked, history.ChainKey(KEY))
     problems = assert_caught(relinked, token)
     assert not any("does not match" in p for p in problems), problems
+
+
+def test_legacy_accounts_swapping_their_members_is_caught(ledger_url, ledger_at, make_ledger):
+    """Two accounts kept per subject before classes (each a class of one, named by its
+    subject) swap their members: every size still holds and neither lies in a cohort, but
+    a legacy account holds only its own subject."""
+    from tests.ledger.test_pending_and_server_paths import migrate
+
+    cap = BudgetCap(3.0, DELTA)
+    old = ledger_at(ledger_url, "0007", cap)
+    for name in ("alice", "bob"):
+        old.spend(key_for(name, "heatmap", LIVE), GaussianMechanism(8.0))
+    migrate(ledger_url, "upgrade", "head")
+    ledger = make_ledger(cap=cap, url=ledger_url)
+    assert ledger.verify().ok, ledger.verify().problems
+    for subject, account in (("alice", "bob"), ("bob", "alice")):
+        execute(
+            ledger_url,
+            "UPDATE dp_members SET account = :a WHERE subject = :s",
+            a=account,
+            s=subject,
+        )
+    report = ledger.verify()
+    assert not report.ok
+    for subject, account in (("alice", "bob"), ("bob", "alice")):
+        expected = f"member default/{subject}/heatmap/{LIVE}: in account {account}, the legacy"
+        assert any(expected in p for p in report.problems), report.problems
+    ledger.close()
