@@ -447,3 +447,28 @@ def test_legacy_accounts_swapping_their_members_is_caught(ledger_url, ledger_at,
         expected = f"member default/{subject}/heatmap/{LIVE}: in account {account}, the legacy"
         assert any(expected in p for p in report.problems), report.problems
     ledger.close()
+
+
+def test_an_empty_legacy_account_keeps_its_subject(ledger_url, ledger_at, make_ledger):
+    """A legacy account that holds nothing (reserved and released before classes) is kept
+    by a release over a cohort, beside the new class of the cohort's other subjects: both
+    lie in the same cohort. Its subject moved into that class (and one of the class's own
+    deleted, so the class keeps its size) is caught: a listed account keeps its member."""
+    from tests.ledger.test_pending_and_server_paths import migrate
+
+    cap = BudgetCap(3.0, DELTA)
+    old = ledger_at(ledger_url, "0007", cap)
+    old.release(old.reserve([key_for("alice", "heatmap", LIVE)], GaussianMechanism(8.0)))
+    migrate(ledger_url, "upgrade", "head")
+    ledger = make_ledger(cap=cap, url=ledger_url)
+    keys = keys_for(["alice", "bob", "carol"], "heatmap", [LIVE])
+    ledger.release(ledger.reserve(keys, GaussianMechanism(8.0)))
+    assert ledger.verify().ok, ledger.verify().problems
+    label = fetch(ledger_url, "SELECT account FROM dp_members WHERE subject = 'bob'")[0][0]
+    execute(ledger_url, "UPDATE dp_members SET account = :a WHERE subject = 'alice'", a=label)
+    execute(ledger_url, "DELETE FROM dp_members WHERE subject = 'bob'")
+    report = ledger.verify()
+    assert not report.ok
+    expected = f"account default/alice/heatmap/{LIVE}: 0 members in dp_members"
+    assert any(expected in p for p in report.problems), report.problems
+    ledger.close()
