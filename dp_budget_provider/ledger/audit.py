@@ -62,6 +62,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import Connection, and_, func, select, tuple_
+from sqlalchemy.dialects.postgresql import aggregate_order_by
 
 from dp_budget_provider.accounting import Conversion, Mechanism
 from dp_budget_provider.ledger import classes, history
@@ -91,6 +92,8 @@ from dp_budget_provider.ledger.windows import WindowCalendar
 
 _BATCH = 5000
 _MEMBER_BATCH = 50_000  # cohort members: one short text each
+# Cohorts PostgreSQL hashes itself: their members' text stays well below its 1 GB limit.
+_SERVER_DIGEST_LIMIT = 10**7
 _ENTRY_BATCH = 100  # history entries: a charge's payload grows with its classes
 # Cohorts the replay names before it checks them against dp_cohorts, and per query.
 _NAMED_BATCH = 10_000
@@ -1055,27 +1058,14 @@ def _check_named(
 
 
 def _check_cohorts(connection: Connection, problems: list[str]) -> None:
-    """Each cohort's digest and size against its members, streamed in (cohort, subject)
-    order; no member row names a cohort, nor a charge link an entry, that does not exist."""
-    statement = (
-        select(Cohort.id, Cohort.tenant, Cohort.digest, Cohort.size, CohortMember.subject)
-        .outerjoin(CohortMember, CohortMember.cohort_id == Cohort.id)
-        .order_by(Cohort.id, _code_point_order(connection, CohortMember.subject))
-    )
-    rows = connection.execution_options(yield_per=_MEMBER_BATCH).execute(statement)
-    for _, group in itertools.groupby(rows, key=operator.itemgetter(0)):
-        first = next(group)
-        digest, count, separator = hashlib.sha256(), 0, ""
-        # A cohort with no members is one row with no subject (the outer join).
-        names = (row[4] for row in itertools.chain([first], group) if row[4] is not None)
-        while batch := list(itertools.islice(names, _MEMBER_BATCH)):  # bounded memory
-            digest.update((separator + "\n".join(batch)).encode())
-            count, separator = count + len(batch), "\n"
-        name = f"cohort {first.digest} of {first.tenant}"
-        if digest.hexdigest() != first.digest:
+    """Each cohort's digest and size against its members (:func:`_cohort_contents`); no
+    member row names a cohort, nor a charge link an entry, that does not exist."""
+    for cohort, digest, count in _cohort_contents(connection):
+        name = f"cohort {cohort.digest} of {cohort.tenant}"
+        if digest != cohort.digest:
             problems.append(f"{name}: its digest is not that of its {count} members")
-        if first.size != count:
-            problems.append(f"{name}: size {first.size}, but it has {count} members")
+        if cohort.size != count:
+            problems.append(f"{name}: size {cohort.size}, but it has {count} members")
     orphans = connection.execute(
         select(CohortMember.cohort_id)
         .distinct()
@@ -1091,6 +1081,49 @@ def _check_cohorts(connection: Connection, problems: list[str]) -> None:
     problems += [
         f"dp_charge_cohorts: rows of entry {seq}, which is not in the history" for seq in unlinked
     ]
+
+
+def _cohort_contents(connection: Connection) -> Iterator[tuple[Any, str, int]]:
+    """Each cohort (id, tenant, digest, size as stored) with the digest and the count of
+    its member rows, in cohort order: sha256 of its subjects in code point order, one per
+    line (what :func:`classes.cohort_digest` makes of the ids).
+
+    PostgreSQL hashes a cohort of up to :data:`_SERVER_DIGEST_LIMIT` members itself (one
+    text of them all: no member crosses the wire); larger cohorts, and every cohort on
+    SQLite (which has no sha256), are streamed here in bounded batches.
+    """
+    cohort = select(Cohort.id, Cohort.tenant, Cohort.digest, Cohort.size)
+    members = Cohort.__table__.outerjoin(CohortMember, CohortMember.cohort_id == Cohort.id)
+    ordered = _code_point_order(connection, CohortMember.subject)
+    streamed = cohort.add_columns(CohortMember.subject).select_from(members)
+    if connection.dialect.name == "postgresql":
+        joined = func.string_agg(CohortMember.subject, aggregate_order_by("\n", ordered))
+        text = func.coalesce(joined, "")
+        hashed = (
+            cohort.add_columns(
+                func.encode(func.sha256(func.convert_to(text, "UTF8")), "hex"),
+                func.count(CohortMember.subject),
+            )
+            .select_from(members)
+            .where(Cohort.size <= _SERVER_DIGEST_LIMIT)
+            .group_by(Cohort.id)
+            .order_by(Cohort.id)
+        )
+        for row in connection.execution_options(yield_per=_BATCH).execute(hashed):
+            yield row, row[4], row[5]
+        streamed = streamed.where(Cohort.size > _SERVER_DIGEST_LIMIT)
+    rows = connection.execution_options(yield_per=_MEMBER_BATCH).execute(
+        streamed.order_by(Cohort.id, ordered)
+    )
+    for _, group in itertools.groupby(rows, key=operator.itemgetter(0)):
+        first = next(group)
+        digest, count, separator = hashlib.sha256(), 0, ""
+        # A cohort with no members is one row with no subject (the outer join).
+        names = (row[4] for row in itertools.chain([first], group) if row[4] is not None)
+        while batch := list(itertools.islice(names, _MEMBER_BATCH)):  # bounded memory
+            digest.update((separator + "\n".join(batch)).encode())
+            count, separator = count + len(batch), "\n"
+        yield first, digest.hexdigest(), count
 
 
 def _check_cohort_accounts(connection: Connection, replay: _Replay, problems: list[str]) -> None:

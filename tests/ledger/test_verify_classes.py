@@ -24,6 +24,7 @@ from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
 from dp_budget_provider.ledger import (
     BudgetCap,
     PrivacyBudgetLedger,
+    audit,
     history,
     key_for,
     keys_for,
@@ -260,7 +261,15 @@ def test_a_cohort_listing_row_deleted_or_added_is_caught(url, copy):
     assert_caught(added, f"dp_cohort_accounts lists {other}, the history does not")
 
 
-def test_a_cohort_member_changed_is_caught(url):
+@pytest.mark.parametrize("limit", [0, 10**7], ids=["streamed", "server-hashed"])
+def test_a_cohort_member_changed_is_caught(url, monkeypatch, limit):
+    """Cohorts streamed and hashed here, or (PostgreSQL, up to the limit) hashed by the
+    server: the digests of the clean ledger agree with those made at registration (ids
+    out of linguistic order, non-ASCII), and a changed member is caught either way."""
+    monkeypatch.setattr(audit, "_SERVER_DIGEST_LIMIT", limit)
+    ledger = PrivacyBudgetLedger(url=url, chain_key=KEY)
+    assert ledger.verify().ok
+    ledger.close()
     cohort_id, subject = fetch(
         url, "SELECT cohort_id, subject FROM dp_cohort_members ORDER BY cohort_id, subject LIMIT 1"
     )[0]
