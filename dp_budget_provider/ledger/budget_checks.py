@@ -105,6 +105,20 @@ class BudgetCheckRoom(LedgerCore):
         reservations): :meth:`budget_check` without the details."""
         return self.budget_check(keys, mechanism, count).exceeds
 
+    def fits_an_empty_account(
+        self,
+        tenant: str,
+        query_type: str,
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int = 1,
+    ) -> bool:
+        """Whether this release alone fits the cap in force for (tenant, query type): if
+        not, no window will ever fit it. Priced on nothing spent, never on an account (a
+        subject of any name may hold spend)."""
+        cost = self._cost(self._mechanism(mechanism), check.count("count", count))
+        cap = self.policy_for_scope(tenant, query_type).cap_epsilon
+        return self._bounds([cost])[0].epsilon <= cap
+
     def prospective_accountants(self, keys: Covered) -> list[tuple[RDPAccountant, Policy]]:
         """Each distinct committed-plus-reserved spend among ``keys`` as an accountant, with
         the policy over it (for noise planning: one entry per state, not per key)."""

@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 
 from dp_budget_provider.ledger import pipeline
-from dp_budget_provider.ledger.errors import LedgerCorrupt, LedgerError
+from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey, canonical_part, keys_for
 from dp_budget_provider.ledger.schema import Member
 from dp_budget_provider.ledger.statements import newline_joined
@@ -79,6 +79,9 @@ def cohort_digest(subjects: Sequence[str]) -> str:
     return hashlib.sha256(newline_joined(sorted(subjects)).encode()).hexdigest()
 
 
+_DIGEST = re.compile("[0-9a-f]{64}")
+
+
 @dataclass(frozen=True)
 class Cohort:
     """A handle on a registered set of subjects of one tenant (see
@@ -87,19 +90,29 @@ class Cohort:
     It names the cohort by content without holding its ids, so an upstream task can
     register the subjects once and hand this on (``as_dict`` through XCom): a release
     over it never ships or hashes the ids again, and a release over a cohort its window
-    has seen costs one row per class, whatever its size.
+    has seen costs one row per class, whatever its size. Made however it is (a caller
+    may build one), it is canonical: the tenant as a key's, the digest 64 lower-case hex
+    digits, the size a positive integer; anything else is a ValueError.
     """
 
     tenant: str
     digest: str
     size: int
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tenant", canonical_part("tenant", self.tenant))
+        digest = self.digest.lower() if isinstance(self.digest, str) else self.digest
+        if not isinstance(digest, str) or _DIGEST.fullmatch(digest) is None:
+            raise ValueError(f"a cohort's digest is 64 hex digits, got {self.digest!r}")
+        object.__setattr__(self, "digest", digest)
+        size = self.size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"a cohort's size is a positive integer, got {size!r}")
+
     def in_window(self, query_type: str, window: str) -> CohortKeys:
         """The keys of the cohort's subjects in one (query type, window): what ``reserve``
         and ``budget_check`` take in place of a list of keys."""
-        return CohortKeys(
-            self, canonical_part("query_type", query_type), canonical_part("window", window)
-        )
+        return CohortKeys(self, query_type, window)
 
     def as_dict(self) -> dict[str, Any]:
         return {"tenant": self.tenant, "digest": self.digest, "size": self.size}
@@ -109,21 +122,23 @@ class Cohort:
         """A handle from :meth:`as_dict` (what XCom hands a downstream task)."""
         if not isinstance(value, dict) or set(value) != {"tenant", "digest", "size"}:
             raise ValueError(f"a cohort is a mapping of tenant, digest and size, got {value!r}")
-        digest, size = value["digest"], value["size"]
-        if not (isinstance(digest, str) and len(digest) == 64 and digest.isalnum()):
-            raise ValueError(f"a cohort's digest is 64 hex digits, got {digest!r}")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"a cohort's size is a positive integer, got {size!r}")
-        return cls(canonical_part("tenant", value["tenant"]), digest.lower(), size)
+        return cls(value["tenant"], value["digest"], value["size"])
 
 
 @dataclass(frozen=True)
 class CohortKeys:
-    """The keys of a registered cohort's subjects in one (query type, window)."""
+    """The keys of a registered cohort's subjects in one (query type, window); its parts
+    canonical however it is made (a query type spelled two ways would be two budgets)."""
 
     cohort: Cohort
     query_type: str
     window: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cohort, Cohort):
+            raise ValueError(f"CohortKeys takes a Cohort, got {type(self.cohort).__name__}")
+        for part in ("query_type", "window"):
+            object.__setattr__(self, part, canonical_part(part, getattr(self, part)))
 
     @property
     def tenant(self) -> str:
@@ -281,18 +296,22 @@ def accounts_for(
 def registered(pipe: pipeline.Pipeline, cohort: Cohort) -> int:
     """The id of a registered cohort; refused when the ledger holds no such cohort."""
     found = pipe.query(_COHORT, {"tenant": cohort.tenant, "digest": cohort.digest})
-    if not found:
-        raise LedgerError(
-            f"no cohort {cohort.digest[:12]} of tenant {cohort.tenant!r} in this ledger: "
-            "register its subjects with ledger.cohort(...) first"
+    return registered_id(cohort, tuple(found[0]) if found else None)
+
+
+def registered_id(cohort: Cohort, stored: tuple[int, int] | None) -> int:
+    """The id of ``cohort`` from its stored (id, size), None when the ledger has none. A
+    handle naming no stored cohort, or another size, is the caller's mistake (a forged or
+    mistyped handle, another ledger's): a ValueError, never retried. A stored cohort that
+    disagrees with its members is verify's to find."""
+    if stored is None or stored[1] != cohort.size:
+        held = "" if stored is None else f" (it holds one of {stored[1]} subjects)"
+        raise ValueError(
+            f"no cohort {cohort.digest[:12]} of {cohort.size} subjects of tenant "
+            f"{cohort.tenant!r} in this ledger{held}: register its subjects with "
+            "ledger.cohort(...) first"
         )
-    cohort_id, size = found[0]
-    if size != cohort.size:
-        raise LedgerCorrupt(
-            f"cohort {cohort.digest[:12]} of tenant {cohort.tenant!r} is stored with {size} "
-            f"subjects but its handle names {cohort.size}"
-        )
-    return int(cohort_id)
+    return int(stored[0])
 
 
 _COHORT = "SELECT id, size FROM dp_cohorts WHERE tenant = %(tenant)s AND digest = %(digest)s"

@@ -29,8 +29,7 @@ from sqlalchemy import (
     select,
 )
 
-from dp_budget_provider.ledger.classes import CohortKeys
-from dp_budget_provider.ledger.errors import LedgerError
+from dp_budget_provider.ledger.classes import CohortKeys, registered_id
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.schema import Account, Cohort, CohortAccount, CohortMember, Member
 from dp_budget_provider.ledger.spend import Pending, Spend
@@ -180,14 +179,10 @@ def cohort_states(connection: Connection, covered: CohortKeys, size: int) -> lis
             Cohort.tenant == tenant, Cohort.digest == covered.cohort.digest
         )
     ).one_or_none()
-    if found is None or found.size != covered.cohort.size:
-        raise LedgerError(
-            f"no cohort {covered.cohort.digest[:12]} of {covered.cohort.size} subjects of "
-            f"tenant {tenant!r} in this ledger: register it with ledger.cohort(...) first"
-        )
+    cohort_id = registered_id(covered.cohort, None if found is None else tuple(found))
     grouping = (*SPEND_COLUMNS, Account.rescoped_to)
     listed = select(CohortAccount.account).where(
-        CohortAccount.cohort_id == found.id,
+        CohortAccount.cohort_id == cohort_id,
         CohortAccount.query_type == query_type,
         CohortAccount.window == window,
     )
@@ -221,15 +216,17 @@ def cohort_states(connection: Connection, covered: CohortKeys, size: int) -> lis
                 ),
             )
             .join(Account, member_account())
-            .where(CohortMember.cohort_id == found.id)
+            .where(CohortMember.cohort_id == cohort_id)
             .group_by(*grouping)
         ).all()
     merged: dict[tuple[object, ...], HeldState] = {}
 
     def least() -> str:
         return connection.execute(
-            select(func.min(CohortMember.subject)).where(CohortMember.cohort_id == found.id)
+            select(func.min(CohortMember.subject)).where(CohortMember.cohort_id == cohort_id)
         ).scalar_one()
 
-    _add_rows(merged.__setitem__, rows, (tenant, query_type, window), size, found.size, least)
+    _add_rows(
+        merged.__setitem__, rows, (tenant, query_type, window), size, covered.cohort.size, least
+    )
     return list(merged.values())

@@ -22,7 +22,6 @@ from dp_budget_provider.ledger import (
     PrivacyBudgetLedger,
     SubjectSource,
     WindowSealed,
-    key_for,
 )
 from dp_budget_provider.ledger.classes import covered_by
 from dp_budget_provider.triggers.budget_window import BudgetWindowTrigger
@@ -95,8 +94,9 @@ class BudgetSensor(BaseSensorOperator):
         subjects = [self.subject] if self.subject is not None else self.subjects
         try:
             keys = covered_by(subjects, self.query_type, [window], self.tenant)
-            fresh = key_for("-", self.query_type, window, tenant=self.tenant)
-            too_big = ledger.would_exceed(fresh, self.mechanism, self.count)
+            too_big = not ledger.fits_an_empty_account(
+                self.tenant, self.query_type, self.mechanism, self.count
+            )
             check = ledger.budget_check(keys, self.mechanism, self.count)
         except (ValueError, WindowSealed, LedgerQuarantined) as refusal:
             # What the release would refuse whatever the budget: waiting cannot help.

@@ -24,7 +24,7 @@ from dp_budget_provider.ledger import (
     BudgetCap,
     BudgetExhausted,
     Cohort,
-    LedgerError,
+    CohortKeys,
     PrivacyBudgetLedger,
     key_for,
     keys_for,
@@ -144,17 +144,49 @@ def test_known_cohorts_touch_one_row_per_class(ledger_url, make_ledger):
 
 
 def test_a_handle_must_name_a_registered_cohort(ledger_url, make_ledger):
+    """A handle naming no stored cohort, or another size, is the caller's mistake (a
+    ValueError: the operator fails without retrying), for the reserve and the check alike;
+    nothing is written."""
     ledger = make_ledger(cap=CAP, url=ledger_url)
     real = ledger.cohort(["a", "b"])
     forged = Cohort(real.tenant, "0" * 64, 2)
-    with pytest.raises(LedgerError, match="register"):
-        ledger.reserve(forged.in_window("count", WINDOW), GaussianMechanism(5.0))
     lying = Cohort(real.tenant, real.digest, 1)  # a handle that understates its size
-    with pytest.raises(LedgerError):
-        ledger.reserve(lying.in_window("count", WINDOW), GaussianMechanism(5.0))
-    with pytest.raises(ValueError):
-        Cohort.from_dict({"tenant": "default", "digest": "x", "size": 2})
+    for handle in (forged, lying):
+        covered = handle.in_window("count", WINDOW)
+        with pytest.raises(ValueError, match="register"):
+            ledger.reserve(covered, GaussianMechanism(5.0))
+        with pytest.raises(ValueError, match="register"):
+            ledger.budget_check(covered, GaussianMechanism(5.0))
+    for digest in ("x", "z" * 64, "٣" * 64, 7):
+        with pytest.raises(ValueError, match="64 hex digits"):
+            Cohort.from_dict({"tenant": "default", "digest": digest, "size": 2})
+    for size in (0, True, 2.0, "2"):
+        with pytest.raises(ValueError, match="positive integer"):
+            Cohort("default", real.digest, size)
     assert ledger.epsilon_of(key_for("a", "count", WINDOW)) == 0.0
+    assert ledger.history()[-1]["action"] != "reserve"
+
+
+def test_a_handle_built_by_hand_is_canonical(ledger_url, make_ledger):
+    """However a caller spells the tenant, query type or window of a handle it builds, it
+    names one budget: six spellings of one query type are six releases on one account,
+    and the seventh that would pass the cap is refused."""
+    ledger = make_ledger(cap=CAP, url=ledger_url)
+    real = ledger.cohort(["alice", "bob"])
+    spelled = Cohort(" DEFAULT ", real.digest.upper(), real.size)
+    assert spelled == real
+    mechanism = GaussianMechanism(20.0)
+    for query_type in ("count", "COUNT", "Count", " count", "count ", "ＣＯＵＮＴ"):
+        covered = CohortKeys(spelled, query_type, WINDOW)
+        assert covered == real.in_window("count", WINDOW)
+        ledger.commit(ledger.reserve(covered, mechanism))
+    accountant = RDPAccountant(ledger.orders)
+    accountant.compose(mechanism, 6)
+    spent = ledger.epsilon_of(key_for("alice", "count", WINDOW))
+    assert spent == pytest.approx(accountant.get_epsilon(ledger.delta)[0], rel=1e-9)
+    assert [row.key.query_type for row in ledger.accounts()] == ["count", "count"]
+    with pytest.raises(ValueError):
+        CohortKeys(real.as_dict(), "count", WINDOW)  # a mapping is not a handle
 
 
 def test_awkward_ids_round_trip_through_the_cohort_store(ledger_url, make_ledger):

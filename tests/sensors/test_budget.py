@@ -96,6 +96,19 @@ def test_a_release_too_big_for_any_window_fails_immediately(ledger, monkeypatch)
         sensor(mechanism=GaussianMechanism(0.5)).execute({})
 
 
+def test_no_subject_stands_for_the_empty_account(ledger, monkeypatch):
+    """Whether a release could ever fit is priced on nothing spent, not on an account:
+    a subject of any name (here "-") that has spent its budget only defers the releases
+    that cover it."""
+    ledger.spend(key_for("-", "heatmap", "2026-w29"), BIG)
+    assert ledger.fits_an_empty_account("default", "heatmap", BIG)
+    assert not ledger.fits_an_empty_account("default", "heatmap", GaussianMechanism(0.5))
+    at(monkeypatch, datetime(2026, 7, 14, 12, 0, tzinfo=UTC))
+    assert sensor().execute({}) == "2026-w29"
+    with pytest.raises(TaskDeferred):
+        sensor(subject="-").execute({})
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
