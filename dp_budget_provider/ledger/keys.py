@@ -196,9 +196,12 @@ def _canonical_ascii(subjects: list[object]) -> list[str] | None:
     case: a million ids in a few tens of milliseconds), exactly what :func:`canonical_part`
     makes of each; None when any is not, or would be refused (the caller then goes id by
     id, which names the bad one)."""
-    if not subjects or not all(isinstance(subject, str) for subject in subjects):
+    if not subjects:
         return None
-    text = "\n".join(subjects)  # type: ignore[arg-type]
+    try:
+        text = "\n".join(subjects)  # type: ignore[arg-type]
+    except TypeError:  # an id that is not a string
+        return None
     if not text.isascii() or text.encode().translate(None, _VISIBLE_OR_NEWLINE):
         return None  # not ASCII, or a control character
     if text.count("\n") != len(subjects) - 1:  # an id holding a newline
@@ -227,7 +230,7 @@ def subject_ids(subjects: SubjectSource) -> list[str]:
 
 def sorted_subject_ids(subjects: SubjectSource) -> list[str]:
     """:func:`subject_ids` in code-point order (a cohort's canonical form)."""
-    return sorted(dict.fromkeys(_canonical_subjects(subjects)))
+    return sorted(set(_canonical_subjects(subjects)))
 
 
 def _check_source(subjects: object) -> None:
