@@ -30,7 +30,16 @@ Design notes:
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Float, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    Index,
+    Integer,
+    PrimaryKeyConstraint,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 KEY_LENGTH = 256
@@ -118,19 +127,21 @@ class Member(Base):
     """The account (class) one subject of one (tenant, query type, window) belongs to."""
 
     __tablename__ = "dp_members"
-    # An account's members in subject order: its least member is one index probe and a
-    # page of them one range (``spend_classes``). And the subjects in key order, as the
-    # per-subject view lists them (``subject_rows``): a page is an index range, not a
-    # sort of every subject (the order the accounts' unique key gave before classes).
+    # Two indexes, as few as the reads allow (each costs a release over new subjects one
+    # entry per subject). The key, in key order: a subject's rows in every window, one
+    # subject's membership in a window, and the per-subject view's pages (``subject_rows``)
+    # are index ranges, not sorts of every subject (the order the accounts' unique key
+    # gave before classes). And an account's members in subject order: its least member
+    # is one probe, a page of them one range (``spend_classes``), a window's rows a prefix.
     __table_args__ = (
+        PrimaryKeyConstraint("tenant", "subject", "query_type", "window"),
         Index("ix_dp_members_account", "tenant", "query_type", "window", "account", "subject"),
-        Index("ix_dp_members_key", "tenant", "subject", "query_type", "window"),
     )
 
-    tenant: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
-    query_type: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
-    window: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
-    subject: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    query_type: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    window: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    subject: Mapped[str] = mapped_column(String(KEY_LENGTH))
     # The subject part of the account's key (its label).
     account: Mapped[str] = mapped_column(String(KEY_LENGTH))
 

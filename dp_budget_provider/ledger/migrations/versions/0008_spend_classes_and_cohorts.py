@@ -52,8 +52,9 @@ def upgrade() -> None:
     )
     op.create_table(
         "dp_members",
-        *(_key(name, primary_key=True) for name in ("tenant", "query_type", "window", "subject")),
+        *(_key(name, primary_key=False) for name in ("tenant", "query_type", "window", "subject")),
         _key("account", primary_key=False),
+        sa.PrimaryKeyConstraint("tenant", "subject", "query_type", "window"),
     )
     op.execute(
         'INSERT INTO dp_members (tenant, query_type, "window", subject, account) '
@@ -63,9 +64,6 @@ def upgrade() -> None:
         "ix_dp_members_account",
         "dp_members",
         ["tenant", "query_type", "window", "account", "subject"],
-    )
-    op.create_index(
-        "ix_dp_members_key", "dp_members", ["tenant", "subject", "query_type", "window"]
     )
     op.create_table(
         "dp_cohorts",
@@ -124,7 +122,6 @@ def downgrade() -> None:
     op.drop_index("ix_dp_cohort_members_subject", table_name="dp_cohort_members")
     op.drop_table("dp_cohort_members")
     op.drop_table("dp_cohorts")
-    op.drop_index("ix_dp_members_key", table_name="dp_members")
     op.drop_index("ix_dp_members_account", table_name="dp_members")
     op.drop_table("dp_members")
     # Plain DROP COLUMN (SQLite >= 3.35): a batch copy would rewrite every account row.
