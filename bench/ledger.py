@@ -13,13 +13,12 @@ before it, because this machine's speed drifts from minute to minute.
 * hot key: 8 processes doing reserve + commit on one key, releases/s, vs ``pgbench``
   with 8 clients each running BEGIN; SELECT ... FOR UPDATE; UPDATE; END on one row.
 * distinct keys: 8 processes, each on its own keys, vs ``pgbench -N`` with 8 clients.
-* many subjects: one release reserved and committed over 10^4 and 10^5 subject keys,
-  vs one ``UPDATE ... FROM unnest(ids)`` of the same rows in a copy of the accounts.
 * embedded SQLite: releases/s of ``spend`` from one process vs the same transaction
   shape (BEGIN IMMEDIATE; SELECT; UPDATE; INSERT; COMMIT) in raw sqlite3.
 * cohort releases (``--cohort-size``, default 10^6 on PostgreSQL, a tenth on SQLite):
   building the keys, a first release over a new cohort, the same release again, a
-  ``budget_check`` over the cohort, and the rows the repeated release writes, each
+  ``budget_check`` over the cohort, the rows the repeated release writes, and a release
+  over a list of keys half of which the cohort holds (a split beside new subjects), each
   against loading the same ids into a table at best (PostgreSQL ``COPY``; SQLite one
   INSERT transaction).
 
@@ -60,7 +59,6 @@ WINDOW = "2026-w45"
 CAP = BudgetCap(epsilon=1e9, delta=1e-5)
 MECHANISM = GaussianMechanism(1000.0)
 GOAL_THROUGHPUT = 0.3
-GOAL_BULK = 3.0
 SPAWN = multiprocessing.get_context("spawn")
 
 
@@ -304,65 +302,6 @@ def bench_distinct_keys(duration: float, rounds: int) -> list[tuple]:
     ]
 
 
-def bench_many_subjects() -> list[tuple]:
-    rows, times, client = [], {}, {}
-    with scratch_database("dpb_bench_subjects") as (name, url):
-        ledger = PrivacyBudgetLedger(cap=CAP, url=url)
-        for size in (10**4, 10**5):
-            keys = [key_for(f"n{size}-subject-{i:06d}", "count", WINDOW) for i in range(size)]
-            cpu, start = time.process_time(), time.perf_counter()
-            reservation = ledger.reserve(keys, MECHANISM)
-            reserved = time.perf_counter()
-            ledger.commit(reservation)
-            committed = time.perf_counter()
-            times[size] = (reserved - start, committed - reserved, committed - start)
-            client[size] = time.process_time() - cpu
-            print(
-                f"  {size:>6} subjects: reserve {times[size][0]:.3f} s, commit "
-                f"{times[size][1]:.3f} s, total {times[size][2]:.3f} s, of which this "
-                f"process's CPU {client[size]:.3f} s",
-                file=sys.stderr,
-            )
-        ledger.close()
-        with connect(name) as connection, connection.cursor() as cursor:
-            cursor.execute("CREATE TABLE accounts_copy AS SELECT * FROM dp_accounts")
-            cursor.execute("ALTER TABLE accounts_copy ADD PRIMARY KEY (id)")
-            cursor.execute("ANALYZE accounts_copy")
-        for size in (10**4, 10**5):
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT id FROM dp_accounts WHERE subject LIKE %s", (f"n{size}-subject-%",)
-                )
-                ids = [row[0] for row in cursor.fetchall()]
-            assert len(ids) == size
-            start = time.perf_counter()
-            with connection, connection.cursor() as cursor:
-                cursor.execute(
-                    "UPDATE accounts_copy SET rho = rho + %s, releases = releases + 1 "
-                    "FROM unnest(%s::int[]) AS u(id) WHERE accounts_copy.id = u.id",
-                    (MECHANISM.zcdp_rho, ids),
-                )
-                assert cursor.rowcount == size
-            raw = time.perf_counter() - start
-            reserve, commit, total = times[size]
-            rows.append(
-                (
-                    f"{size} subjects: reserve {reserve:.2f} s + commit {commit:.2f} s "
-                    f"(client CPU {client[size]:.2f} s)",
-                    total,
-                    "s per release",
-                    raw,
-                    "raw UPDATE ... unnest s",
-                    total / raw,
-                    f"<= {GOAL_BULK}" if size == 10**5 else "(info)",
-                )
-            )
-        connection.close()
-    growth = times[10**5][2] / times[10**4][2]
-    rows.append(("growth t(10^5) / t(10^4)", growth, "x", 10.0, "linear", growth / 10.0, "~1"))
-    return rows
-
-
 _TABLES = (
     "dp_accounts",
     "dp_members",
@@ -472,6 +411,14 @@ def _cohort_rows(backend: str, size: int, url: str) -> list[tuple]:
     check = ledger.budget_check(keys, MECHANISM)
     timed["check keys"] = time.perf_counter() - start
     assert not check.exceeds and check.states == 1
+    # A list of keys half of which the cohort holds: its class splits, and the other half
+    # (new to the window) forms a new class beside the window's members.
+    overlapping = keys_for(
+        [f"cohort-subject-{i:07d}" for i in range(size // 2, size + size // 2)], "count", [WINDOW]
+    )
+    start = time.perf_counter()
+    ledger.commit(ledger.reserve(overlapping, MECHANISM))
+    timed["overlapping"] = time.perf_counter() - start
     while sum(1 for e in ledger.history() if e["action"] == "commit") < VERIFIED_RELEASES:
         ledger.commit(ledger.reserve(covered, MECHANISM))
     if backend == "PostgreSQL":  # what autovacuum does after a fill (keep it on; README)
@@ -495,6 +442,8 @@ def _cohort_rows(backend: str, size: int, url: str) -> list[tuple]:
          baseline, timed["check"] / copy, "<= 0.1"),
         (f"{label}: budget_check over the cohort (list of keys)", timed["check keys"], "s",
          copy, baseline, timed["check keys"] / copy, "(info)"),
+        (f"{label}: a release over keys half of which the cohort holds (split + new)",
+         timed["overlapping"], "s", copy, baseline, timed["overlapping"] / copy, "(info)"),
         (f"{label}: verify after {VERIFIED_RELEASES} releases over the cohort", timed["verify"],
          "s", copy, baseline, timed["verify"] / copy, "<= 1"),
         (f"{label}: verify's peak RSS", timed["verify MiB"], "MiB", 256, "the goal's bound MiB",
@@ -578,7 +527,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         action="append",
-        choices=["hot", "distinct", "subjects", "sqlite", "cohort"],
+        choices=["hot", "distinct", "sqlite", "cohort"],
         help="run only this benchmark (repeatable; default: all)",
     )
     parser.add_argument(
@@ -592,7 +541,6 @@ def main() -> None:
     benchmarks = {
         "hot": ("hot key", lambda: bench_hot_key(duration, rounds)),
         "distinct": ("distinct keys", lambda: bench_distinct_keys(duration, rounds)),
-        "subjects": ("many subjects", bench_many_subjects),
         "sqlite": ("embedded SQLite", lambda: bench_sqlite(duration)),
         "cohort": (
             "cohort releases",

@@ -459,12 +459,20 @@ def _refine(
             "%(q)s, %(w)s, 0, NULL, 0, 0, 0, 0, NULL, 0, 0, %(now)s, %(size)s)",
             {**where, "label": label, "size": fresh},
         )
+        # The cohort's subjects the window has no account for: all of them when it covers
+        # none, else the cohort less those the window holds, as a set difference (a hash
+        # or a merge: a NOT EXISTS was planned as a nested loop over the window's members
+        # without statistics, 27 s for 10^5 new subjects beside 10^4).
+        fresh_subjects = "SELECT c.subject FROM dp_cohort_members c WHERE c.cohort_id = %(cohort)s"
+        if covered:
+            fresh_subjects += (
+                " EXCEPT SELECT m.subject FROM dp_members m JOIN dp_cohort_members h ON "
+                "h.subject = m.subject AND h.cohort_id = %(cohort)s WHERE m.tenant = %(tenant)s "
+                'AND m.query_type = %(q)s AND m."window" = %(w)s'
+            )
         pipe.query(
             'INSERT INTO dp_members (tenant, query_type, "window", subject, account) '
-            "SELECT %(tenant)s, %(q)s, %(w)s, c.subject, %(label)s FROM dp_cohort_members c "
-            "WHERE c.cohort_id = %(cohort)s AND NOT EXISTS (SELECT 1 FROM dp_members m "
-            'WHERE m.tenant = %(tenant)s AND m.query_type = %(q)s AND m."window" = %(w)s '
-            "AND m.subject = c.subject)",
+            f"SELECT %(tenant)s, %(q)s, %(w)s, f.subject, %(label)s FROM ({fresh_subjects}) f",
             {**where, "label": label},
         )
     accounts = sorted(kept + [split[1] for split in splits] + ([new[0]] if new else []))
