@@ -1217,7 +1217,6 @@ def _check_members(connection: Connection, replay: _Replay, problems: list[str])
             *scope_columns,
             members.c.account,
             listed.c.digest,
-            listed.c.cohort_id,
             func.count().label("n"),
         )
         .select_from(
@@ -1231,7 +1230,7 @@ def _check_members(connection: Connection, replay: _Replay, problems: list[str])
                 ),
             )
         )
-        .group_by(*scope_columns, members.c.account, listed.c.digest, listed.c.cohort_id)
+        .group_by(*scope_columns, members.c.account, listed.c.digest)
         .order_by(*scope_order)
     )
     of_scope = operator.itemgetter(0, 1, 2)
@@ -1281,14 +1280,10 @@ def _check_atoms(
     in those the history lists it in, none in the others (``pairs``: its members per
     cohort, as counted by the server)."""
     tenant, query_type, window = scope
-    ids: dict[str, int] = {}
-    found: dict[tuple[str, str], int] = {}
-    for row in pairs:
-        ids[row.digest] = row.cohort_id
-        found[(row.account, row.digest)] = row.n
+    found = {(row.account, row.digest): row.n for row in pairs}
     for (account, digest), n in sorted(found.items()):
         if digest not in known.listed_in.get(account, ()):
-            example = _example_member(connection, scope, account, ids[digest], inside=True)
+            example = _example_member(connection, scope, account, digest, inside=True)
             others = f" (and {n - 1} more)" if n > 1 else ""
             problems.append(
                 f"member {tenant}/{example}/{query_type}/{window}{others}: in account "
@@ -1300,8 +1295,7 @@ def _check_atoms(
             inside = found.get((account, digest), 0)
             if inside == held:
                 continue
-            cohort_id = ids.get(digest) or _cohort_id(connection, tenant, digest)
-            example = _example_member(connection, scope, account, cohort_id, inside=False)
+            example = _example_member(connection, scope, account, digest, inside=False)
             others = f" (and {held - inside - 1} more)" if held - inside > 1 else ""
             problems.append(
                 f"member {tenant}/{example}/{query_type}/{window}{others}: in account "
@@ -1310,26 +1304,25 @@ def _check_atoms(
             )
 
 
-def _cohort_id(connection: Connection, tenant: str, digest: str) -> int | None:
-    return connection.execute(
-        select(Cohort.id).where(Cohort.tenant == tenant, Cohort.digest == digest)
-    ).scalar()
-
-
 def _example_member(
     connection: Connection,
     scope: classes.Scope,
     account: str,
-    cohort_id: int | None,
+    digest: str,
     *,
     inside: bool,
 ) -> str | None:
-    """The least member of ``account`` inside (or outside) cohort ``cohort_id``: what a
-    problem names (only read when verify has found one)."""
+    """The least member of ``account`` inside (or outside) the scope's cohort ``digest``:
+    what a problem names (only read when verify has found one)."""
     tenant, query_type, window = scope
     in_cohort = (
         select(CohortMember.subject)
-        .where(CohortMember.cohort_id == cohort_id, CohortMember.subject == Member.subject)
+        .join(Cohort, Cohort.id == CohortMember.cohort_id)
+        .where(
+            Cohort.tenant == tenant,
+            Cohort.digest == digest,
+            CohortMember.subject == Member.subject,
+        )
         .exists()
     )
     return connection.execute(

@@ -26,7 +26,7 @@ from dp_budget_provider.ledger.policy_store import policy_of_scope
 from dp_budget_provider.ledger.records import (
     BudgetCheck,
 )
-from dp_budget_provider.ledger.spend import prospective
+from dp_budget_provider.ledger.spend import Pending, Spend, prospective
 
 
 class BudgetCheckRoom(LedgerCore):
@@ -117,7 +117,7 @@ class BudgetCheckRoom(LedgerCore):
         subject of any name may hold spend)."""
         cost = self._cost(self._mechanism(mechanism), check.count("count", count))
         cap = self.policy_for_scope(tenant, query_type).cap_epsilon
-        return self._bounds([cost])[0].epsilon <= cap
+        return self._bounds([prospective(Spend(), Pending(), cost)])[0].epsilon <= cap
 
     def prospective_accountants(self, keys: Covered) -> list[tuple[RDPAccountant, Policy]]:
         """Each distinct committed-plus-reserved spend among ``keys`` as an accountant, with
