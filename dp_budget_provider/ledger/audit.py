@@ -92,8 +92,9 @@ from dp_budget_provider.ledger.windows import WindowCalendar
 
 _BATCH = 5000
 _MEMBER_BATCH = 50_000  # cohort members: one short text each
-# Cohorts PostgreSQL hashes itself: their members' text stays well below its 1 GB limit.
-_SERVER_DIGEST_LIMIT = 10**7
+# Cohorts PostgreSQL hashes itself: those whose members' text (as stored, separators
+# included) stays below its 1 GB limit on one text value, with a margin.
+_SERVER_DIGEST_BYTES = 2**30 - 2**20
 _ENTRY_BATCH = 100  # history entries: a charge's payload grows with its classes
 # Cohorts the replay names before it checks them against dp_cohorts, and per query.
 _NAMED_BATCH = 10_000
@@ -1088,15 +1089,21 @@ def _cohort_contents(connection: Connection) -> Iterator[tuple[Any, str, int]]:
     its member rows, in cohort order: sha256 of its subjects in code point order, one per
     line (what :func:`classes.cohort_digest` makes of the ids).
 
-    PostgreSQL hashes a cohort of up to :data:`_SERVER_DIGEST_LIMIT` members itself (one
-    text of them all: no member crosses the wire); larger cohorts, and every cohort on
-    SQLite (which has no sha256), are streamed here in bounded batches.
+    PostgreSQL hashes a cohort itself (one text of its members: none crosses the wire)
+    when that text, measured on the member rows (never the cohort's editable ``size``),
+    fits :data:`_SERVER_DIGEST_BYTES`; larger cohorts, and every cohort on SQLite (which
+    has no sha256), are streamed here in bounded batches.
     """
     cohort = select(Cohort.id, Cohort.tenant, Cohort.digest, Cohort.size)
     members = Cohort.__table__.outerjoin(CohortMember, CohortMember.cohort_id == Cohort.id)
     ordered = _code_point_order(connection, CohortMember.subject)
     streamed = cohort.add_columns(CohortMember.subject).select_from(members)
     if connection.dialect.name == "postgresql":
+        fits = (
+            select(CohortMember.cohort_id)
+            .group_by(CohortMember.cohort_id)
+            .having(func.sum(func.octet_length(CohortMember.subject) + 1) <= _SERVER_DIGEST_BYTES)
+        )
         joined = func.string_agg(CohortMember.subject, aggregate_order_by("\n", ordered))
         text = func.coalesce(joined, "")
         hashed = (
@@ -1105,13 +1112,13 @@ def _cohort_contents(connection: Connection) -> Iterator[tuple[Any, str, int]]:
                 func.count(CohortMember.subject),
             )
             .select_from(members)
-            .where(Cohort.size <= _SERVER_DIGEST_LIMIT)
+            .where(Cohort.id.in_(fits))
             .group_by(Cohort.id)
             .order_by(Cohort.id)
         )
         for row in connection.execution_options(yield_per=_BATCH).execute(hashed):
             yield row, row[4], row[5]
-        streamed = streamed.where(Cohort.size > _SERVER_DIGEST_LIMIT)
+        streamed = streamed.where(Cohort.id.not_in(fits))
     rows = connection.execution_options(yield_per=_MEMBER_BATCH).execute(
         streamed.order_by(Cohort.id, ordered)
     )

@@ -261,12 +261,17 @@ def test_a_cohort_listing_row_deleted_or_added_is_caught(url, copy):
     assert_caught(added, f"dp_cohort_accounts lists {other}, the history does not")
 
 
-@pytest.mark.parametrize("limit", [0, 10**7], ids=["streamed", "server-hashed"])
+@pytest.mark.parametrize(
+    "limit",
+    [0, 60, audit._SERVER_DIGEST_BYTES],
+    ids=["streamed", "mixed", "server-hashed"],
+)
 def test_a_cohort_member_changed_is_caught(url, monkeypatch, limit):
-    """Cohorts streamed and hashed here, or (PostgreSQL, up to the limit) hashed by the
-    server: the digests of the clean ledger agree with those made at registration (ids
-    out of linguistic order, non-ASCII), and a changed member is caught either way."""
-    monkeypatch.setattr(audit, "_SERVER_DIGEST_LIMIT", limit)
+    """Cohorts streamed and hashed here, or (PostgreSQL, members' text up to the limit)
+    hashed by the server, or some each way: the digests of the clean ledger agree with those made at
+    registration (ids out of linguistic order, non-ASCII), and a changed member is caught
+    either way."""
+    monkeypatch.setattr(audit, "_SERVER_DIGEST_BYTES", limit)
     ledger = PrivacyBudgetLedger(url=url, chain_key=KEY)
     assert ledger.verify().ok
     ledger.close()
