@@ -20,10 +20,12 @@ spaces. Refused, because they would fork one account invisibly:
 from __future__ import annotations
 
 import numbers
+import operator
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import islice
 
 MAX_PART_LENGTH = 256
 _SPACES = re.compile(r" +")
@@ -229,8 +231,14 @@ def subject_ids(subjects: SubjectSource) -> list[str]:
 
 
 def sorted_subject_ids(subjects: SubjectSource) -> list[str]:
-    """:func:`subject_ids` in code-point order (a cohort's canonical form)."""
-    return sorted(set(_canonical_subjects(subjects)))
+    """:func:`subject_ids` in code-point order (a cohort's canonical form). Sorted before
+    deduplicated: a sort is linear on ids that come in order (an upstream query's ORDER
+    BY), and sorted ids hold their repeats side by side, so distinct ids (the common
+    case) are known by one pass of comparisons, without hashing a million strings."""
+    ids = sorted(_canonical_subjects(subjects))
+    if any(map(operator.eq, ids, islice(ids, 1, None))):
+        ids = list(dict.fromkeys(ids))
+    return ids
 
 
 def _check_source(subjects: object) -> None:

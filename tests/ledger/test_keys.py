@@ -5,6 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dp_budget_provider.ledger import LedgerKey, key_for
+from dp_budget_provider.ledger.keys import sorted_subject_ids, subject_ids
 
 
 @pytest.mark.parametrize(
@@ -91,3 +92,19 @@ def test_canonicalisation_is_idempotent(text):
 def test_keys_sort_in_a_fixed_lock_order():
     keys = [key_for(s, "q", "w") for s in ["b", "a", "c"]]
     assert [k.subject for k in sorted(keys)] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    "subjects",
+    [
+        ["b", "a", "c"],
+        ["a", "b", "c"],
+        ["c", "B", "b", "a", "b"],  # repeats, one of them only once canonical
+        ["a", "a"],
+        [3, "3", "Zed", "zed", "alpha"],
+        ["Ünïcode", "ünïcode", "plain"],
+    ],
+)
+def test_sorted_subject_ids_are_the_distinct_canonical_ids_in_code_point_order(subjects):
+    assert sorted_subject_ids(subjects) == sorted(set(subject_ids(subjects)))
+    assert sorted_subject_ids(subjects) == sorted(subject_ids(subjects))  # distinct
