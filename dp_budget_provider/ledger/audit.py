@@ -155,6 +155,9 @@ class _KeyState:
     repriced: np.ndarray | None = None
     size: int = 1  # how many subjects the class holds (a legacy key: itself alone)
     of_class: bool = False  # made by a refinement (else a legacy key, charged directly)
+    # The digest of the cohort whose members its members are (dp_accounts.cohort_id), while
+    # they are: from the refinement that made it of a cohort new to the window, until a split.
+    refers: str | None = None
 
     @property
     def required(self) -> bool:
@@ -433,14 +436,25 @@ class _Replay:
                 ),
             )
             source.size -= int(moved)
+            source.refers = None  # the writer listed its members before it split it
             scope.split(parent, child)
             children.append(child)
         new = None
         if refined["new"] is not None:
-            new, count = refined["new"][0], int(refined["new"][1])
+            new, count, *members = refined["new"]
+            count = int(count)
             if count < 1:
                 self._problem(entry, f"{where}: makes {new} for {count} subjects")
-            made(new, _KeyState(updated_at=entry.at, size=count, of_class=True))
+            refers = None
+            if members == ["cohort"]:
+                # The class of a cohort that covers none of the window's classes: its
+                # members are the cohort's (the accounts' size check below: all of them).
+                refers = digest
+                if kept or children:
+                    self._problem(entry, f"{where}: makes {new} of the cohort, which it splits")
+            elif members:
+                self._problem(entry, f"{where}: makes {new} with members {members!r}")
+            made(new, _KeyState(updated_at=entry.at, size=count, of_class=True, refers=refers))
         listing = {*kept, *children, *([new] if new is not None else [])}
         scope.record(digest, listing)
         return listing
@@ -980,6 +994,7 @@ def _check_reservations(
 
 def _check_accounts(connection: Connection, replay: _Replay, problems: list[str]) -> int:
     size = replay.size
+    cohort_ids = _referred_ids(connection, replay)
     seen: set[LedgerKey] = set()
     count = 0
     for row in connection.execution_options(yield_per=_BATCH).execute(select(Account)):
@@ -1006,6 +1021,10 @@ def _check_accounts(connection: Connection, replay: _Replay, problems: list[str]
             ("rescoped_to", row.rescoped_to == state.rescoped_to),
             ("updated_at", row.updated_at == state.updated_at),
             ("size", row.size == state.size),
+            (
+                "cohort_id (the cohort whose members are its members)",
+                row.cohort_id == cohort_ids.get((key.tenant, state.refers)),
+            ),
         ]
         wrong = [what for what, fine in checks if not fine]
         if wrong:
@@ -1017,6 +1036,24 @@ def _check_accounts(connection: Connection, replay: _Replay, problems: list[str]
         if state.required:
             problems.append(f"account {key}: charged or held in the history but missing")
     return count
+
+
+def _referred_ids(connection: Connection, replay: _Replay) -> dict[tuple[str, str | None], int]:
+    """The ids of the cohorts the live accounts refer to, by (tenant, digest): what their
+    ``cohort_id`` must be (a cohort's digest is proven from its members by
+    :func:`_check_cohorts`, so the id names those members)."""
+    named = sorted(
+        {(key.tenant, state.refers) for key, state in replay.keys.items() if state.refers}
+    )
+    ids: dict[tuple[str, str | None], int] = {}
+    for start in range(0, len(named), _NAMES_PER_QUERY):
+        rows = connection.execute(
+            select(Cohort.tenant, Cohort.digest, Cohort.id).where(
+                tuple_(Cohort.tenant, Cohort.digest).in_(named[start : start + _NAMES_PER_QUERY])
+            )
+        )
+        ids.update(((row.tenant, row.digest), row.id) for row in rows)
+    return ids
 
 
 def _account_name(connection: Connection, key: LedgerKey) -> str:
@@ -1269,9 +1306,12 @@ def _check_members(connection: Connection, replay: _Replay, problems: list[str])
             continue
         _check_sizes(scope, counts, expected, known.listed_in, problems)
         _check_atoms(connection, scope, known, counts, scope_pairs, problems)
+        problems += _check_referring(connection, scope, known, expected)
     for scope, expected in sizes.items():
         known = replay.scopes.get(scope)
         _check_sizes(scope, {}, expected, {} if known is None else known.listed_in, problems)
+        if known is not None and known.sealed_at is None:
+            problems += _check_referring(connection, scope, known, expected)
     _check_legacy_members(connection, problems)
 
 
@@ -1370,7 +1410,8 @@ def _check_sizes(
     listed: Container[str],
     problems: list[str],
 ) -> None:
-    """Each account of a scope has as many dp_members rows as the replay gives it subjects.
+    """Each account of a scope has as many dp_members rows as the replay gives it subjects,
+    none when its members are its cohort's (they are counted with the cohort).
 
     Only a legacy account that holds nothing and no cohort lists may have no members (a
     reset before seals dropped its row). A listed one must keep its member: the cohort
@@ -1379,12 +1420,59 @@ def _check_sizes(
     tenant, query_type, window = scope
     for label in sorted(counts.keys() | expected.keys()):
         state = expected.get(label)
-        held, size = counts.get(label, 0), 0 if state is None else state.size
+        held = counts.get(label, 0)
+        size = 0 if state is None or state.refers else state.size
         if held != size and (held or state is None or state.required or label in listed):
+            of = f"cohort {state.refers}'s members" if state and state.refers else "dp_members"
             problems.append(
                 f"account {tenant}/{label}/{query_type}/{window}: {held} members in "
-                f"dp_members, but the history gives it {size} subjects"
+                f"dp_members, but the history gives it {size} subjects there"
+                + (f" (its members are {of})" if state and state.refers else "")
             )
+
+
+def _check_referring(
+    connection: Connection, scope: classes.Scope, known: _Scope, expected: dict[str, _KeyState]
+) -> list[str]:
+    """The accounts of a scope whose members are their cohort's, against the other
+    cohorts listed there: all of its members in those the history lists it in, none in
+    the others (one count per such account, over its cohort's members; nothing when no
+    other cohort is listed, as for the repeated releases over one population)."""
+    tenant, query_type, window = scope
+    problems: list[str] = []
+    for label, state in sorted(expected.items()):
+        others = sorted(set(known.listings) - {state.refers})
+        if not state.refers or not others:
+            continue
+        mine, theirs = CohortMember.__table__.alias("mine"), CohortMember.__table__.alias("theirs")
+        counted = dict(
+            connection.execute(
+                select(Cohort.digest, func.count())
+                .select_from(mine)
+                .join(Account, Account.cohort_id == mine.c.cohort_id)
+                .join(theirs, theirs.c.subject == mine.c.subject)
+                .join(Cohort, Cohort.id == theirs.c.cohort_id)
+                .where(
+                    Account.tenant == tenant,
+                    Account.subject == label,
+                    Account.query_type == query_type,
+                    Account.window == window,
+                    Cohort.tenant == tenant,
+                    Cohort.digest.in_(others),
+                )
+                .group_by(Cohort.digest)
+            ).all()
+        )
+        for digest in others:
+            inside = counted.get(digest, 0)
+            listed = digest in known.listed_in.get(label, ())
+            if inside != (state.size if listed else 0):
+                problems.append(
+                    f"account {tenant}/{label}/{query_type}/{window}: {inside} of its "
+                    f"{state.size} members (cohort {state.refers}'s) are in cohort {digest}, "
+                    f"where the history puts {'all' if listed else 'none'} of them"
+                )
+    return problems
 
 
 def _check_windows(connection: Connection, replay: _Replay, problems: list[str]) -> None:

@@ -33,12 +33,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, select
 
 from dp_budget_provider.ledger import pipeline
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey, canonical_part, keys_for
-from dp_budget_provider.ledger.schema import Member
+from dp_budget_provider.ledger.memberships import REFERRING, least_member
+from dp_budget_provider.ledger.schema import Account
 from dp_budget_provider.ledger.statements import newline_joined
 
 # An account label: never a canonical subject, which is case-folded (no upper case).
@@ -393,13 +394,16 @@ def _listed(
 
 def _covered(pipe: pipeline.Pipeline, scope: Scope, cohort_id: int) -> dict[str, int]:
     """How many of a cohort's subjects each account of the scope holds (the accounts the
-    cohort covers, wholly or in part)."""
+    cohort covers, wholly or in part), through both arms of membership (``memberships``)."""
     tenant, query_type, window = scope
     return dict(
         pipe.query(
             "SELECT m.account, count(*) FROM dp_cohort_members c JOIN dp_members m ON "
             'm.tenant = %(tenant)s AND m.query_type = %(q)s AND m."window" = %(w)s '
-            "AND m.subject = c.subject WHERE c.cohort_id = %(cohort)s GROUP BY m.account",
+            "AND m.subject = c.subject WHERE c.cohort_id = %(cohort)s GROUP BY m.account "
+            f"UNION ALL SELECT a.subject, count(*) FROM {REFERRING} JOIN dp_cohort_members c "
+            "ON c.cohort_id = %(cohort)s AND c.subject = r.subject WHERE a.tenant = %(tenant)s "
+            'AND a.query_type = %(q)s AND a."window" = %(w)s GROUP BY a.subject',
             {"tenant": tenant, "q": query_type, "w": window, "cohort": cohort_id},
         )
     )
@@ -427,7 +431,7 @@ def _refine(
     for start in range(0, len(labels), _CHUNK):
         chunk = labels[start : start + _CHUNK]
         rows = pipe.query(
-            f"SELECT subject, size, open_reservations FROM dp_accounts WHERE {in_scope} "
+            f"SELECT subject, size, open_reservations, cohort_id FROM dp_accounts WHERE {in_scope} "
             f"AND subject IN (SELECT s FROM {_unpack(pipe)}) ORDER BY subject{lock}",
             {**where, "subjects": _subjects_param(pipe, chunk)},
         )
@@ -436,7 +440,7 @@ def _refine(
                 f"{len(chunk) - len(rows)} account(s) named by dp_members of window {window!r} "
                 f"(tenant {tenant!r}, query type {query_type!r}) do not exist"
             )
-        for label, held, open_reservations in rows:
+        for label, held, open_reservations, referred in rows:
             moved = covered[label]
             if moved == held:
                 kept.append(label)
@@ -446,35 +450,43 @@ def _refine(
             child = new_label()
             carried = _carry(pipe, scope, label, child) if open_reservations else []
             splits.append([label, child, moved, carried])
+            if referred is not None:
+                _list_members(pipe, where, in_scope, label)
             _split(pipe, where, in_scope, label, child, moved)
     new: list[Any] | None = None
     fresh = size - sum(covered.values())
     if fresh:
         label = new_label()
         new = [label, fresh]
+        # A cohort that covers none of the window's classes makes one class of all its
+        # subjects, which refers to the cohort: its members are not written again.
+        referring = not covered
         pipe.query(
             'INSERT INTO dp_accounts (tenant, subject, query_type, "window", rho, residual, '
             "gaussian_mu2, releases, open_reservations, pending_rho, pending_residual, "
-            "pending_mu2, pending_others, updated_at, size) VALUES (%(tenant)s, %(label)s, "
-            "%(q)s, %(w)s, 0, NULL, 0, 0, 0, 0, NULL, 0, 0, %(now)s, %(size)s)",
-            {**where, "label": label, "size": fresh},
+            "pending_mu2, pending_others, updated_at, size, cohort_id) VALUES (%(tenant)s, "
+            "%(label)s, %(q)s, %(w)s, 0, NULL, 0, 0, 0, 0, NULL, 0, 0, %(now)s, %(size)s, "
+            "%(referred)s)",
+            {**where, "label": label, "size": fresh, "referred": cohort_id if referring else None},
         )
-        # The cohort's subjects the window has no account for: all of them when it covers
-        # none, else the cohort less those the window holds, as a set difference (a hash
-        # or a merge: a NOT EXISTS was planned as a nested loop over the window's members
-        # without statistics, 27 s for 10^5 new subjects beside 10^4).
-        fresh_subjects = "SELECT c.subject FROM dp_cohort_members c WHERE c.cohort_id = %(cohort)s"
-        if covered:
-            fresh_subjects += (
-                " EXCEPT SELECT m.subject FROM dp_members m JOIN dp_cohort_members h ON "
-                "h.subject = m.subject AND h.cohort_id = %(cohort)s WHERE m.tenant = %(tenant)s "
-                'AND m.query_type = %(q)s AND m."window" = %(w)s'
+        if referring:
+            new.append("cohort")
+        else:
+            # The cohort's subjects the window has no account for, as a set difference
+            # (a hash or a merge: a NOT EXISTS was planned as a nested loop over the
+            # window's members without statistics, 27 s for 10^5 new beside 10^4).
+            pipe.query(
+                'INSERT INTO dp_members (tenant, query_type, "window", subject, account) '
+                "SELECT %(tenant)s, %(q)s, %(w)s, f.subject, %(label)s FROM (SELECT c.subject "
+                "FROM dp_cohort_members c WHERE c.cohort_id = %(cohort)s EXCEPT SELECT "
+                "m.subject FROM dp_members m JOIN dp_cohort_members h ON h.subject = m.subject "
+                "AND h.cohort_id = %(cohort)s WHERE m.tenant = %(tenant)s AND m.query_type = "
+                '%(q)s AND m."window" = %(w)s EXCEPT SELECT r.subject FROM '
+                f"{REFERRING} JOIN dp_cohort_members h ON h.subject = r.subject AND "
+                "h.cohort_id = %(cohort)s WHERE a.tenant = %(tenant)s AND a.query_type = %(q)s "
+                'AND a."window" = %(w)s) f',
+                {**where, "label": label},
             )
-        pipe.query(
-            'INSERT INTO dp_members (tenant, query_type, "window", subject, account) '
-            f"SELECT %(tenant)s, %(q)s, %(w)s, f.subject, %(label)s FROM ({fresh_subjects}) f",
-            {**where, "label": label},
-        )
     accounts = sorted(kept + [split[1] for split in splits] + ([new[0]] if new else []))
     for label in accounts:
         pipe.query(
@@ -484,6 +496,25 @@ def _refine(
         )
     refined = {"kept": sorted(kept), "split": splits, "new": new}
     return CohortCharge(scope, cohort_id, digest, size, tuple(accounts), refined)
+
+
+def _list_members(
+    pipe: pipeline.Pipeline, where: dict[str, Any], in_scope: str, label: str
+) -> None:
+    """Write the members of class ``label``, which refers to its cohort, into dp_members
+    (a cohort is about to split it: its parts are no cohort's members)."""
+    named = {**where, "label": label}
+    pipe.query(
+        'INSERT INTO dp_members (tenant, query_type, "window", subject, account) '
+        'SELECT a.tenant, a.query_type, a."window", r.subject, a.subject '
+        f"FROM {REFERRING} WHERE a.tenant = %(tenant)s AND a.query_type = %(q)s "
+        'AND a."window" = %(w)s AND a.subject = %(label)s',
+        named,
+    )
+    pipe.query(
+        f"UPDATE dp_accounts SET cohort_id = NULL WHERE {in_scope} AND subject = %(label)s",
+        named,
+    )
 
 
 def _split(
@@ -593,13 +624,13 @@ def example_subject(connection: Connection, key: LedgerKey) -> LedgerKey:
     if not is_label(key.subject):
         return key
     subject = connection.execute(
-        select(func.min(Member.subject)).where(
-            Member.tenant == key.tenant,
-            Member.query_type == key.query_type,
-            Member.window == key.window,
-            Member.account == key.subject,
+        select(least_member()).where(
+            Account.tenant == key.tenant,
+            Account.subject == key.subject,
+            Account.query_type == key.query_type,
+            Account.window == key.window,
         )
-    ).scalar_one()
+    ).scalar_one_or_none()
     if subject is None:
         return key
     return LedgerKey.from_canonical(key.tenant, subject, key.query_type, key.window)

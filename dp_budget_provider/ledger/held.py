@@ -18,9 +18,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
     Connection,
     Select,
-    and_,
+    Subquery,
     any_,
     bindparam,
     func,
@@ -31,10 +32,11 @@ from sqlalchemy import (
 
 from dp_budget_provider.ledger.classes import CohortKeys, registered_id
 from dp_budget_provider.ledger.keys import LedgerKey
-from dp_budget_provider.ledger.schema import Account, Cohort, CohortAccount, CohortMember, Member
+from dp_budget_provider.ledger.memberships import Arm, in_scope, memberships
+from dp_budget_provider.ledger.schema import Account, Cohort, CohortAccount, CohortMember
 from dp_budget_provider.ledger.spend import Pending, Spend
 from dp_budget_provider.ledger.standing import SPEND_COLUMNS
-from dp_budget_provider.ledger.statements import member_account, newline_joined
+from dp_budget_provider.ledger.statements import newline_joined
 
 # Subjects per statement: bounds the parameter (and the server's unpacked list) in memory.
 # One statement scans the window's accounts once (~1.2 s for 10^6 on PostgreSQL); ten
@@ -44,7 +46,7 @@ CHUNK = 1_000_000
 
 def _grouped(dialect: str) -> Select:
     """Distinct stored spends of one window's listed subjects (through the accounts of
-    their classes), with how many subjects hold each.
+    their classes, both arms of ``memberships``), with how many subjects hold each.
 
     The subjects are one parameter that the server unpacks: PostgreSQL splits a
     newline-separated text (canonical key parts hold no control character), SQLite reads
@@ -52,26 +54,36 @@ def _grouped(dialect: str) -> Select:
     """
     subjects = bindparam("subjects")
     if dialect == "postgresql":
-        members = Member.subject == any_(func.string_to_array(subjects, literal("\n")))
+        listed: Any = func.string_to_array(subjects, literal("\n"))
     elif dialect == "sqlite":
         listed = select(literal_column("value")).select_from(func.json_each(subjects))
-        members = Member.subject.in_(listed.scalar_subquery())
     else:
         raise ValueError(f"no grouped read for the {dialect} dialect")
-    # Re-scoped accounts form their own groups: no release may charge them.
-    grouping = (*SPEND_COLUMNS, Account.rescoped_to)
-    return (
-        select(*grouping, func.count().label("holders"), func.min(Member.subject).label("first"))
-        .select_from(Member)
-        .join(Account, member_account())
-        .where(
-            Member.tenant == bindparam("tenant"),
-            Member.query_type == bindparam("query_type"),
-            Member.window == bindparam("window"),
-            members,
+
+    def named(arm: Arm) -> list[ColumnElement[bool]]:
+        member = (
+            arm.subject == any_(listed)
+            if dialect == "postgresql"
+            else arm.subject.in_(listed.scalar_subquery())
         )
-        .group_by(*grouping)
-    )
+        scope = in_scope(bindparam("tenant"), bindparam("query_type"), bindparam("window"))
+        return [*scope(arm), member]
+
+    return _states(memberships(_state_columns, named).subquery("held"))
+
+
+def _state_columns(arm: Arm) -> list[Any]:
+    # Re-scoped accounts form their own groups: no release may charge them.
+    return [*SPEND_COLUMNS, Account.rescoped_to, arm.subject.label("member")]
+
+
+def _states(rows: Subquery) -> Select:
+    """Memberships (rows of :func:`_state_columns`) grouped by state: how many subjects
+    hold each, and the least of them."""
+    grouping = [rows.c[column.key] for column in (*SPEND_COLUMNS, Account.rescoped_to)]
+    return select(
+        *grouping, func.count().label("holders"), func.min(rows.c.member).label("first")
+    ).group_by(*grouping)
 
 
 @dataclass(frozen=True)
@@ -201,23 +213,13 @@ def cohort_states(connection: Connection, covered: CohortKeys, size: int) -> lis
         .group_by(*grouping)
     ).all()
     if not rows:
+        cohort = select(CohortMember.subject).where(CohortMember.cohort_id == cohort_id)
+
+        def members(arm: Arm) -> list[ColumnElement[bool]]:
+            return [*in_scope(tenant, query_type, window)(arm), arm.subject.in_(cohort)]
+
         rows = connection.execute(
-            select(
-                *grouping, func.count().label("holders"), func.min(Member.subject).label("first")
-            )
-            .select_from(CohortMember)
-            .join(
-                Member,
-                and_(
-                    Member.tenant == tenant,
-                    Member.query_type == query_type,
-                    Member.window == window,
-                    Member.subject == CohortMember.subject,
-                ),
-            )
-            .join(Account, member_account())
-            .where(CohortMember.cohort_id == cohort_id)
-            .group_by(*grouping)
+            _states(memberships(_state_columns, members).subquery("held"))
         ).all()
     merged: dict[tuple[object, ...], HeldState] = {}
 

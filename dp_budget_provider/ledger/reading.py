@@ -17,6 +17,7 @@ from dp_budget_provider.ledger import (
     history,
     statements,
 )
+from dp_budget_provider.ledger.classes import Scope
 from dp_budget_provider.ledger.core import (
     _KEY_COLUMNS,
     LedgerCore,
@@ -28,6 +29,7 @@ from dp_budget_provider.ledger.keys import (
     canonical_part,
     whole_number,
 )
+from dp_budget_provider.ledger.memberships import Arm, in_scope, memberships
 from dp_budget_provider.ledger.policy_store import (
     policy_for,
 )
@@ -40,7 +42,6 @@ from dp_budget_provider.ledger.records import (
 from dp_budget_provider.ledger.schema import (
     Account,
     HistoryEntry,
-    Member,
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.spend import Pending, Spend
@@ -69,14 +70,23 @@ class ReadingRoom(LedgerCore):
                 )
             )
             found.update(statements.accounts_by_key(rows, chunk, size))
-        member_key = (Member.tenant, Member.subject, Member.query_type, Member.window)
-        for chunk in _chunks(subjects):
-            rows = connection.execute(
-                select(Account.id, *member_key, *statements.ACCOUNT_COLUMNS[5:])
-                .join(Account, statements.member_account())
-                .where(tuple_(*member_key).in_([statements.key_tuple(k) for k in chunk]))
-            )
-            found.update(statements.accounts_by_key(rows, chunk, size))
+        by_scope: dict[Scope, list[LedgerKey]] = {}
+        for key in subjects:
+            by_scope.setdefault((key.tenant, key.query_type, key.window), []).append(key)
+
+        def columns(arm: Arm) -> list[Any]:
+            key = (arm.tenant, arm.subject, arm.query_type, arm.window)
+            return [Account.id, *key, *statements.ACCOUNT_COLUMNS[5:]]
+
+        for scope, scoped in by_scope.items():
+            for chunk in _chunks(scoped):
+                listed = [key.subject for key in chunk]
+
+                def named(arm: Arm, scope: Scope = scope, listed: list[str] = listed) -> list[Any]:
+                    return [*in_scope(*scope)(arm), arm.subject.in_(listed)]
+
+                rows = connection.execute(memberships(columns, named))
+                found.update(statements.accounts_by_key(rows, chunk, size))
         return found
 
     def _receipts(self, connection: Connection, keys: list[LedgerKey]) -> list[SpendReceipt]:

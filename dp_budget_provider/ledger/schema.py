@@ -10,8 +10,11 @@ Design notes:
 * An account holds the spend of a *class* of subjects: the subjects of one (tenant,
   query type, window) that every release so far covered all together or not at all,
   so they have had the same releases and hold the same spend. ``dp_members`` names each
-  subject's account; ``size`` counts them. A release is charged to accounts, never to
-  subjects one by one: a release over a cohort seen before touches one row per class.
+  subject's account, but for the classes whose members are exactly one cohort's
+  (``cohort_id``: a cohort new to its window makes one, and none of its subjects is
+  written again until a later cohort splits the class); ``size`` counts them.
+  A release is charged to accounts, never to subjects one by one: a release over a
+  cohort seen before touches one row per class.
   An account's ``subject`` is its label: ``Class-...`` for a class (never a canonical
   subject: those are case-folded), or the subject itself for an account made before
   classes existed (revision 0008), a class of one.
@@ -99,6 +102,7 @@ class Account(Base):
     __table_args__ = (
         UniqueConstraint("tenant", "subject", "query_type", "window", name="uq_dp_accounts_key"),
         Index("ix_dp_accounts_window", "window"),
+        Index("ix_dp_accounts_cohort", "cohort_id"),
     )
 
     id: Mapped[int] = mapped_column(BIG, primary_key=True, autoincrement=True)
@@ -121,6 +125,9 @@ class Account(Base):
     rescoped_to: Mapped[str | None] = mapped_column(String(KEY_LENGTH), nullable=True)
     # How many subjects the account's class holds (revision 0008; 1 for older accounts).
     size: Mapped[int] = mapped_column(BIG, default=1, server_default="1")
+    # Set while the class's members are exactly this cohort's (revision 0009): a class a
+    # cohort new to its window made, whose members are then never copied to dp_members.
+    cohort_id: Mapped[int | None] = mapped_column(BIG, nullable=True)
 
 
 class Member(Base):

@@ -23,6 +23,7 @@ from sqlalchemy import ColumnElement, and_, func, literal, select
 
 from dp_budget_provider.ledger.keys import canonical_part
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
+from dp_budget_provider.ledger.memberships import least_member
 from dp_budget_provider.ledger.queries import (
     AccountFilter,
     Page,
@@ -35,13 +36,7 @@ from dp_budget_provider.ledger.queries import (
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.schema import Account
 from dp_budget_provider.ledger.standing import SPEND_COLUMNS, Standings
-from dp_budget_provider.ledger.subject_rows import (
-    SubjectRow,
-    least_member,
-    on,
-    subject_rows,
-    subjects_of,
-)
+from dp_budget_provider.ledger.subject_rows import SubjectRow, on, subject_rows, subjects_of
 
 # What the members of a class share: their window, and everything their status reads.
 SHARED = (

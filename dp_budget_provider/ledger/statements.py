@@ -19,7 +19,7 @@ from sqlalchemy.dialects import sqlite
 
 from dp_budget_provider.accounting.rounding import ROUND_UP
 from dp_budget_provider.ledger.keys import LedgerKey
-from dp_budget_provider.ledger.schema import Account, Member, ReservationKey
+from dp_budget_provider.ledger.schema import Account, ReservationKey
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.spend import Pending, Spend
 
@@ -231,16 +231,6 @@ def sqlite_upsert() -> Any:
             "updated_at": added.updated_at,
         },
     ).returning(*ACCOUNT_COLUMNS)
-
-
-def member_account() -> Any:
-    """The join of a subject's membership row to its account."""
-    return and_(
-        Account.tenant == Member.tenant,
-        Account.query_type == Member.query_type,
-        Account.window == Member.window,
-        Account.subject == Member.account,
-    )
 
 
 @functools.cache

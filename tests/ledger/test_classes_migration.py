@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import (
     BudgetCap,
     LedgerKey,
@@ -29,6 +30,7 @@ from dp_budget_provider.ledger import (
     PrivacyBudgetLedger,
     history,
     key_for,
+    keys_for,
 )
 from tests.ledger.legacy import insert
 from tests.ledger.test_history_chains import rows
@@ -204,14 +206,14 @@ def assert_legacy_accounts_are_classes_of_one(
     member row naming itself; the cohort tables empty."""
     assert schema_of(url) == {
         **schema,
-        "dp_accounts": [*schema["dp_accounts"], "size"],
+        "dp_accounts": [*schema["dp_accounts"], "size", "cohort_id"],
         "dp_members": ["tenant", "query_type", "window", "subject", "account"],
         "dp_cohorts": ["id", "tenant", "digest", "size", "created_at"],
         "dp_cohort_members": ["cohort_id", "subject"],
         "dp_cohort_accounts": ["cohort_id", "query_type", "window", "account"],
         "dp_charge_cohorts": ["seq", "cohort_id", "query_type", "window"],
     }
-    assert rows(url, ACCOUNTS) == [(*row, 1) for row in before]
+    assert rows(url, ACCOUNTS) == [(*row, 1, None) for row in before]
     assert sorted(rows(url, MEMBERS)) == sorted(
         (key.tenant, key.query_type, key.window, key.subject, key.subject) for key in LEGACY
     )
@@ -295,3 +297,31 @@ def test_downgrade_is_refused_once_a_class_or_a_cohort_exists(ledger_at_0007, ma
     with pytest.raises(RuntimeError, match=f"cannot downgrade below revision 0008: {refusal}"):
         migrate(url, "downgrade", "0007")
     assert snapshot(url) == written  # nothing dropped, still at the head revision
+
+
+def test_the_way_back_below_0009_is_refused_once_a_class_refers_to_its_cohort(
+    ledger_at_0007, make_ledger
+):
+    """A release over a cohort new to its window makes a class whose members are the
+    cohort's (no dp_members rows): revision 0008 would find them in no class. Without
+    such a class the way back drops the column, and the way up restores it."""
+    url = ledger_at_0007
+    migrate(url, "upgrade", "head")
+    written = snapshot(url)
+    migrate(url, "downgrade", "0008")
+    assert "cohort_id" not in schema_of(url)["dp_accounts"]
+    migrate(url, "upgrade", "head")
+    assert snapshot(url) == written
+
+    ledger = make_ledger(url=url)
+    ledger.commit(
+        ledger.reserve(keys_for(["nia", "omar", "pat"], "count", [W46]), GaussianMechanism(8.0))
+    )
+    assert ledger.epsilon_of(key_for("omar", "count", W46)) > 0
+    ledger.close()
+    assert rows(url, "SELECT count(*) FROM dp_accounts WHERE cohort_id IS NOT NULL") == [(1,)]
+    assert rows(url, "SELECT count(*) FROM dp_members WHERE subject = 'nia'") == [(0,)]
+    written = snapshot(url)
+    with pytest.raises(RuntimeError, match="cannot downgrade below revision 0009: 1 classes"):
+        migrate(url, "downgrade", "0008")
+    assert snapshot(url) == written

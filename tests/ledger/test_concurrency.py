@@ -42,6 +42,7 @@ from dp_budget_provider.ledger import (
     key_for,
 )
 from tests.ledger import concurrency_workers as workers
+from tests.ledger.memberships_sql import MEMBERS
 from tests.scratch_postgres import scratch_database
 
 CAP = BudgetCap(epsilon=3.0, delta=1e-5)
@@ -146,7 +147,7 @@ def subject_accounts(url: str) -> list[Any]:
         url,
         "SELECT m.subject, m.account, "
         + ", ".join(f"a.{column.strip()}" for column in _ACCOUNT_VALUES.split(","))
-        + " FROM dp_members m JOIN dp_accounts a ON a.tenant = m.tenant "
+        + f" FROM {MEMBERS} m JOIN dp_accounts a ON a.tenant = m.tenant "
         'AND a.query_type = m.query_type AND a."window" = m."window" '
         'AND a.subject = m.account ORDER BY m.subject, m."window"',
     )

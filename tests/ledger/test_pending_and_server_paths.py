@@ -50,6 +50,7 @@ from dp_budget_provider.ledger import (
     key_for,
 )
 from tests.ledger import concurrency_workers as workers
+from tests.ledger.memberships_sql import MEMBERS
 from tests.ledger.test_concurrency import run_workers
 
 DELTA = 1e-5
@@ -136,7 +137,7 @@ def accounts(url: str) -> dict[tuple[str, str, str, str], dict[str, Any]]:
                     sa.text(
                         'SELECT m.tenant, m.subject, m.query_type, m."window", '
                         + ", ".join(f"a.{column}" for column in ACCOUNT_VALUES)
-                        + " FROM dp_members m JOIN dp_accounts a ON a.tenant = m.tenant "
+                        + f" FROM {MEMBERS} m JOIN dp_accounts a ON a.tenant = m.tenant "
                         'AND a.query_type = m.query_type AND a."window" = m."window" '
                         "AND a.subject = m.account"
                     )

@@ -30,6 +30,7 @@ from dp_budget_provider.ledger import (
     keys_for,
 )
 from dp_budget_provider.ledger import clock as ledger_clock
+from tests.ledger.memberships_sql import MEMBERS
 from tests.ledger.test_pending_and_server_paths import execute
 from tests.ledger.test_tamper import KEY, Copies, assert_caught, fetch, recompute_chain
 from tests.scratch_postgres import scratch_database
@@ -105,7 +106,7 @@ def split_a_held_class(ledger: PrivacyBudgetLedger, url: str) -> None:
     reservation is carried to its new part."""
     ((subject,),) = fetch(
         url,
-        "SELECT min(m.subject) FROM dp_members m JOIN dp_accounts a ON a.tenant = m.tenant "
+        f"SELECT min(m.subject) FROM {MEMBERS} m JOIN dp_accounts a ON a.tenant = m.tenant "
         'AND a.subject = m.account AND a.query_type = m.query_type AND a."window" = '
         'm."window" WHERE m."window" = :w AND m.query_type = \'counts\' '
         "AND a.open_reservations > 0 AND a.size > 1",
@@ -134,8 +135,8 @@ def test_releases_over_overlapping_random_cohorts_verify_clean(ledger_url, seed)
     assert any(r["new"] for r in refined)
     assert any(split[3] for r in refined for split in r["split"])  # to open reservations
     assert any(cohort["refined"] is None for cohort in cohorts)  # known cohorts
-    for table in ("dp_members", "dp_cohort_accounts"):  # the reset dropped the window's
-        rows = f'SELECT count(*) FROM {table} WHERE "window" = :w'
+    for table in (MEMBERS, "dp_cohort_accounts"):  # the reset dropped the window's
+        rows = f'SELECT count(*) FROM {table} t WHERE "window" = :w'
         assert fetch(ledger_url, rows, w=RESET) == [(0,)]
         assert fetch(ledger_url, rows, w=LIVE)[0][0] > 0
 
