@@ -32,8 +32,10 @@ and compares every stored row, column by column, with what the replay says:
   to the subjects): every account of a live window lies inside each cohort listed with it
   and outside every other cohort listed in the window, a legacy account (a class of one
   charged before classes) holds only its own subject, and each account has as many
-  members as its size. A reset drops the window's accounts, members and listings (its
-  cohorts stay);
+  members as its size. A class that refers to its cohort (``memberships``) refers to the
+  one the replay made it of, has no ``dp_members`` row, and is counted against the
+  window's other listed cohorts over its cohort's members. A reset drops the window's
+  accounts, members and listings (its cohorts stay);
 
 and proves the cap: no key's lifetime spend in a window (across resets, re-scopes and
 corrections) plus what was in flight ever passed the cap in force when a reservation was
@@ -1232,7 +1234,9 @@ def _check_members(connection: Connection, replay: _Replay, problems: list[str])
     (3) a legacy account (a subject's own, from before classes) holds only its subject.
     (2) is one count per (account, cohort) pair; the cohorts come from
     dp_cohort_accounts, which :func:`_check_cohort_accounts` proves equal to the replay's
-    listings.
+    listings. A class whose members are its cohort's has no dp_members row (1), and its
+    pairs are counted over its cohort's members (:func:`_check_referring`): its
+    reference is :func:`_check_accounts`'s, its cohort's members :func:`_check_cohorts`'.
     """
     members = Member.__table__
     cohort_members = CohortMember.__table__.alias("cm")

@@ -13,7 +13,12 @@ accounts, never to subjects one by one:
   wholly is kept, one it covers in part splits in two (the covered part gets a new
   account holding a copy of the parent's spend), and subjects the window has never
   seen form one new account. Every cohort that listed a split account lists both parts,
-  so each listing stays an exact partition of its cohort.
+  so each listing stays an exact partition of its cohort;
+* a cohort that covers none of the window's classes makes one class of all its subjects,
+  which *refers* to the cohort (``dp_accounts.cohort_id``): its members are the cohort's,
+  never written again, so the first release over a new population costs the cohort and a
+  few rows. A split of such a class lists its members in ``dp_members`` first
+  (``memberships`` reads both).
 
 The refinement happens inside the charge's transaction, with the window locked
 exclusively, and is recorded in the charge's history entry (``refined``), so ``verify``
@@ -450,9 +455,7 @@ def _refine(
             child = new_label()
             carried = _carry(pipe, scope, label, child) if open_reservations else []
             splits.append([label, child, moved, carried])
-            if referred is not None:
-                _list_members(pipe, where, in_scope, label)
-            _split(pipe, where, in_scope, label, child, moved)
+            _split(pipe, where, in_scope, label, child, moved, referred)
     new: list[Any] | None = None
     fresh = size - sum(covered.values())
     if fresh:
@@ -498,25 +501,6 @@ def _refine(
     return CohortCharge(scope, cohort_id, digest, size, tuple(accounts), refined)
 
 
-def _list_members(
-    pipe: pipeline.Pipeline, where: dict[str, Any], in_scope: str, label: str
-) -> None:
-    """Write the members of class ``label``, which refers to its cohort, into dp_members
-    (a cohort is about to split it: its parts are no cohort's members)."""
-    named = {**where, "label": label}
-    pipe.query(
-        'INSERT INTO dp_members (tenant, query_type, "window", subject, account) '
-        'SELECT a.tenant, a.query_type, a."window", r.subject, a.subject '
-        f"FROM {REFERRING} WHERE a.tenant = %(tenant)s AND a.query_type = %(q)s "
-        'AND a."window" = %(w)s AND a.subject = %(label)s',
-        named,
-    )
-    pipe.query(
-        f"UPDATE dp_accounts SET cohort_id = NULL WHERE {in_scope} AND subject = %(label)s",
-        named,
-    )
-
-
 def _split(
     pipe: pipeline.Pipeline,
     where: dict[str, Any],
@@ -524,11 +508,13 @@ def _split(
     parent: str,
     child: str,
     moved: int,
+    referred: int | None,
 ) -> None:
     """Move a cohort's members of ``parent`` to a new account ``child`` holding a copy of
     the parent's committed and pending spend, and list the child wherever the parent is
-    listed."""
-    named = {**where, "parent": parent, "child": child, "moved": moved}
+    listed. A parent that refers to its cohort (``referred``) has its members written
+    now, each straight to its part: its parts are no cohort's members."""
+    named = {**where, "parent": parent, "child": child, "moved": moved, "referred": referred}
     pipe.query(
         'INSERT INTO dp_accounts (tenant, subject, query_type, "window", rho, residual, '
         "gaussian_mu2, releases, open_reservations, pending_rho, pending_residual, pending_mu2, "
@@ -539,14 +525,28 @@ def _split(
         named,
     )
     pipe.query(
-        f"UPDATE dp_accounts SET size = size - %(moved)s WHERE {in_scope} AND subject = %(parent)s",
+        f"UPDATE dp_accounts SET size = size - %(moved)s, cohort_id = NULL WHERE {in_scope} "
+        "AND subject = %(parent)s",
         named,
     )
-    pipe.query(
-        f"UPDATE dp_members SET account = %(child)s WHERE {in_scope} AND account = %(parent)s "
-        "AND subject IN (SELECT subject FROM dp_cohort_members WHERE cohort_id = %(cohort)s)",
-        named,
-    )
+    if referred is None:
+        pipe.query(
+            f"UPDATE dp_members SET account = %(child)s WHERE {in_scope} AND account = "
+            "%(parent)s AND subject IN (SELECT subject FROM dp_cohort_members WHERE "
+            "cohort_id = %(cohort)s)",
+            named,
+        )
+    else:
+        # One pass over the referred cohort beside the new one (both in subject order),
+        # never an update of rows written in the same transaction (no statistics yet).
+        pipe.query(
+            'INSERT INTO dp_members (tenant, query_type, "window", subject, account) '
+            "SELECT %(tenant)s, %(q)s, %(w)s, r.subject, CASE WHEN h.subject IS NULL THEN "
+            "%(parent)s ELSE %(child)s END FROM dp_cohort_members r LEFT JOIN "
+            "dp_cohort_members h ON h.cohort_id = %(cohort)s AND h.subject = r.subject "
+            "WHERE r.cohort_id = %(referred)s",
+            named,
+        )
     pipe.query(
         'INSERT INTO dp_cohort_accounts (cohort_id, query_type, "window", account) '
         'SELECT l.cohort_id, l.query_type, l."window", %(child)s FROM dp_cohort_accounts l '
