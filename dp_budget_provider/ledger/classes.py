@@ -51,6 +51,11 @@ from dp_budget_provider.ledger.statements import newline_joined
 LABEL_PREFIX = "Class-"
 _LABEL = re.compile(re.escape(LABEL_PREFIX) + "[0-9a-f]{12}")
 _CHUNK = 1000
+# Rows one transaction writes into a table past which PostgreSQL re-reads its statistics
+# before the transaction's next join over it: without them it takes a table a release has
+# just filled with a million rows for empty, and plans the join of two such sets as a
+# rescan of one per row of the other (hours, not seconds). Autovacuum comes after commit.
+_ANALYZE_AFTER = 10_000
 
 Scope = tuple[str, str, str]  # (tenant, query_type, window)
 
@@ -343,6 +348,7 @@ def register(
         if made:
             cohort_id = made[0][0]
             _store_members(pipe, cohort_id, subjects)
+            _analyze(pipe, "dp_cohort_members", len(subjects))
             return cohort_id, digest
         # A concurrent charge stored it first (and committed: ON CONFLICT waited for it).
         found = pipe.query(
@@ -380,6 +386,14 @@ def _store_members(pipe: pipeline.Pipeline, cohort_id: int, subjects: Sequence[s
                 "subjects": _subjects_param(pipe, subjects[start : start + 10**5]),
             },
         )
+
+
+def _analyze(pipe: pipeline.Pipeline, table: str, written: int) -> None:
+    """Refresh ``table``'s statistics inside the transaction after it wrote ``written``
+    rows there, when that is many (see ``_ANALYZE_AFTER``; PostgreSQL's ANALYZE counts the
+    transaction's own rows). SQLite plans by its indexes, without statistics."""
+    if pipe.postgresql and written >= _ANALYZE_AFTER:
+        pipe.query(f"ANALYZE {table}")
 
 
 def _listed(
@@ -431,6 +445,7 @@ def _refine(
     in_scope = 'tenant = %(tenant)s AND query_type = %(q)s AND "window" = %(w)s'
     kept: list[str] = []
     splits: list[list[Any]] = []
+    listed = 0  # members written to dp_members (of split classes that referred to a cohort)
     lock = " FOR UPDATE" if pipe.postgresql else ""
     labels = sorted(covered)
     for start in range(0, len(labels), _CHUNK):
@@ -456,6 +471,8 @@ def _refine(
             carried = _carry(pipe, scope, label, child) if open_reservations else []
             splits.append([label, child, moved, carried])
             _split(pipe, where, in_scope, label, child, moved, referred)
+            listed += held if referred is not None else 0
+    _analyze(pipe, "dp_members", listed)
     new: list[Any] | None = None
     fresh = size - sum(covered.values())
     if fresh:
@@ -490,6 +507,7 @@ def _refine(
                 'AND a."window" = %(w)s) f',
                 {**where, "label": label},
             )
+            _analyze(pipe, "dp_members", fresh)
     accounts = sorted(kept + [split[1] for split in splits] + ([new[0]] if new else []))
     for label in accounts:
         pipe.query(

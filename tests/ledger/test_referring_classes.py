@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from dp_budget_provider.accounting import GaussianMechanism
-from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for, keys_for
+from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, classes, key_for, keys_for
 from dp_budget_provider.ledger.queries import AccountFilter, find_accounts
 from tests.ledger.memberships_sql import MEMBERS
 from tests.ledger.test_pending_and_server_paths import execute
@@ -157,3 +157,22 @@ def test_a_class_kept_apart_from_a_cohort_that_holds_its_subjects_is_caught(ledg
         ledger_url, "UPDATE dp_accounts SET cohort_id = :c WHERE subject = :a", c=cohort[0], a=label
     )
     assert_caught(ledger_url, f"{label}/heatmap/{W}: 5 of its 40 members")
+
+
+def test_statistics_refreshed_inside_the_release_change_no_result(ledger, ledger_url, monkeypatch):
+    """A release that writes many rows refreshes their tables' statistics before its next
+    join (PostgreSQL's ANALYZE, inside the transaction): with every write past the mark,
+    splits, new classes and cohorts read and verify the same."""
+    statements: list[str] = []
+    monkeypatch.setattr(classes, "_ANALYZE_AFTER", 1)
+    monkeypatch.setattr(classes, "_analyze", _recording(classes._analyze, statements), raising=True)
+    test_a_cohort_that_splits_the_class_lists_its_members_first(ledger, ledger_url)
+    assert {"dp_cohort_members", "dp_members"} <= set(statements)
+
+
+def _recording(analyze, statements):
+    def record(pipe, table, written):
+        statements.append(table)
+        return analyze(pipe, table, written)
+
+    return record
