@@ -63,7 +63,7 @@ from datetime import timedelta
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, and_, func, literal, select, tuple_
+from sqlalchemy import Connection, and_, func, select, tuple_
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 
 from dp_budget_provider.accounting import Conversion, Mechanism, rdp_to_epsilon
@@ -1175,28 +1175,44 @@ def _cohort_contents(connection: Connection) -> Iterator[tuple[Any, str, int]]:
         yield row, digest.hexdigest(), count
 
 
+# SQLite: one page of a cohort's members, after a subject, joined into one text by the
+# database, with its line count and last subject (plain SQL run by the driver: a statement
+# object built per page would cost more than the page, for many cohorts of one subject).
+_SQLITE_PAGE = (
+    "SELECT group_concat(member, char(10)), count(*), max(member) FROM (SELECT subject "
+    "AS member FROM dp_cohort_members WHERE cohort_id = :cohort AND subject > :after "
+    "ORDER BY subject LIMIT :lines) AS page"
+)
+
+
 def _member_texts(connection: Connection, cohort_id: int) -> Iterator[tuple[str, int]]:
     """A cohort's subjects in code point order, as texts of up to ``_MEMBER_BATCH`` lines
-    (and their line counts) that the database joins: pages of its members' index, each
-    after the last subject of the one before (bounded memory, no row object per member).
-    SQLite's ``group_concat`` joins the rows of the ordered page in the order it reads
-    them; were it ever not, the digest would differ and verify fail, never pass."""
-    ordered = _code_point_order(connection, CohortMember.subject)
+    and their line counts (bounded memory, no row object per member).
+
+    SQLite joins them itself, a page of its members' index at a time (its binary
+    collation is code point order), each page after the last subject of the one before:
+    ``group_concat`` joins the rows of the ordered page in the order it reads them; were
+    it ever not, the digest would differ and verify fail, never pass. PostgreSQL (a cohort
+    too large to hash in one text) streams them in one sort, through a server-side
+    cursor: its index is in the database's collation, so pages would each sort anew.
+    """
+    if connection.dialect.name == "postgresql":
+        cursor = connection.connection.cursor(name=f"dp_verify_cohort_{int(cohort_id)}")
+        try:
+            cursor.execute(
+                "SELECT subject FROM dp_cohort_members WHERE cohort_id = %s "
+                'ORDER BY subject COLLATE "C"',
+                (cohort_id,),
+            )
+            while rows := cursor.fetchmany(_MEMBER_BATCH):
+                yield "\n".join(subject for (subject,) in rows), len(rows)
+        finally:
+            cursor.close()
+        return
     after = ""  # below every subject (none is empty)
     while True:
-        page = (
-            select(CohortMember.subject.label("member"))
-            .where(CohortMember.cohort_id == cohort_id, ordered > after)
-            .order_by(ordered)
-            .limit(_MEMBER_BATCH)
-            .subquery("page")
-        )
-        member = _code_point_order(connection, page.c.member)
-        if connection.dialect.name == "postgresql":
-            joined = func.string_agg(page.c.member, aggregate_order_by(literal("\n"), member))
-        else:
-            joined = func.group_concat(page.c.member, literal("\n"))
-        text, lines, last = connection.execute(select(joined, func.count(), func.max(member))).one()
+        named = {"cohort": cohort_id, "after": after, "lines": _MEMBER_BATCH}
+        text, lines, last = connection.exec_driver_sql(_SQLITE_PAGE, named).one()
         if not lines:
             return
         yield text, lines
@@ -1473,42 +1489,68 @@ def _check_referring(
 ) -> list[str]:
     """The accounts of a scope whose members are their cohort's, against the other
     cohorts listed there: all of its members in those the history lists it in, none in
-    the others (one count per such account, over its cohort's members; nothing when no
-    other cohort is listed, as for the repeated releases over one population)."""
+    the others. One count per (account, other cohort) pair, made by the server over the
+    members of the accounts' cohorts, once per scope; nothing to count in a scope that
+    lists one cohort (repeated releases over one population)."""
+    referring = {label: state for label, state in expected.items() if state.refers}
+    if not referring or len(known.listings) < 2:
+        return []
     tenant, query_type, window = scope
-    problems: list[str] = []
-    for label, state in sorted(expected.items()):
-        others = sorted(set(known.listings) - {state.refers})
-        if not state.refers or not others:
-            continue
-        mine, theirs = CohortMember.__table__.alias("mine"), CohortMember.__table__.alias("theirs")
-        counted = dict(
-            connection.execute(
-                select(Cohort.digest, func.count())
-                .select_from(mine)
-                .join(Account, Account.cohort_id == mine.c.cohort_id)
-                .join(theirs, theirs.c.subject == mine.c.subject)
-                .join(Cohort, Cohort.id == theirs.c.cohort_id)
-                .where(
-                    Account.tenant == tenant,
-                    Account.subject == label,
-                    Account.query_type == query_type,
-                    Account.window == window,
-                    Cohort.tenant == tenant,
-                    Cohort.digest.in_(others),
-                )
-                .group_by(Cohort.digest)
-            ).all()
+    mine, theirs = CohortMember.__table__.alias("mine"), CohortMember.__table__.alias("theirs")
+    listed_here = select(CohortAccount.cohort_id).where(
+        CohortAccount.query_type == query_type, CohortAccount.window == window
+    )
+    digests = dict(
+        connection.execute(
+            select(Cohort.id, Cohort.digest).where(
+                Cohort.tenant == tenant, Cohort.id.in_(listed_here)
+            )
+        ).all()
+    )
+    # From the accounts to their members, to the other cohorts holding each (by subject):
+    # ``+ 0`` keeps a planner from reaching those cohorts through the listing instead (each
+    # listed cohort probed for each member: quadratic in the window's small classes).
+    counted: dict[tuple[str, str], int] = {}
+    for label, cohort_id, n in connection.execute(
+        select(Account.subject, theirs.c.cohort_id, func.count())
+        .select_from(Account)
+        .join(mine, mine.c.cohort_id == Account.cohort_id)
+        .join(
+            theirs,
+            and_(theirs.c.subject == mine.c.subject, theirs.c.cohort_id != mine.c.cohort_id),
         )
-        for digest in others:
-            inside = counted.get(digest, 0)
+        .where(
+            Account.tenant == tenant,
+            Account.query_type == query_type,
+            Account.window == window,
+            (theirs.c.cohort_id + 0).in_(listed_here),
+        )
+        .group_by(Account.subject, theirs.c.cohort_id)
+    ):
+        if cohort_id in digests:  # (a cohort of another tenant shares the window's name)
+            counted[(label, digests[cohort_id])] = n
+    problems: list[str] = []
+
+    def wrong(label: str, digest: str, inside: int, listed: bool) -> None:
+        problems.append(
+            f"account {tenant}/{label}/{query_type}/{window}: {inside} of its "
+            f"{referring[label].size} members (cohort {referring[label].refers}'s) are in "
+            f"cohort {digest}, where the history puts {'all' if listed else 'none'} of them"
+        )
+
+    # Pairs the server found, then listed pairs it did not: work in the pairs, not in
+    # accounts x cohorts. (An account the replay has no reference for is named by the
+    # accounts' check, a cohort listed nowhere here by the listings'.)
+    for (label, digest), inside in sorted(counted.items()):
+        state = referring.get(label)
+        if state is not None and digest in known.listings and digest != state.refers:
             listed = digest in known.listed_in.get(label, ())
             if inside != (state.size if listed else 0):
-                problems.append(
-                    f"account {tenant}/{label}/{query_type}/{window}: {inside} of its "
-                    f"{state.size} members (cohort {state.refers}'s) are in cohort {digest}, "
-                    f"where the history puts {'all' if listed else 'none'} of them"
-                )
+                wrong(label, digest, inside, listed)
+    for label, state in sorted(referring.items()):
+        for digest in sorted(known.listed_in.get(label, set()) - {state.refers}):
+            if (label, digest) not in counted:
+                wrong(label, digest, 0, True)
     return problems
 
 

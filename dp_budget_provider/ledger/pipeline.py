@@ -28,6 +28,12 @@ from dp_budget_provider.ledger.errors import (
     LedgerSchemaError,
 )
 
+# Every write reads what it locked as of after the lock: each statement a fresh snapshot
+# (a server or role whose default is REPEATABLE READ would read, after a window's lock
+# was granted, a snapshot taken before it: a refinement blind to the class a concurrent
+# release had just made).
+_BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
 
 class UniqueViolation(LedgerError):
     """A write hit a unique constraint (e.g. a twin reserved the same attempt first)."""
@@ -56,7 +62,7 @@ class Pipeline:
         cursor = self._pg_cursor()
         statement = cursor.mogrify(sql, params)
         if not self._begun:
-            statement = b"BEGIN; " + statement
+            statement = _BEGIN.encode() + b"; " + statement
             self._begun = True
         cursor.execute(statement)
         return cursor.fetchall() if cursor.description else []
@@ -67,7 +73,7 @@ class Pipeline:
             raise RuntimeError("COPY is PostgreSQL's")
         cursor = self._pg_cursor()
         if not self._begun:
-            cursor.execute("BEGIN")
+            cursor.execute(_BEGIN)
             self._begun = True
         cursor.copy_expert(sql, io.StringIO(text))
 
@@ -90,7 +96,7 @@ class Pipeline:
     def core(self) -> Connection:
         """The connection, inside the transaction, for SQLAlchemy Core statements."""
         if self.postgresql and not self._begun:
-            self._pg_cursor().execute("BEGIN")
+            self._pg_cursor().execute(_BEGIN)
             self._begun = True
         return self.connection
 
@@ -120,7 +126,7 @@ class Pipeline:
     def _commit(self) -> None:
         if not self.postgresql or not (self._begun or self._queued):
             return
-        statements = ([] if self._begun else [b"BEGIN"]) + self._queued + [b"COMMIT"]
+        statements = ([] if self._begun else [_BEGIN.encode()]) + self._queued + [b"COMMIT"]
         self._begun = True  # if a statement fails, the server's transaction needs a ROLLBACK
         self._pg_cursor().execute(b";\n".join(statements))
         self._queued.clear()

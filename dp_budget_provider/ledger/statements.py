@@ -18,6 +18,7 @@ from sqlalchemy import Float, and_, bindparam, case, or_, select, update
 from sqlalchemy.dialects import sqlite
 
 from dp_budget_provider.accounting.rounding import ROUND_UP
+from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.schema import Account, ReservationKey
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
@@ -175,7 +176,9 @@ def accounts_by_key(
     """Locked account rows (``ACCOUNT_ROW`` order) by key.
 
     Stored values are validated and turned into spends once per distinct value: the
-    accounts of a release over many new subjects all hold the same (zero) spend.
+    accounts of a release over many new subjects all hold the same (zero) spend. A key
+    read twice (a subject held by two classes, which only an edit of the tables makes)
+    is refused: neither class holds all of its spend.
     """
     by_parts = {key_tuple(key): key for key in keys}
     spends: dict[tuple[Any, ...], tuple[Spend, Pending]] = {}
@@ -191,6 +194,8 @@ def accounts_by_key(
         key = by_parts.get((row[1], row[2], row[3], row[4])) or LedgerKey.from_canonical(
             row[1], row[2], row[3], row[4]
         )
+        if key in locked:
+            raise LedgerCorrupt(f"{key} is held by two accounts: the ledger's tables were edited")
         locked[key] = LockedAccount(row[0], pair[0], pair[1], row[8], row[9], row[14], row[15])
     return locked
 

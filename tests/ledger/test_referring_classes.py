@@ -12,9 +12,17 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import sqlalchemy as sa
 
 from dp_budget_provider.accounting import GaussianMechanism
-from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, classes, key_for, keys_for
+from dp_budget_provider.ledger import (
+    BudgetCap,
+    LedgerCorrupt,
+    PrivacyBudgetLedger,
+    classes,
+    key_for,
+    keys_for,
+)
 from dp_budget_provider.ledger.queries import AccountFilter, find_accounts
 from tests.ledger.memberships_sql import MEMBERS
 from tests.ledger.test_pending_and_server_paths import execute
@@ -176,3 +184,53 @@ def _recording(analyze, statements):
         return analyze(pipe, table, written)
 
     return record
+
+
+def test_a_subject_listed_in_two_classes_is_refused_by_reads_and_caught(ledger, ledger_url):
+    """A dp_members row renamed onto a subject of a class that refers to its cohort puts
+    that subject in two classes: its reads refuse (neither class holds all its spend),
+    and verify names the class that lost its member."""
+    ledger.commit(ledger.reserve(keys_for(POPULATION, "heatmap", [W]), RELEASE))
+    extra = [f"x{i:03d}" for i in range(10)]
+    ledger.commit(ledger.reserve(keys_for(POPULATION + extra, "heatmap", [W]), RELEASE))
+    execute(ledger_url, "UPDATE dp_members SET subject = 'p003' WHERE subject = 'x005'")
+    with pytest.raises(LedgerCorrupt, match="held by two accounts"):
+        ledger.receipt(key_for("p003", "heatmap", W))
+    ledger.close()
+    assert_caught(ledger_url, "member default/p003/heatmap/")
+
+
+def test_many_small_classes_of_new_subjects_verify_in_one_count_per_window(ledger, ledger_url):
+    """Releases over one new subject each make one class each, all referring to their
+    cohort: verify counts them against each other in one statement per window (a count
+    per class would grow with their square), and finds one made to overlap another."""
+    for subject in POPULATION[:30]:
+        ledger.commit(ledger.reserve(keys_for([subject], "heatmap", [W]), RELEASE))
+    assert len(referring(ledger_url)) == 30
+    statements: list[str] = []
+    engine = ledger._engine
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        if "theirs" in statement:
+            statements.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        assert ledger.verify().ok, ledger.verify().problems
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+    assert len(statements) == 1
+    # p000's class hidden while a release over p000 and a new subject is made, then put
+    # back: p000 is in two classes, and its own one overlaps the new cohort.
+    ((label, cohort),) = fetch(
+        ledger_url,
+        "SELECT a.subject, a.cohort_id FROM dp_accounts a JOIN dp_cohort_members r "
+        "ON r.cohort_id = a.cohort_id WHERE r.subject = 'p000'",
+    )
+    execute(ledger_url, "UPDATE dp_accounts SET cohort_id = NULL WHERE subject = :a", a=label)
+    ledger.commit(ledger.reserve(keys_for(["p000", "q9"], "heatmap", [W]), RELEASE))
+    ledger.close()
+    execute(
+        ledger_url, "UPDATE dp_accounts SET cohort_id = :c WHERE subject = :a", c=cohort, a=label
+    )
+    assert_caught(ledger_url, f"{label}/heatmap/{W}: 1 of its 1 members")

@@ -37,11 +37,14 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    referring = (
-        op.get_bind()
-        .execute(sa.text("SELECT count(*) FROM dp_accounts WHERE cohort_id IS NOT NULL"))
-        .scalar_one()
-    )
+    connection = op.get_bind()
+    if connection.dialect.name == "postgresql":
+        # No release may make a class that refers to its cohort between the count and the
+        # drop (its subjects would be left in no class). SQLite's writers are serialised.
+        op.execute("LOCK TABLE dp_accounts IN SHARE ROW EXCLUSIVE MODE")
+    referring = connection.execute(
+        sa.text("SELECT count(*) FROM dp_accounts WHERE cohort_id IS NOT NULL")
+    ).scalar_one()
     if referring:
         raise RuntimeError(
             f"cannot downgrade below revision 0009: {referring} classes refer to their cohort "
