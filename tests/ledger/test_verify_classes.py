@@ -271,8 +271,10 @@ def test_a_cohort_member_changed_is_caught(url, monkeypatch, limit):
     """Cohorts streamed and hashed here, or (PostgreSQL, members' text up to the limit)
     hashed by the server, or some each way: the digests of the clean ledger agree with those made at
     registration (ids out of linguistic order, non-ASCII), and a changed member is caught
-    either way."""
+    either way. Streamed in pages of 12 members: cohorts of many pages, and of exactly one
+    page (the build's fresh samples hold 12), whose page after the last is empty."""
     monkeypatch.setattr(audit, "_SERVER_DIGEST_BYTES", limit)
+    monkeypatch.setattr(audit, "_MEMBER_BATCH", 12)
     ledger = PrivacyBudgetLedger(url=url, chain_key=KEY)
     assert ledger.verify().ok
     ledger.close()
