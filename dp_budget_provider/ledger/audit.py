@@ -1054,7 +1054,11 @@ def _referred_ids(connection: Connection, replay: _Replay) -> dict[tuple[str, st
     ``cohort_id`` must be (a cohort's digest is proven from its members by
     :func:`_check_cohorts`, so the id names those members)."""
     named = sorted(
-        {(key.tenant, state.refers) for key, state in replay.keys.items() if state.refers}
+        {
+            (key.tenant, state.refers)
+            for key, state in replay.keys.items()
+            if state.refers and not state.dropped
+        }
     )
     ids: dict[tuple[str, str | None], int] = {}
     for start in range(0, len(named), _NAMES_PER_QUERY):
@@ -1146,10 +1150,18 @@ def _cohort_contents(connection: Connection) -> Iterator[tuple[Any, str, int]]:
     streamed = cohort.order_by(Cohort.id)
     if connection.dialect.name == "postgresql":
         members = Cohort.__table__.outerjoin(CohortMember, CohortMember.cohort_id == Cohort.id)
-        fits = (
-            select(CohortMember.cohort_id)
-            .group_by(CohortMember.cohort_id)
-            .having(func.sum(func.octet_length(CohortMember.subject) + 1) <= _SERVER_DIGEST_BYTES)
+        # One pass over the members for the few cohorts too large for one text (each over
+        # a gigabyte of ids); every other cohort is hashed by the server.
+        oversized = (
+            connection.execute(
+                select(CohortMember.cohort_id)
+                .group_by(CohortMember.cohort_id)
+                .having(
+                    func.sum(func.octet_length(CohortMember.subject) + 1) > _SERVER_DIGEST_BYTES
+                )
+            )
+            .scalars()
+            .all()
         )
         ordered = _code_point_order(connection, CohortMember.subject)
         joined = func.string_agg(CohortMember.subject, aggregate_order_by("\n", ordered))
@@ -1160,13 +1172,13 @@ def _cohort_contents(connection: Connection) -> Iterator[tuple[Any, str, int]]:
                 func.count(CohortMember.subject),
             )
             .select_from(members)
-            .where(Cohort.id.in_(fits))
+            .where(Cohort.id.not_in(oversized))
             .group_by(Cohort.id)
             .order_by(Cohort.id)
         )
         for row in connection.execution_options(yield_per=_BATCH).execute(hashed):
             yield row, row[4], row[5]
-        streamed = streamed.where(Cohort.id.not_in(fits))
+        streamed = streamed.where(Cohort.id.in_(oversized))
     for row in connection.execution_options(yield_per=_BATCH).execute(streamed):
         digest, count, separator = hashlib.sha256(), 0, ""
         for text, lines in _member_texts(connection, row.id):
@@ -1476,11 +1488,11 @@ def _check_sizes(
         held = counts.get(label, 0)
         size = 0 if state is None or state.refers else state.size
         if held != size and (held or state is None or state.required or label in listed):
-            of = f"cohort {state.refers}'s members" if state and state.refers else "dp_members"
+            refers = state.refers if state is not None else None
+            referring = f" (its members are cohort {refers}'s)" if refers else ""
             problems.append(
                 f"account {tenant}/{label}/{query_type}/{window}: {held} members in "
-                f"dp_members, but the history gives it {size} subjects there"
-                + (f" (its members are {of})" if state and state.refers else "")
+                f"dp_members, but the history gives it {size} subjects there{referring}"
             )
 
 

@@ -104,12 +104,7 @@ def least_member() -> Any:
     its cohort's least member when it refers to one, else its least ``dp_members`` row."""
     listed = (
         select(func.min(Member.subject))
-        .where(
-            Member.tenant == Account.tenant,
-            Member.query_type == Account.query_type,
-            Member.window == Account.window,
-            Member.account == Account.subject,
-        )
+        .where(member_account())
         .correlate(Account)
         .scalar_subquery()
     )
