@@ -41,15 +41,14 @@ with DAG(
     )
 
     @task
-    def rescope_to_trajectory(receipt: dict[str, Any]) -> dict[str, Any]:
-        window = receipt["key"]["window"]
-        ledger = DPBudgetHook().get_ledger()
-        moved = ledger.rescope(
+    def rescope_to_trajectory(receipt: dict[str, Any]) -> str:
+        (window,) = receipt["windows"]
+        DPBudgetHook().get_ledger().rescope(
             key_for(SUBJECT, "snapshot", window),
             key_for(SUBJECT, "trajectory", window),
             reason="temporal frequency crossed the snapshot/trajectory boundary",
         )
-        return {"window": window, "epsilon": moved.epsilon}
+        return window
 
     carried = rescope_to_trajectory(XComArg(snapshot, key=RECEIPT_XCOM_KEY))
 

@@ -15,8 +15,11 @@ URL).
 
 Commands (each takes ``--url URL`` or ``--conn-id ID``)::
 
+    dp-budget admin keygen --out FILE
+    dp-budget admin init                 (administrator: needs --admin-key FILE)
+    dp-budget refusal REFERENCE          (administrator)
     dp-budget db upgrade
-    dp-budget db adopt-key
+    dp-budget db adopt-key               (administrator)
     dp-budget init --epsilon E --delta D [--warn-fraction F] [--conversion improved|classic]
     dp-budget status [--window W] [--tenant T] [--limit N] [--offset N] [--json]
     dp-budget classes [--tenant T] [--query-type Q] [--window W] [--subject S] [--state S]
@@ -24,13 +27,14 @@ Commands (each takes ``--url URL`` or ``--conn-id ID``)::
     dp-budget show SUBJECT QUERY_TYPE WINDOW [--tenant T] [--json]
     dp-budget history [--limit N] [--after SEQ] [--before SEQ] [--newest-first] [--json]
     dp-budget verify [--checkpoint FILE]
-    dp-budget quarantine show | clear --reason TEXT
+    dp-budget quarantine show | clear --reason TEXT    (clear: administrator)
     dp-budget reset --window W | --closed
     dp-budget reap [--older-than DURATION] [--now ISO]
     dp-budget policy list [--json]
     dp-budget policy set --epsilon E [--tenant T] [--query-type Q] [--warn-fraction F]
                          [--calendar iso_week|month|day|fixed] [--length-seconds N]
                          [--min-window-seconds N] [--grace DURATION] [--clause TEXT]
+                                         (administrator)
     dp-budget report [--format md|json] [--window W] [--tenant T]
 """
 
@@ -70,6 +74,7 @@ from dp_budget_provider.ledger import (
     report,
     spend_classes,
 )
+from dp_budget_provider.ledger.authority import ADMIN_KEY_ENV, AdminKey, AdminPublicKey
 from dp_budget_provider.ledger.checkpoints import CheckpointFile
 from dp_budget_provider.ledger.keys import MAX_STORED_INT, canonical_part
 from dp_budget_provider.ledger.policy import DEFAULT_GRACE, DEFAULT_MIN_WINDOW
@@ -210,6 +215,7 @@ class LedgerTarget:
 
     url: str
     chain_key: str | None
+    admin_pin: str | None = None  # the administrator key the connection pins
 
 
 def _target_from_environment(args: argparse.Namespace) -> LedgerTarget:
@@ -241,7 +247,7 @@ def _target_from_connection(conn_id: str) -> LedgerTarget:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     hook = DPBudgetHook(conn_id)
     try:
-        return LedgerTarget(hook.ledger_url(), hook.chain_key())
+        return LedgerTarget(hook.ledger_url(), hook.chain_key(), hook.admin_public_key())
     except AirflowNotFoundException:
         raise CommandError(
             f"--conn-id {conn_id}: no such Airflow connection in any secrets backend "
@@ -276,6 +282,18 @@ def _chain_key(args: argparse.Namespace) -> str | None:
     return _target(args).chain_key
 
 
+def _admin(args: argparse.Namespace) -> AdminKey | None:
+    """The administrator's key, from --admin-key or $DP_BUDGET_ADMIN_KEY_FILE (None
+    without either: the commands that need it say so)."""
+    path = getattr(args, "admin_key", None) or os.environ.get(ADMIN_KEY_ENV)
+    if not path:
+        return None
+    try:
+        return AdminKey.load(path)
+    except ValueError as error:
+        raise UsageError(f"--admin-key: {error}") from None
+
+
 def _sqlite_file(url: str) -> Path | None:
     parsed = database.parse_url(url)
     return database.sqlite_path(parsed) if parsed.get_backend_name() == "sqlite" else None
@@ -299,8 +317,15 @@ def _make_sqlite_folder(url: str) -> None:
         print(f"created folder {path.parent}")
 
 
-def open_ledger(url: str, *, chain_key: str | None) -> PrivacyBudgetLedger:
-    """Open an existing ledger with the grid and conversion it was created with."""
+def open_ledger(
+    url: str,
+    *,
+    chain_key: str | None,
+    admin: AdminKey | None = None,
+    admin_pin: str | None = None,
+) -> PrivacyBudgetLedger:
+    """Open an existing ledger with the grid and conversion it was created with (and
+    with the administrator's key, where one is given)."""
     _refuse_missing_sqlite_file(url)
     engine = database.make_engine(url)
     try:
@@ -324,12 +349,17 @@ def open_ledger(url: str, *, chain_key: str | None) -> PrivacyBudgetLedger:
         orders=json.loads(config.orders),
         conversion=config.conversion,
         chain_key=chain_key,
+        admin=admin,
+        admin_public_key=admin_pin,
     )
 
 
 @contextlib.contextmanager
 def _ledger(args: argparse.Namespace) -> Iterator[PrivacyBudgetLedger]:
-    ledger = open_ledger(_url(args), chain_key=_chain_key(args))
+    target = _target(args)
+    ledger = open_ledger(
+        target.url, chain_key=target.chain_key, admin=_admin(args), admin_pin=target.admin_pin
+    )
     try:
         yield ledger
     finally:
@@ -445,8 +475,14 @@ def cmd_init(args: argparse.Namespace) -> int:
     cap = BudgetCap(args.epsilon, args.delta, args.warn_fraction)
     _make_sqlite_folder(url)
     existed = _is_initialised(url)
+    admin = _admin(args)
     ledger = PrivacyBudgetLedger(
-        cap, url=url, conversion=args.conversion, chain_key=_chain_key(args)
+        cap,
+        url=url,
+        conversion=args.conversion,
+        chain_key=_chain_key(args),
+        admin=admin,
+        admin_public_key=_target(args).admin_pin,
     )
     try:
         verb = "exists already with this configuration" if existed else "created"
@@ -455,6 +491,12 @@ def cmd_init(args: argparse.Namespace) -> int:
             f"eps={_g(cap.epsilon)} (warning at {cap.warn_fraction:.0%}), "
             f"conversion={ledger.conversion}, {ledger.orders.size} Rényi orders"
         )
+        if admin is None:
+            print(
+                "warning: no administrator key (--admin-key): this ledger's policies cannot "
+                "change until one is recorded with `dp-budget admin init`",
+                file=sys.stderr,
+            )
     finally:
         ledger.close()
     return 0
@@ -768,7 +810,9 @@ def cmd_db_adopt_key(args: argparse.Namespace) -> int:
             f"set {history.CHAIN_KEY_ENV} (or the --conn-id connection's extra chain_key) "
             "to the new chain key first"
         )
-    ledger = open_ledger(_url(args), chain_key=None)
+    ledger = open_ledger(
+        _url(args), chain_key=None, admin=_admin(args), admin_pin=_target(args).admin_pin
+    )
     try:
         ledger.adopt_chain_key(key)
         print(
@@ -777,6 +821,46 @@ def cmd_db_adopt_key(args: argparse.Namespace) -> int:
         )
     finally:
         ledger.close()
+    return 0
+
+
+def cmd_admin_keygen(args: argparse.Namespace) -> int:
+    """Write a new administrator key to a new file only its owner can read."""
+    key = AdminKey.generate()
+    try:
+        key.write(args.out)
+    except FileExistsError:
+        raise CommandError(f"{args.out} exists: an admin key is never overwritten") from None
+    print(f"administrator key written to {args.out} (keep it off every Airflow worker)")
+    print(f"public key: {key.public.text}")
+    return 0
+
+
+def cmd_admin_init(args: argparse.Namespace) -> int:
+    """Make --admin-key the ledger's administrator key (once); print the pin for the
+    connections."""
+    if _admin(args) is None:
+        raise UsageError(
+            f"admin init needs the administrator's key: --admin-key or ${ADMIN_KEY_ENV}"
+        )
+    with _ledger(args) as ledger:
+        public = ledger.record_admin_key()
+    print(f"the ledger's administrator key is {AdminPublicKey(public).key_id}")
+    print("pin it in every dp_budget connection's extra (workers refuse another key):")
+    print(json.dumps({"admin_public_key": public}))
+    return 0
+
+
+def cmd_refusal(args: argparse.Namespace) -> int:
+    """Open a refusal reference a task logged: which account refused, and why."""
+    admin = _admin(args)
+    if admin is None:
+        raise UsageError(f"a refusal reference opens with --admin-key or ${ADMIN_KEY_ENV}")
+    try:
+        facts = admin.open(args.reference)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    _print_json(facts)
     return 0
 
 
@@ -928,6 +1012,10 @@ def build_parser() -> argparse.ArgumentParser:
         "read the ledger URL and chain key from this Airflow connection, the one the tasks "
         f"use (needs Airflow; not with --url/${URL_ENV})"
     )
+    admin_help = (
+        "the administrator's key file, for what only administrators may do (policy set, "
+        f"quarantine clear, db adopt-key, admin init, refusal; default: ${ADMIN_KEY_ENV})"
+    )
     parser = argparse.ArgumentParser(
         prog="dp-budget",
         description="Inspect, audit and maintain a differential-privacy budget ledger.",
@@ -935,12 +1023,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--url", default=None, help=url_help)
     parser.add_argument("--conn-id", default=None, metavar="ID", help=conn_help)
+    parser.add_argument("--admin-key", default=None, metavar="FILE", help=admin_help)
     parser.add_argument("--version", action="version", version=f"dp-budget {__version__}")
     # --url and --conn-id are accepted after the command too; SUPPRESS keeps a global one
     # from being reset by the subcommand's default.
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
     common.add_argument("--conn-id", default=argparse.SUPPRESS, metavar="ID", help=conn_help)
+    common.add_argument("--admin-key", default=argparse.SUPPRESS, metavar="FILE", help=admin_help)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(
@@ -961,6 +1051,21 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_db_adopt_key,
         f"key an unkeyed ledger's history with ${history.CHAIN_KEY_ENV} from now on",
     )
+
+    admin = commands.add_parser("admin", help="the administrator's key")
+    admin_commands = admin.add_subparsers(dest="admin_command", required=True, metavar="COMMAND")
+    keygen = command(admin_commands, "keygen", cmd_admin_keygen, "write a new administrator key")
+    keygen.add_argument("--out", required=True, metavar="FILE", help="a new file (mode 600)")
+    command(
+        admin_commands,
+        "init",
+        cmd_admin_init,
+        "make --admin-key the ledger's administrator key (once; prints the connections' pin)",
+    )
+    refusal = command(
+        commands, "refusal", cmd_refusal, "open a refusal reference from a task's log"
+    )
+    refusal.add_argument("reference", metavar="REFERENCE", help="the dpb-ref-1.... text")
 
     init = command(commands, "init", cmd_init, "create a ledger with its default cap")
     init.add_argument("--epsilon", type=_positive, required=True, help="default cap per account")

@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 HOME = ROOT / ".demo" / "airflow"
 LOGS = ROOT / ".demo" / "logs"
+ADMIN_KEY = ROOT / ".demo" / "admin.key"
 WINDOW_SECONDS = 60
 TENANT = "demo"
 # The gated run's log lines the demo shows: the sensor deferring, the trigger firing.
@@ -98,13 +99,20 @@ def main() -> None:
     prepare_airflow_home()
     # Imported only now: Airflow reads AIRFLOW_HOME at import time.
     from dp_budget_provider.hooks.dp_budget import DPBudgetHook
-    from dp_budget_provider.ledger import Policy, WindowCalendar
+    from dp_budget_provider.ledger import AdminKey, Policy, PrivacyBudgetLedger, WindowCalendar
 
     with task_log("setup"):
-        ledger = DPBudgetHook().get_ledger()
+        url = DPBudgetHook().ledger.url  # the embedded default, created as a task creates it
+    # The administrator: a key no task holds signs the policy; the workers pin its public
+    # half ([dp_budget] admin_public_key), so no task can raise the cap.
+    admin = AdminKey.generate()
+    admin.write(ADMIN_KEY)
+    ledger = PrivacyBudgetLedger(url=url, admin=admin, actor="demo-admin")
+    os.environ["AIRFLOW__DP_BUDGET__ADMIN_PUBLIC_KEY"] = ledger.record_admin_key()
     say(
         f"ledger: {ledger.url} (embedded SQLite default, delta={ledger.delta}; its history is "
-        "not keyed, as a demo's may be: see docs/ledger.md for the chain key)"
+        "not keyed, as a demo's may be: see docs/ledger.md for the chain key); administrator "
+        f"key {shown(ADMIN_KEY)}"
     )
     calendar = WindowCalendar("fixed", WINDOW_SECONDS)
     ledger.set_policy(
@@ -138,12 +146,16 @@ def main() -> None:
             )
         else:
             lines = log.read_text().splitlines()
-            refusal = next((line for line in lines if "DPBudgetExhaustedError:" in line), "")
+            refusal = next((line for line in lines if "no release:" in line), "")
+            reference = refusal.rsplit(" ", 1)[-1]
+            why = admin.open(reference)
             say(
                 f"heatmap run {number}: REFUSED, no release and the ledger untouched at eps "
-                f"{account.epsilon:.4f} ({account.state}):\n         "
-                f"{refusal.split('DPBudgetExhaustedError: ', 1)[-1]}\n         (task log: "
-                f"{shown(log)})"
+                f"{account.epsilon:.4f} ({account.state}); the task is told only:\n         "
+                f"{refusal.split('no release: ', 1)[-1][:110]}...\n         the administrator "
+                f"opens the reference (`dp-budget refusal`): {why['refusal']}, the release "
+                f"would bring eps to {why['epsilon']:.4f} > cap {why['cap_epsilon']}\n"
+                f"         (task log: {shown(log)})"
             )
 
     gated = load("example_dp_budget_gated")

@@ -17,11 +17,11 @@ from dp_budget_provider.cli import main, parse_duration, parse_moment
 from dp_budget_provider.ledger import (
     BudgetCap,
     Policy,
-    PrivacyBudgetLedger,
     WindowCalendar,
     database,
     key_for,
 )
+from tests.admin import AdminLedger, admin_key_file
 
 UTC = timezone.utc
 DELTA = 1e-5
@@ -32,6 +32,12 @@ BOB = key_for("bob", "heatmap", CLOSED)
 ERIN = key_for("erin", "heatmap", CLOSED)
 DAVE = key_for("dave", "count", OPEN_WINDOW, tenant="acme")
 CLAUSE = "DPA 2026-04 s.3: at most eps 2 per customer per week"
+
+
+@pytest.fixture(autouse=True)
+def administrator(monkeypatch):
+    """The shell these tests run in is an administrator's: it holds the admin key."""
+    monkeypatch.setenv("DP_BUDGET_ADMIN_KEY_FILE", str(admin_key_file()))
 
 
 def run(*args, url=None, env_url=None, chain_key=None):
@@ -68,7 +74,7 @@ def assert_one_line_error(result):
 
 def seed(url):
     """A ledger with ok, WARNING and EXHAUSTED accounts, a multi-key release, an open one."""
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=url)
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=url)
     ledger.spend(ALICE, GaussianMechanism(4.0), count=3, attempt="heat/run1/1")  # seq 3, 4
     ledger.commit(ledger.reserve([ALICE, BOB], LaplaceMechanism(0.1), attempt="pair/run1/1"))
     ledger.spend(BOB, GaussianMechanism(1.6), attempt="heat/run1/2")  # past 80%
@@ -93,7 +99,7 @@ def seeded_any(ledger_url):
 
 
 def open_ledger(url):
-    return PrivacyBudgetLedger(url=url)
+    return AdminLedger(url=url)
 
 
 # ---------------------------------------------------------------------- url and errors
@@ -166,7 +172,7 @@ def test_conn_id_opens_the_ledger_and_chain_key_the_tasks_use(monkeypatch, ledge
     created = run("--conn-id", "ledger_cli", "init", "--epsilon", "3", "--delta", "1e-5")
     assert created.returncode == 0, created.stderr
     hook = DPBudgetHook("ledger_cli")
-    ledger = PrivacyBudgetLedger(url=hook.ledger_url(), chain_key=hook.chain_key())
+    ledger = AdminLedger(url=hook.ledger_url(), chain_key=hook.chain_key())
     ledger.spend(ALICE, GaussianMechanism(4.0))
     ledger.close()
     verified = run("verify", "--conn-id", "ledger_cli")  # after the command too
@@ -306,7 +312,7 @@ def test_a_classic_ledger_opens_with_its_own_conversion(sqlite_url, capsys):
         ).returncode
         == 0
     )
-    ledger = PrivacyBudgetLedger(url=sqlite_url, conversion="classic")
+    ledger = AdminLedger(url=sqlite_url, conversion="classic")
     ledger.spend(ALICE, GaussianMechanism(4.0), count=20)
     ledger.close()
     code, out, _ = call(capsys, "--url", sqlite_url, "status", "--json")
@@ -392,7 +398,7 @@ def test_status_json_and_filters(seeded_any, capsys):
 
 
 def test_status_pages_large_ledgers(sqlite_url, capsys):
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
     keys = [key_for(f"user{i:03d}", "count", CLOSED) for i in range(60)]
     ledger.commit(ledger.reserve(keys, GaussianMechanism(5.0)))
     ledger.close()
@@ -407,13 +413,13 @@ def test_status_pages_large_ledgers(sqlite_url, capsys):
 
 
 def test_status_of_an_empty_ledger(sqlite_url, capsys):
-    PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=sqlite_url).close()
+    AdminLedger(BudgetCap(3.0, DELTA), url=sqlite_url).close()
     code, out, _ = call(capsys, "--url", sqlite_url, "status")
     assert code == 0 and "no accounts" in out
 
 
 def test_classes_group_a_cohort_and_list_a_class_members(ledger_url, capsys):
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url)
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=ledger_url)
     keys = [key_for(f"user{i:03d}", "count", CLOSED) for i in range(60)]
     ledger.commit(ledger.reserve(keys, GaussianMechanism(5.0)))
     ledger.commit(ledger.reserve(keys[:45], GaussianMechanism(5.0)))
@@ -650,7 +656,7 @@ def test_a_keyed_ledger_verifies_against_its_checkpoints_and_quarantines(tmp_pat
         ).returncode
         == 0
     )
-    ledger = PrivacyBudgetLedger(url=ledger_url, chain_key=CHAIN_KEY)
+    ledger = AdminLedger(url=ledger_url, chain_key=CHAIN_KEY)
     ledger.spend(ALICE, GaussianMechanism(4.0))
     ledger.spend(BOB, GaussianMechanism(4.0))
     ledger.close()
@@ -1002,7 +1008,7 @@ def test_verify_prints_its_notes(sqlite_url, capsys, monkeypatch):
     today = mechanisms_module._pure_dp_rdp
     monkeypatch.setattr(mechanisms_module, "_pure_dp_rdp_today", today, raising=False)
     monkeypatch.setattr(mechanisms_module, "_pure_dp_rdp", _old_pure_dp_rdp)
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
     ledger.spend(ALICE, PureDPMechanism(0.05), 10)
     ledger.close()
     monkeypatch.setattr(mechanisms_module, "_pure_dp_rdp", today)

@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
 from dp_budget_provider.cli import URL_ENV, build_parser, main
-from dp_budget_provider.ledger import BudgetCap, Policy, PrivacyBudgetLedger, history, key_for
+from dp_budget_provider.ledger import BudgetCap, Policy, history, key_for
+from tests.admin import AdminLedger, admin_key_file
 
 CLOSED = "2020-w01"
 
@@ -209,6 +210,12 @@ class Command:
     exclusive: tuple[tuple[str, ...], ...]
 
 
+@pytest.fixture(autouse=True)
+def administrator(monkeypatch):
+    """The shell these tests run in is an administrator's: it holds the admin key."""
+    monkeypatch.setenv("DP_BUDGET_ADMIN_KEY_FILE", str(admin_key_file()))
+
+
 def _good(action: argparse.Action) -> tuple[str, ...]:
     if action.choices:
         return tuple(action.choices)
@@ -290,7 +297,7 @@ def argvs(draw: st.DrawFn, command: Command) -> list[str]:
 
 def _seed(url: str) -> None:
     """ok, WARNING and EXHAUSTED accounts in a closed window, a policy, an open reservation."""
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=url)
+    ledger = AdminLedger(BudgetCap(3.0, 1e-5), url=url)
     try:
         alice, bob = key_for("alice", "heatmap", CLOSED), key_for("bob", "heatmap", CLOSED)
         ledger.spend(alice, GaussianMechanism(4.0), count=3, attempt="heat/run1/1")
@@ -397,7 +404,7 @@ def test_every_command_with_nasty_values_fails_in_one_line(command, template, wo
         code, out, err = run_cli(argv, ledger_path)
         check_run(argv, code, err, ledger_path)
         if "the ledger is quarantined" in out:  # what verify says must be so
-            ledger = PrivacyBudgetLedger(url=f"sqlite:///{ledger_path}")
+            ledger = AdminLedger(url=f"sqlite:///{ledger_path}")
             try:
                 assert ledger.quarantine_status() is not None, (argv, out)
             finally:

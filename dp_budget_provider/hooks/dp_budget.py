@@ -12,6 +12,13 @@ Checkpoints of the verified chain heads go to ``[dp_budget] checkpoint_path`` if
 else to the Airflow Variable ``dp_budget_checkpoint.<conn id>``: Airflow's own metadata
 database, which the ledger database's users cannot write.
 
+Tasks get a :class:`~dp_budget_provider.ledger.gate.ReleaseGate` (:meth:`DPBudgetHook.get_ledger`):
+it releases within the caps and tells a task nothing about anyone else's releases
+(``[dp_budget] expose_budget_state = True`` lets every task see all budget state). What
+only an administrator may do needs the administrator's key, which no worker holds;
+``extra.admin_public_key`` (or ``[dp_budget] admin_public_key``) pins the key the ledger
+must have, so one swapped in its database is refused.
+
 Reservations made through the hook hold a lease of ``[dp_budget] lease_seconds`` (default
 300), which the release task renews while it runs; :meth:`DPBudgetHook.reap` charges the
 open reservations whose lease ran out, and those older than ``[dp_budget] reap_after``.
@@ -45,10 +52,12 @@ from dp_budget_provider.ledger.checkpoints import (
     CheckpointStore,
     verify_and_checkpoint,
 )
+from dp_budget_provider.ledger.gate import ReleaseGate
 from dp_budget_provider.ledger.lease import lease_of_seconds
 
 _announced_embedded: set[str] = set()
 _announced_unkeyed: set[str] = set()
+_announced_unadministered: set[str] = set()
 
 
 def _setting(option: str, fallback: str) -> str:
@@ -178,6 +187,16 @@ class DPBudgetHook(BaseHook):
         key = extra.get("chain_key") or extra.get(f"extra__{self.conn_type}__chain_key")
         return str(key) if key else os.environ.get(history.CHAIN_KEY_ENV) or None
 
+    def admin_public_key(self) -> str | None:
+        """The administrator key the ledger must have: the connection's
+        ``extra.admin_public_key``, else ``[dp_budget] admin_public_key``; None: not pinned."""
+        connection = self._connection
+        extra = connection.extra_dejson if connection is not None else {}
+        pin = extra.get("admin_public_key") or conf.get(
+            "dp_budget", "admin_public_key", fallback=None
+        )
+        return str(pin) if pin else None
+
     def checkpoint_store(self) -> CheckpointStore:
         """Where this ledger's checkpoints are kept, outside the ledger database."""
         path = conf.get("dp_budget", "checkpoint_path", fallback=None)
@@ -188,16 +207,17 @@ class DPBudgetHook(BaseHook):
     def reap(self) -> list[str]:
         """Charge the reservations abandoned by dead workers (their lease ran out, or they
         are older than ``[dp_budget] reap_after``); the ids reaped."""
-        return self.get_ledger().reap(reap_after())
+        return self.ledger.reap(reap_after())
 
     def verify(self) -> VerifyReport:
         """Verify the ledger against its last checkpoint and checkpoint it if it passes; a
         failed verify quarantines the ledger."""
-        return verify_and_checkpoint(self.get_ledger(), self.checkpoint_store())
+        return verify_and_checkpoint(self.ledger, self.checkpoint_store())
 
     @cached_property
     def ledger(self) -> PrivacyBudgetLedger:
-        """The ledger, opened once per hook (created from config defaults if new)."""
+        """The ledger, opened once per hook (created from config defaults if new), for the
+        hook's own maintenance (reap, verify); tasks use :meth:`get_ledger`."""
         calendar = WindowCalendar(_setting("window_calendar", "iso_week"))  # type: ignore[arg-type]
         key, url = self.chain_key(), self.ledger_url()
         if key is None and url not in _announced_unkeyed:
@@ -209,29 +229,45 @@ class DPBudgetHook(BaseHook):
                 history.CHAIN_KEY_ENV,
             )
         cap = default_cap()
+        pin = self.admin_public_key()
         try:
-            return PrivacyBudgetLedger(
+            ledger = PrivacyBudgetLedger(
                 url=url,
                 if_new=cap,
                 calendar=calendar,
                 actor="airflow",
                 chain_key=key,
                 lease=lease_length(),
+                admin_public_key=pin,
             )
         except LedgerConfigMismatch as error:
             raise LedgerConfigMismatch(
                 f"connection {self.dp_budget_conn_id!r}: {error} (Airflow opens it with "
-                f"[dp_budget] delta = {cap.delta!r} and the connection's chain_key)"
+                f"[dp_budget] delta = {cap.delta!r}, the connection's chain_key and "
+                "admin_public_key)"
             ) from error
+        if pin is None and url not in _announced_unadministered:
+            _announced_unadministered.add(url)
+            self.log.warning(
+                "The budget ledger's administrator key is not pinned (connection extra "
+                "admin_public_key): %s",
+                "the ledger has none, so any task could record one and make itself its "
+                "administrator (run `dp-budget admin init`)"
+                if ledger.admin_public_key is None
+                else "an insider who swaps the key in the ledger database would be trusted",
+            )
+        return ledger
 
-    def get_ledger(self) -> PrivacyBudgetLedger:
-        """The ledger this hook points at."""
-        return self.ledger
+    def get_ledger(self) -> ReleaseGate:
+        """The ledger as a task may use it: releases within the caps, and nothing about
+        other releases (unless ``[dp_budget] expose_budget_state``)."""
+        exposed = conf.getboolean("dp_budget", "expose_budget_state", fallback=False)
+        return ReleaseGate(self.ledger, exposed=exposed)
 
     def test_connection(self) -> tuple[bool, str]:
         """Used by the UI's "Test" button: open the ledger and verify its history chain."""
         try:
-            report = self.get_ledger().verify()
+            report = self.ledger.verify()
         except Exception as error:  # noqa: BLE001 - the UI wants the message, whatever it is
             return False, str(error)
         if report.ok:

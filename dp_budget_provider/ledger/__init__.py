@@ -4,8 +4,10 @@ Imports SQLAlchemy and the accounting layer, never Airflow: the CLI, notebooks a
 Airflow adapters all use this same API.
 """
 
+from dp_budget_provider.ledger.authority import AdminKey, AdminPublicKey
 from dp_budget_provider.ledger.classes import Cohort, CohortKeys
 from dp_budget_provider.ledger.errors import (
+    AdminAuthorityError,
     BudgetExhausted,
     LedgerConfigMismatch,
     LedgerCorrupt,
@@ -32,6 +34,9 @@ from dp_budget_provider.ledger.windows import WindowCalendar, is_closed, window_
 
 __all__ = [
     "ANY",
+    "AdminAuthorityError",
+    "AdminKey",
+    "AdminPublicKey",
     "AccountStatus",
     "BudgetCap",
     "BudgetCheck",

@@ -67,7 +67,8 @@ from sqlalchemy import Connection, and_, func, select, tuple_
 from sqlalchemy.dialects.postgresql import aggregate_order_by
 
 from dp_budget_provider.accounting import Conversion, Mechanism, rdp_to_epsilon
-from dp_budget_provider.ledger import classes, history
+from dp_budget_provider.ledger import authority, classes, history
+from dp_budget_provider.ledger.authority import AdminPublicKey
 from dp_budget_provider.ledger.checkpoints import Checkpoint
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey
@@ -111,7 +112,7 @@ _NOT_CARRIED = (
 )
 _CHARGES = ("reserve", "correction", "rescope")
 # Actions whose payload names no reservation and no key, and that change no account.
-_KEYLESS = ("create", "policy", "adopt-key", "quarantine", "unquarantine")
+_KEYLESS = ("create", "policy", "adopt-key", "admin-key", "quarantine", "unquarantine")
 # Mechanisms whose curves an earlier version evaluated below (or, at a few orders, above)
 # the sound curve this version computes: the subsampled Gaussian's truncated fractional
 # series, the pure-DP and Laplace curves' cancellation at small eps0. A recorded cost of
@@ -258,6 +259,13 @@ class _Replay:
         self.create: tuple[Any, dict[str, Any]] | None = None
         self.adopted: tuple[int, str] | None = None  # (seq, key id) of a key adoption
         self.quarantine: tuple[str, str] | None = None  # (at, reason)
+        # The administrator's key as the history records it, the ledger's identity that
+        # its signatures name, how many quarantines there were, and the signature that
+        # lifted the last one (see ``authority``).
+        self.admin: AdminPublicKey | None = None
+        self.identity = ""
+        self.quarantines = 0
+        self.clearance: str | None = None
         # Cohorts named since the last batch was checked against dp_cohorts: (tenant,
         # digest) -> the size named (see _check_named).
         self.cohorts: dict[tuple[str, str], int] = {}
@@ -534,24 +542,66 @@ class _Replay:
             self._problem(entry, "a second creation entry")
             return
         self.create = (entry, payload)
+        self.identity = entry.hash
+        if payload.get("admin_key") is not None:
+            self.admin = AdminPublicKey(payload["admin_key"])
+
+    def _on_admin_key(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
+        if self.admin is not None:
+            self._problem(entry, "a second administrator key (a ledger keeps its first)")
+            return
+        self.admin = AdminPublicKey(payload["admin_key"])
+
+    def _authorised(self, entry: Any, act: str, fields: dict[str, Any], signature: Any) -> None:
+        """An administrator's act must carry the administrator's signature, once the
+        ledger has an administrator."""
+        if self.admin is not None and not self.admin.signed(
+            authority.message(self.identity, act, fields), signature
+        ):
+            self._problem(
+                entry,
+                f"not signed by the ledger's administrator (key {self.admin.key_id}): written "
+                "without the administrator's authority (by SQL, or by code without the key)",
+            )
 
     def _on_adopt_key(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
         if self.adopted is not None:
             self._problem(entry, "a second key adoption")
+        self._authorised(
+            entry,
+            "adopt-key",
+            {"chain_key_id": payload["chain_key_id"]},
+            payload.get("signature"),
+        )
         self.adopted = (entry.seq, payload["chain_key_id"])
 
     def _on_policy(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
         policy = _policy_of_payload(payload)
+        record = policy.as_record()
+        self._authorised(entry, "policy", record, payload.get("signature"))
         self.policies[policy.scope] = policy
-        self.policy_entries[policy.scope] = (policy.as_record(), entry.at)
+        self.policy_entries[policy.scope] = (
+            {**record, "signature": payload.get("signature")},
+            entry.at,
+        )
 
     def _on_quarantine(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
+        self.quarantines += 1
+        if payload.get("epoch", self.quarantines) != self.quarantines:
+            self._problem(entry, f"quarantine #{payload['epoch']} is the {self.quarantines}th")
         self.quarantine = (entry.at, payload["reason"])
+        self.clearance = None
 
     def _on_unquarantine(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
         if self.quarantine is None:
             self._problem(entry, "clears a quarantine that was not in force")
+        if payload.get("epoch", self.quarantines) != self.quarantines:
+            self._problem(entry, f"clears quarantine #{payload['epoch']}, not the last")
+        self._authorised(
+            entry, "clear-quarantine", {"epoch": self.quarantines}, payload.get("signature")
+        )
         self.quarantine = None
+        self.clearance = payload.get("signature")
 
     def _priced(
         self, entry: Any, payload: dict[str, Any], cost: Spend
@@ -864,6 +914,18 @@ def _check_config(connection: Connection, replay: _Replay, problems: list[str]) 
             f"dp_ledger_config: quarantine {quarantine!r} differs from the history's "
             f"{replay.quarantine!r}"
         )
+    admin = replay.admin.text if replay.admin is not None else None
+    authority_columns = {
+        "admin_key": admin,
+        "quarantine_epoch": replay.quarantines,
+        "clearance": replay.clearance,
+    }
+    for column, value in authority_columns.items():
+        if getattr(row, column) != value:
+            problems.append(
+                f"dp_ledger_config.{column}: {getattr(row, column)!r} differs from the "
+                f"history's {value!r} (written without the administrator's authority?)"
+            )
     if connection.dialect.name == "postgresql":
         triggers = connection.exec_driver_sql(
             "SELECT count(*) FROM pg_trigger WHERE tgname = 'dp_policies_version' "
@@ -1612,21 +1674,10 @@ def _marks(connection: Connection, settings: AuditSettings, problems: list[str])
             problems.append(f"key adoption entry: unreadable heads ({error!r})")
     checkpoint = settings.checkpoint
     if checkpoint is not None:
-        if checkpoint.ledger != ledger_identity(connection):
+        if checkpoint.ledger != history.ledger_identity(connection):
             problems.append(f"the checkpoint of {checkpoint.at} is of another ledger")
         marks.update(checkpoint.marks())
     return marks
-
-
-def ledger_identity(connection: Connection) -> str:
-    """What names a ledger in its checkpoints: the link of its creation entry."""
-    found = connection.execute(
-        select(HistoryEntry.hash)
-        .where(HistoryEntry.action == "create")
-        .order_by(HistoryEntry.seq)
-        .limit(1)
-    ).scalar_one_or_none()
-    return found or ""
 
 
 def _guarded(problems: list[str], table: str, check: Callable[[], Any]) -> Any:
@@ -1691,5 +1742,5 @@ def verify(connection: Connection, settings: AuditSettings) -> VerifyReport:
         notes=replay.notes,
         heads=tuple(sorted((chain, seq, link) for chain, (seq, link) in heads.items())),
         keyed=settings.key.keyed,
-        ledger=ledger_identity(connection),
+        ledger=history.ledger_identity(connection),
     )

@@ -15,17 +15,20 @@ from dp_budget_provider.ledger import (
     database,
     history,
 )
+from dp_budget_provider.ledger.authority import AdminPublicKey, LedgerAuthority
 from dp_budget_provider.ledger.checkpoints import Checkpoint
 from dp_budget_provider.ledger.core import (
     LedgerCore,
 )
 from dp_budget_provider.ledger.errors import (
+    AdminAuthorityError,
     LedgerConfigMismatch,
     LedgerCorrupt,
     LedgerError,
     LedgerUnavailable,
 )
 from dp_budget_provider.ledger.keys import free_text
+from dp_budget_provider.ledger.policy_store import write_policy
 from dp_budget_provider.ledger.records import (
     VerifyReport,
 )
@@ -101,6 +104,11 @@ class AuditRoom(LedgerCore):
         """The key the history is linked with (unkeyed without one): checkpoints use it."""
         return self._key
 
+    @property
+    def admin_public_key(self) -> AdminPublicKey | None:
+        """The administrator key this ledger honours (None: it has none yet)."""
+        return self._authority.trusted
+
     def quarantine_status(self) -> tuple[str, str] | None:
         """(since, reason) while the ledger is quarantined, else None."""
         with self.reading() as connection:
@@ -133,42 +141,59 @@ class AuditRoom(LedgerCore):
         now = clock.stamp(clock.now())
         with self._write() as connection:
             held = connection.execute(
-                select(LedgerConfig.quarantined_at).where(LedgerConfig.id == 1).with_for_update()
-            ).scalar_one_or_none()
-            if held is not None:
+                select(LedgerConfig.quarantined_at, LedgerConfig.quarantine_epoch)
+                .where(LedgerConfig.id == 1)
+                .with_for_update()
+            ).one()
+            if held.quarantined_at is not None:
                 return False
+            # A new epoch: no clearing signed for an earlier quarantine lifts this one.
+            epoch = held.quarantine_epoch + 1
             connection.execute(
-                update(LedgerConfig).values(quarantined_at=now, quarantine_reason=reason)
+                update(LedgerConfig).values(
+                    quarantined_at=now,
+                    quarantine_reason=reason,
+                    quarantine_epoch=epoch,
+                    clearance=None,
+                )
             )
             if audited:
                 self._log_keyless(
                     connection,
                     "quarantine",
                     now,
-                    {"reason": reason, "problems": [str(p) for p in problems]},
+                    {"reason": reason, "problems": [str(p) for p in problems], "epoch": epoch},
                 )
         return True
 
     def clear_quarantine(self, reason: str) -> None:
         """Let releases run again after an investigation; ``reason`` says what was found.
 
-        The clearing is a history entry naming its actor and reason. A ledger whose
-        tables still disagree with its history is quarantined again by the next verify.
+        An administrator's act: the ledger must have been opened with its administrator
+        key, which signs the clearing of this quarantine (its epoch) only; a quarantine
+        lifted any other way stays in force for every release. The clearing is a history
+        entry naming its actor and reason. A ledger whose tables still disagree with its
+        history is quarantined again by the next verify.
         """
         reason = _reason(reason)
         now = clock.stamp(clock.now())
         with self._write() as connection:
             row = connection.execute(
-                select(LedgerConfig.quarantined_at, LedgerConfig.quarantine_reason)
+                select(
+                    LedgerConfig.quarantined_at,
+                    LedgerConfig.quarantine_reason,
+                    LedgerConfig.quarantine_epoch,
+                )
                 .where(LedgerConfig.id == 1)
                 .with_for_update()
             ).one()
             if row.quarantined_at is None:
                 raise LedgerError("the ledger is not quarantined")
+            clearance = self._authority.sign("clear-quarantine", {"epoch": row.quarantine_epoch})
             connection.execute(
                 update(LedgerConfig)
                 .where(LedgerConfig.id == 1)
-                .values(quarantined_at=None, quarantine_reason=None)
+                .values(quarantined_at=None, quarantine_reason=None, clearance=clearance)
             )
             self._log_keyless(
                 connection,
@@ -178,11 +203,59 @@ class AuditRoom(LedgerCore):
                     "reason": reason,
                     "quarantined_at": row.quarantined_at,
                     "quarantine_reason": row.quarantine_reason,
+                    "epoch": row.quarantine_epoch,
+                    "signature": clearance,
                 },
             )
 
+    def record_admin_key(self) -> str:
+        """Make the key this ledger was opened with (``admin=``) its administrator's, once
+        (``dp-budget admin init``); returns the key's public text, for the connections'
+        ``admin_public_key`` pin.
+
+        Every stored policy is signed again with it, as policy entries: from here on no
+        policy is honoured without the administrator's signature. A ledger that has an
+        administrator key keeps it; this is trust on first use, so record the key before
+        any worker runs, and pin it in every connection.
+        """
+        signer = self._authority.signer
+        if signer is None:
+            raise AdminAuthorityError("admin init needs the administrator's key (admin=...)")
+        if self._authority.trusted is not None:
+            raise LedgerError(
+                f"this ledger has administrator key {self._authority.trusted.key_id} already"
+            )
+        report = self.verify()
+        if not report.ok:
+            raise LedgerCorrupt(
+                f"refusing to give an administrator to a history that does not verify "
+                f"({len(report.problems)} problem(s), the first: {report.problems[0]})"
+            )
+        now = clock.stamp(clock.now())
+        with self._write() as connection:
+            config = connection.execute(
+                select(LedgerConfig.admin_key).where(LedgerConfig.id == 1).with_for_update()
+            ).scalar_one()
+            if config is not None:
+                raise LedgerError("this ledger was given an administrator key meanwhile")
+            stored = self._policy_store.read(connection)
+            connection.execute(
+                update(LedgerConfig)
+                .where(LedgerConfig.id == 1)
+                .values(admin_key=signer.public.text)
+            )
+            self._log_keyless(connection, "admin-key", now, {"admin_key": signer.public.text})
+            self._authority = self._policy_store.authority = LedgerAuthority(
+                self._authority.ledger, signer.public, signer
+            )
+            for policy in stored.values():
+                write_policy(connection, self._key, self._authority, policy, now, self.actor)
+        return signer.public.text
+
     def adopt_chain_key(self, chain_key: str | bytes) -> None:
         """Key an unkeyed ledger's history from now on (``dp-budget db adopt-key``).
+
+        An administrator's act (the ledger must be opened with its administrator key).
 
         The history must verify first. The adoption entry is linked with the new key and
         records every chain head, so the unkeyed history before it can no longer be
@@ -193,6 +266,7 @@ class AuditRoom(LedgerCore):
         key = history.ChainKey(chain_key)
         if not key.keyed:
             raise ValueError("adopt_chain_key needs a chain key")
+        signature = self._authority.sign("adopt-key", {"chain_key_id": key.key_id})
         if self._key.keyed:
             raise LedgerError("this ledger's history is keyed already")
         report = self.verify()
@@ -218,7 +292,11 @@ class AuditRoom(LedgerCore):
                 at=now,
                 action="adopt-key",
                 actor=self.actor,
-                payload={"chain_key_id": key.key_id, "heads": [list(h) for h in report.heads]},
+                payload={
+                    "chain_key_id": key.key_id,
+                    "heads": [list(h) for h in report.heads],
+                    "signature": signature,
+                },
             )
             connection.execute(
                 update(LedgerConfig)

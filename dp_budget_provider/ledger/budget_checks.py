@@ -115,9 +115,14 @@ class BudgetCheckRoom(LedgerCore):
         """Whether this release alone fits the cap in force for (tenant, query type): if
         not, no window will ever fit it. Priced on nothing spent, never on an account (a
         subject of any name may hold spend)."""
-        cost = self._cost(self._mechanism(mechanism), check.count("count", count))
         cap = self.policy_for_scope(tenant, query_type).cap_epsilon
-        return self._bounds([prospective(Spend(), Pending(), cost)])[0].epsilon <= cap
+        return self.epsilon_alone(mechanism, count) <= cap
+
+    def epsilon_alone(self, mechanism: Mechanism | Mapping[str, Any], count: int = 1) -> float:
+        """What this release costs on its own, in eps at the ledger's delta: priced as the
+        reservation's check prices it on an account with nothing spent."""
+        cost = self._cost(self._mechanism(mechanism), check.count("count", count))
+        return self._bounds([prospective(Spend(), Pending(), cost)])[0].epsilon
 
     def prospective_accountants(self, keys: Covered) -> list[tuple[RDPAccountant, Policy]]:
         """Each distinct committed-plus-reserved spend among ``keys`` as an accountant, with

@@ -42,6 +42,7 @@ from dp_budget_provider.ledger import (
     pipeline,
     statements,
 )
+from dp_budget_provider.ledger.authority import AdminKey, AdminPublicKey
 from dp_budget_provider.ledger.errors import (
     LedgerCorrupt,
     LedgerError,
@@ -97,6 +98,15 @@ def _default_actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def _not_a_key(admin: object) -> AdminKey:
+    raise ValueError(f"admin must be an AdminKey, got {type(admin).__name__}")
+
+
+def _pin(key: str | AdminPublicKey | None) -> AdminPublicKey | None:
+    """The administrator key an opener requires (its text, as a connection holds it)."""
+    return key if key is None or isinstance(key, AdminPublicKey) else AdminPublicKey(key)
+
+
 def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -134,6 +144,8 @@ class LedgerCore:
         calendar: WindowCalendar | None = None,
         chain_key: str | bytes | None = None,
         lease: timedelta = DEFAULT_LEASE,
+        admin: AdminKey | None = None,
+        admin_public_key: str | AdminPublicKey | None = None,
     ) -> None:
         for name, value in (("cap", cap), ("if_new", if_new)):
             if value is not None and not isinstance(value, BudgetCap):
@@ -154,6 +166,8 @@ class LedgerCore:
             self.actor,
             clock.stamp(clock.now()),
             self._key,
+            admin if admin is None or isinstance(admin, AdminKey) else _not_a_key(admin),
+            _pin(admin_public_key),
         )
         try:
             settings = open_ledger(self.reading, self._write, self._policy_store, new, cap, if_new)
@@ -161,6 +175,7 @@ class LedgerCore:
             self._engine.dispose()
             raise
         self._delta, self._chains = settings.delta, settings.chains
+        self._authority = settings.authority
 
     def _log_keyless(
         self, connection: Connection, action: str, now: str, payload: dict[str, Any]
@@ -233,6 +248,9 @@ class LedgerCore:
     def set_policy(self, policy: Policy) -> None:
         """Create or replace the policy of ``policy.scope`` (an audited history entry).
 
+        An administrator's act: the ledger must have been opened with its administrator
+        key (``admin=``), which signs the policy; no worker holds it (:mod:`authority`).
+
         A scope that has been charged keeps its calendar for the ledger's life: a second
         calendar would cut the same time into a second set of windows, each with a full
         cap. So a policy that would change the calendar of any charged (tenant, query
@@ -241,8 +259,9 @@ class LedgerCore:
         if not isinstance(policy, Policy):
             raise ValueError(f"policy must be a Policy, got {policy!r}")
         free_text("compliance_clause", policy.compliance_clause)
+        self._authority.sign_policy(policy.as_record())  # refused without the admin key
         with self._write() as connection:
-            stored = self._policy_store.read(connection)
+            stored = self._policy_store.read(connection, honoured=False)
             before, after = policy_lookup(stored), policy_lookup({**stored, policy.scope: policy})
             charged = connection.execute(
                 select(WindowRow.tenant, WindowRow.query_type).distinct()
@@ -257,7 +276,14 @@ class LedgerCore:
                         "open a second set of windows over the same time. Keep its calendar "
                         "(or use a new query type)"
                     )
-            write_policy(connection, self._key, policy, clock.stamp(clock.now()), self.actor)
+            write_policy(
+                connection,
+                self._key,
+                self._authority,
+                policy,
+                clock.stamp(clock.now()),
+                self.actor,
+            )
 
     def policies(self) -> list[Policy]:
         """Every stored policy, default first."""
@@ -426,8 +452,7 @@ class LedgerCore:
                 raise _rescoped(classes.example_subject(pipe.core(), key), moved)
         return locked, policies, charge
 
-    @staticmethod
-    def _lock_windows(pipe: pipeline.Pipeline, keys: Sequence[Charged], now: str) -> None:
+    def _lock_windows(self, pipe: pipeline.Pipeline, keys: Sequence[Charged], now: str) -> None:
         """Create and share-lock the window rows ``keys`` charge; refuse a sealed one.
 
         Every account's scope and window has a row in ``dp_windows``; a reset seals it
@@ -451,9 +476,10 @@ class LedgerCore:
                 rows += pipe.query(statements.SQLITE_WINDOW, scope)
         if len(rows) != len(scopes):
             raise LedgerCorrupt(f"{len(scopes)} windows charged but {len(rows)} window rows found")
-        if rows[0][4] is not None:
-            raise _quarantined(rows[0][4], pipe.query(statements.QUARANTINE_REASON)[0][0])
-        for tenant, query_type, window, sealed_at, _ in rows:
+        self._refuse_quarantined(
+            *rows[0][4:], reason=lambda: pipe.query(statements.QUARANTINE_REASON)[0][0]
+        )
+        for tenant, query_type, window, sealed_at, *_ in rows:
             if sealed_at is not None:
                 raise _sealed(tenant, query_type, window, sealed_at)
 
@@ -482,6 +508,24 @@ class LedgerCore:
                     "cannot be released"
                 )
 
+    def _refuse_quarantined(
+        self, since: str | None, epoch: int, clearance: str | None, *, reason: Callable[[], str]
+    ) -> None:
+        """Refuse to charge a quarantined ledger, or one whose last quarantine was lifted
+        without its administrator's signature (by SQL, or by code without the key).
+
+        The one decision of whether the ledger may charge: every write that adds spend
+        reads the three columns under its lock and asks here.
+        """
+        if since is not None:
+            raise LedgerQuarantined(f"the ledger is quarantined since {since} ({reason()}){_CLEAR}")
+        if not self._authority.cleared(epoch, clearance):
+            raise LedgerQuarantined(
+                f"the ledger's quarantine #{epoch} was lifted without its administrator's "
+                f"signature (by SQL, or by code without the administrator key): it is still "
+                f"in force{_CLEAR}"
+            )
+
     def _refuse_unchargeable(
         self,
         connection: Connection,
@@ -493,10 +537,14 @@ class LedgerCore:
         reading without locking or creating anything: a quarantined ledger, a sealed
         window, a label that is not its calendar's or has not begun, a re-scoped key."""
         config = connection.execute(
-            select(LedgerConfig.quarantined_at, LedgerConfig.quarantine_reason)
+            select(
+                LedgerConfig.quarantined_at,
+                LedgerConfig.quarantine_epoch,
+                LedgerConfig.clearance,
+                LedgerConfig.quarantine_reason,
+            )
         ).one()
-        if config.quarantined_at is not None:
-            raise _quarantined(config.quarantined_at, config.quarantine_reason)
+        self._refuse_quarantined(*config[:3], reason=lambda: config.quarantine_reason)
         scope_keys = {(key.tenant, key.query_type, key.window): key for key in keys}
         scope = (WindowRow.tenant, WindowRow.query_type, WindowRow.window)
         for chunk in _chunks(sorted(scope_keys)):
@@ -596,10 +644,6 @@ class LedgerCore:
             policy.cap_epsilon,
             bound.method,
         )
-
-
-def _quarantined(since: str, reason: str) -> LedgerQuarantined:
-    return LedgerQuarantined(f"the ledger is quarantined since {since} ({reason}){_CLEAR}")
 
 
 def _sealed(tenant: str, query_type: str, window: str, sealed_at: str) -> WindowSealed:

@@ -58,3 +58,8 @@ class LedgerQuarantined(LedgerError):
 class WindowBusy(LedgerError):
     """A closed window still holds open reservations: it is reset once they are
     committed, released or reaped (resetting it now would drop the spend they hold)."""
+
+
+class AdminAuthorityError(LedgerError):
+    """An administrator's act (a policy, a clearing, a new chain key) without the ledger's
+    administrator key, or with another one; nothing was written."""

@@ -60,6 +60,18 @@ def chain_of(key: LedgerKey | None, chains: int) -> int:
     return zlib.crc32(text.encode()) % chains + 1
 
 
+def ledger_identity(connection: Connection) -> str:
+    """What names a ledger (in its checkpoints, and in what its administrator signs): the
+    link of its creation entry."""
+    found = connection.execute(
+        select(HistoryEntry.hash)
+        .where(HistoryEntry.action == "create")
+        .order_by(HistoryEntry.seq)
+        .limit(1)
+    ).scalar_one_or_none()
+    return found or ""
+
+
 def canonical_json(value: Any) -> str:
     """Deterministic JSON (sorted keys, no spaces; floats by repr, so they round-trip)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)

@@ -10,6 +10,7 @@ takes the write lock, where a racing twin's creation is found and checked instea
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import NamedTuple
 
@@ -18,6 +19,7 @@ from sqlalchemy import Connection, insert, select, text, update
 
 from dp_budget_provider.accounting import Conversion
 from dp_budget_provider.ledger import database, history
+from dp_budget_provider.ledger.authority import AdminKey, AdminPublicKey, LedgerAuthority
 from dp_budget_provider.ledger.errors import LedgerConfigMismatch, LedgerCorrupt
 from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
 from dp_budget_provider.ledger.policy_store import PolicyStore, write_policy
@@ -33,6 +35,7 @@ class Settings(NamedTuple):
 
     delta: float
     chains: int
+    authority: LedgerAuthority
 
 
 class NewLedger(NamedTuple):
@@ -44,6 +47,8 @@ class NewLedger(NamedTuple):
     actor: str
     now: str
     key: history.ChainKey
+    admin: AdminKey | None  # the administrator's key, where an administrator opens it
+    admin_pin: AdminPublicKey | None  # the key the opener requires the ledger to have
 
 
 def open_ledger(
@@ -78,12 +83,21 @@ def open_ledger(
                 "dp_ledger_config is empty but the history has entries: the configuration "
                 "was deleted; refusing to create a new ledger over this one"
             )
-        return _initialise(connection, new, cap or if_new)
+        return _initialise(connection, policies, new, cap or if_new)
 
 
-def _initialise(connection: Connection, new: NewLedger, cap: BudgetCap | None) -> Settings:
+def _initialise(
+    connection: Connection, policies: PolicyStore, new: NewLedger, cap: BudgetCap | None
+) -> Settings:
     if cap is None:
         raise LedgerConfigMismatch("a new ledger needs a BudgetCap for its default policy")
+    admin = new.admin.public if new.admin is not None else None
+    if new.admin_pin is not None and new.admin_pin != admin:
+        raise LedgerConfigMismatch(
+            f"the ledger does not exist, and it is expected to have administrator key "
+            f"{new.admin_pin.key_id}: its administrator creates it (`dp-budget init "
+            "--admin-key FILE`)"
+        )
     connection.execute(
         insert(LedgerConfig).values(
             id=1,
@@ -93,6 +107,7 @@ def _initialise(connection: Connection, new: NewLedger, cap: BudgetCap | None) -
             created_at=new.now,
             chains=history.CHAINS,
             chain_key_id=new.key.key_id,
+            admin_key=admin.text if admin is not None else None,
         )
     )
     connection.execute(
@@ -115,18 +130,47 @@ def _initialise(connection: Connection, new: NewLedger, cap: BudgetCap | None) -
             "conversion": new.conversion,
             "chains": history.CHAINS,
             "chain_key_id": new.key.key_id,
+            **({"admin_key": admin.text} if admin is not None else {}),
         },
     )
     if new.key.keyed:
         connection.execute(update(LedgerConfig).where(LedgerConfig.id == 1).values(keyed_from=seq))
+    authority = LedgerAuthority(history.ledger_identity(connection), admin, new.admin)
+    policies.authority = authority
     write_policy(
         connection,
         new.key,
+        authority,
         Policy(cap.epsilon, cap.warn_fraction, calendar=new.calendar),
         new.now,
         new.actor,
     )
-    return Settings(cap.delta, history.CHAINS)
+    return Settings(cap.delta, history.CHAINS, authority)
+
+
+def _authority(connection: Connection, stored: str | None, new: NewLedger) -> LedgerAuthority:
+    """The administrator key the ledger records, as long as it is the one the opener
+    pins (and the one it signs with, if it holds one)."""
+    try:
+        trusted = AdminPublicKey(stored) if stored is not None else None
+    except ValueError as error:
+        raise LedgerCorrupt(f"dp_ledger_config.admin_key is unreadable: {error}") from None
+    for expected, who in ((new.admin_pin, "pinned by the connection"), (new.admin, None)):
+        if expected is None:
+            continue
+        public = expected.public if isinstance(expected, AdminKey) else expected
+        if trusted is None and who is not None:
+            raise LedgerConfigMismatch(
+                f"the ledger has no administrator key, but key {public.key_id} is {who}: "
+                "record it with `dp-budget admin init --admin-key FILE`"
+            )
+        if trusted is not None and trusted != public:
+            raise LedgerConfigMismatch(
+                f"the ledger's administrator key is {trusted.key_id}, not {public.key_id} "
+                f"({who or 'the key given to sign with'}); if the ledger's key was swapped "
+                "in its database, that is an insider's edit: run `dp-budget verify`"
+            )
+    return LedgerAuthority(history.ledger_identity(connection), trusted, new.admin)
 
 
 def _check_key(stored: str | None, key: history.ChainKey) -> None:
@@ -161,9 +205,13 @@ def _check(
     if config is None:
         raise LedgerCorrupt("dp_ledger_config has no row with id 1: the configuration was edited")
     _check_key(config.chain_key_id, new.key)
+    authority = policies.authority = _authority(connection, config.admin_key, new)
     if connection.dialect.name == "postgresql":
-        # Policies read after their version: reused while that version is current.
-        policies.remember(connection, config.policy_version)
+        # Policies read after their version: reused while that version is current. One
+        # its administrator did not sign is not remembered: every release refuses it, but
+        # the ledger opens, so that verify can name it.
+        with contextlib.suppress(LedgerCorrupt):
+            policies.remember(connection, config.policy_version)
     stored_orders = json.loads(config.orders)
     if stored_orders != new.orders.tolist():
         raise LedgerConfigMismatch(
@@ -182,11 +230,11 @@ def _check(
         )
     if cap is not None:
         held = policies.snapshot
-        default = (held[1] if held else policies.read(connection))[(ANY, ANY)]
+        default = (held[1] if held else policies.read(connection, honoured=False))[(ANY, ANY)]
         if (cap.epsilon, cap.warn_fraction) != (default.cap_epsilon, default.warn_fraction):
             raise LedgerConfigMismatch(
                 f"ledger default cap is eps={default.cap_epsilon} (warn at "
                 f"{default.warn_fraction}); refusing eps={cap.epsilon} (warn at "
                 f"{cap.warn_fraction}). Change caps with set_policy, which is audited"
             )
-    return Settings(config.delta, config.chains)
+    return Settings(config.delta, config.chains, authority)

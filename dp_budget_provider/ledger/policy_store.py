@@ -5,6 +5,8 @@ rows for every release cost more than the release's own writes, so:
 
 * a ``Policy`` built from a row is kept and reused for an identical row (rows are still
   read whenever policies are asked for: never stale);
+* a row is honoured only with its administrator's signature (:mod:`authority`), checked
+  once per distinct row;
 * on PostgreSQL a trigger bumps ``dp_ledger_config.policy_version`` on any change to
   ``dp_policies``, and the server reports that version with the rows it locks, so the
   policies last read are reused for as long as the version they were read at is current.
@@ -18,6 +20,7 @@ from datetime import timedelta
 from sqlalchemy import Connection, insert, update
 
 from dp_budget_provider.ledger import database, history, pipeline, statements
+from dp_budget_provider.ledger.authority import LedgerAuthority
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.policy import ANY, Policy, lookup_order
@@ -33,12 +36,20 @@ class PolicyStore:
     def __init__(self, reading: database.Transaction) -> None:
         self._reading = reading  # a read transaction of the ledger's own
         self._built: dict[tuple[object, ...], Policy] = {}
+        # Set when the ledger is opened (its administrator key decides what is honoured).
+        self.authority: LedgerAuthority | None = None
         # (policy_version, policies read at it), PostgreSQL only: reused while current.
         self.snapshot: tuple[int, Policies] | None = None
 
-    def read(self, source: Connection | pipeline.Pipeline) -> Policies:
+    def read(self, source: Connection | pipeline.Pipeline, *, honoured: bool = True) -> Policies:
         """The stored policies, read now: in the caller's transaction, or from a pipeline
-        not yet under way as a read of its own."""
+        not yet under way as a read of its own.
+
+        With ``honoured`` (every read that decides or reports a cap), a row its
+        administrator did not sign is refused (:class:`LedgerCorrupt`): ignoring it could
+        fall back to a looser policy. Only the administrator's own ``set_policy`` reads
+        without, to replace such a row.
+        """
         if isinstance(source, pipeline.Pipeline):
             rows = source.read(statements.POLICY_ROWS)
         else:
@@ -48,7 +59,9 @@ class PolicyStore:
             values = tuple(row)
             policy = self._built.get(values)
             if policy is None:
-                tenant, query_type, cap, warn, calendar, length, min_window, clause, grace = values
+                tenant, query_type, cap, warn, calendar, length, min_window, clause, grace, _ = (
+                    values
+                )
                 policy = Policy(
                     cap_epsilon=cap,
                     warn_fraction=warn,
@@ -59,11 +72,26 @@ class PolicyStore:
                     compliance_clause=clause,
                     grace=timedelta(seconds=grace),
                 )
-                self._built[values] = policy
+                if honoured:
+                    self._check_signed(policy, values[-1])
+                    self._built[values] = policy
             policies[(values[0], values[1])] = policy
         if (ANY, ANY) not in policies:
             raise LedgerCorrupt("the ledger has no default policy")
         return policies
+
+    def _check_signed(self, policy: Policy, signature: object) -> None:
+        authority = self.authority
+        if authority is None:
+            raise LedgerCorrupt("the ledger's policies were read before its authority")
+        if not authority.policy_honoured(policy.as_record(), signature):
+            raise LedgerCorrupt(
+                f"the policy of tenant {policy.tenant!r}, query type {policy.query_type!r} "
+                f"(cap eps {policy.cap_epsilon!r}) is not signed by the ledger's administrator: "
+                "it was written without the administrator's authority (by SQL or by task "
+                "code) and is not honoured; nothing is released until the administrator "
+                "sets it again (`dp-budget policy set`) and `dp-budget verify` is run"
+            )
 
     def remember(self, connection: Connection, version: int) -> Policies:
         """Read the policies at ``version`` (read after it, in the same transaction)."""
@@ -121,12 +149,20 @@ def policy_lookup(policies: Mapping[tuple[str, str], Policy]) -> Callable[[Ledge
 
 
 def write_policy(
-    connection: Connection, key: history.ChainKey, policy: Policy, now: str, actor: str
+    connection: Connection,
+    key: history.ChainKey,
+    authority: LedgerAuthority,
+    policy: Policy,
+    now: str,
+    actor: str,
 ) -> None:
-    """Create or replace the policy of ``policy.scope``, with its history entry."""
+    """Create or replace the policy of ``policy.scope``, signed by the administrator (on
+    a ledger that has one), with its history entry."""
     record = policy.as_record()
+    signature = authority.sign_policy(record) if authority.trusted is not None else None
     values = {k: v for k, v in record.items() if k not in ("tenant", "query_type")}
     values["updated_at"] = now
+    values["signature"] = signature
     updated = connection.execute(
         update(PolicyRow)
         .where(PolicyRow.tenant == policy.tenant, PolicyRow.query_type == policy.query_type)
@@ -143,5 +179,9 @@ def write_policy(
         at=now,
         action="policy",
         actor=actor,
-        payload={**record, "calendar": policy.calendar.to_spec()},
+        payload={
+            **record,
+            "calendar": policy.calendar.to_spec(),
+            **({"signature": signature} if signature is not None else {}),
+        },
     )

@@ -44,7 +44,6 @@ from dp_budget_provider.ledger.classes import Cohort, CohortKeys
 from dp_budget_provider.ledger.core import (
     _BOUND_CACHE_SIZE,
     _CHUNK,
-    _CLEAR,
     Covered,
     LedgerCore,
     _chunks,
@@ -504,15 +503,22 @@ class ReservationRoom(LedgerCore):
         """
         with self._write() as connection:
             row = self._owned_row(connection, reservation, "commit")
-            quarantined = connection.execute(
-                select(LedgerConfig.quarantined_at).where(LedgerConfig.id == 1)
-            ).scalar_one()
-            if quarantined is not None:
+            config = connection.execute(
+                select(
+                    LedgerConfig.quarantined_at,
+                    LedgerConfig.quarantine_epoch,
+                    LedgerConfig.clearance,
+                    LedgerConfig.quarantine_reason,
+                ).where(LedgerConfig.id == 1)
+            ).one()
+            try:
+                self._refuse_quarantined(*config[:3], reason=lambda: config.quarantine_reason)
+            except LedgerQuarantined as refusal:
                 raise LedgerQuarantined(
-                    f"the ledger is quarantined since {quarantined}, so reservation {row.id} "
-                    f"is not committed and its release must not be published{_CLEAR}; the "
-                    "reservation stays open and is charged when it is reaped"
-                )
+                    f"reservation {row.id} is not committed and its release must not be "
+                    f"published: {refusal}; the reservation stays open and is charged when "
+                    "it is reaped"
+                ) from None
             if row.state in (COMMITTED, REAPED):
                 return self._receipts(connection, self._reservation_keys(connection, row.id))
             if row.state != OPEN:

@@ -74,6 +74,12 @@ class LedgerConfig(Base):
     # Set by a failed verify: no release until an operator clears it (both audited).
     quarantined_at: Mapped[str | None] = mapped_column(String(40), nullable=True)
     quarantine_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The administrator's public key (ledger.authority; NULL until one is recorded), the
+    # number of quarantines so far, and the administrator's signature lifting the latest
+    # (revision 0010).
+    admin_key: Mapped[str | None] = mapped_column(Text, nullable=True)
+    quarantine_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    clearance: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class PolicyRow(Base):
@@ -93,6 +99,9 @@ class PolicyRow(Base):
     compliance_clause: Mapped[str] = mapped_column(Text, default="")
     updated_at: Mapped[str] = mapped_column(String(40))
     grace_seconds: Mapped[int] = mapped_column(BIG)
+    # The administrator's signature over the row (ledger.authority), NULL on a ledger
+    # without an administrator key (revision 0010).
+    signature: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class Account(Base):

@@ -120,11 +120,13 @@ FROM unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(query_types)s
             string_to_array(%(windows)s, E'\n')) AS u(t, q, x)
 ON CONFLICT DO NOTHING;
 SELECT w.tenant, w.query_type, w."window", w.sealed_at,
-    (SELECT c.quarantined_at FROM dp_ledger_config c WHERE c.id = 1)
+    c.quarantined_at, c.quarantine_epoch, c.clearance
 FROM dp_windows w
+CROSS JOIN dp_ledger_config c
 JOIN unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(query_types)s, E'\n'),
             string_to_array(%(windows)s, E'\n')) AS u(t, q, x)
   ON w.tenant = u.t AND w.query_type = u.q AND w."window" = u.x
+WHERE c.id = 1
 ORDER BY w.tenant COLLATE "C", w.query_type COLLATE "C", w."window" COLLATE "C"
 FOR UPDATE OF w
 """
@@ -134,16 +136,17 @@ SQLITE_NEW_WINDOW = (
     "VALUES (%(tenant)s, %(query_type)s, %(window)s, %(now)s)"
 )
 SQLITE_WINDOW = (
-    'SELECT tenant, query_type, "window", sealed_at, '
-    "(SELECT quarantined_at FROM dp_ledger_config WHERE id = 1) FROM dp_windows "
-    'WHERE tenant = %(tenant)s AND query_type = %(query_type)s AND "window" = %(window)s'
+    'SELECT w.tenant, w.query_type, w."window", w.sealed_at, '
+    "c.quarantined_at, c.quarantine_epoch, c.clearance FROM dp_windows w, dp_ledger_config c "
+    "WHERE c.id = 1 AND w.tenant = %(tenant)s AND w.query_type = %(query_type)s "
+    'AND w."window" = %(window)s'
 )
 
 QUARANTINE_REASON = "SELECT quarantine_reason FROM dp_ledger_config WHERE id = 1"
 
 POLICY_ROWS = (
     "SELECT tenant, query_type, cap_epsilon, warn_fraction, calendar, calendar_length_seconds, "
-    "min_window_seconds, compliance_clause, grace_seconds FROM dp_policies"
+    "min_window_seconds, compliance_clause, grace_seconds, signature FROM dp_policies"
 )
 
 

@@ -30,6 +30,7 @@ from airflow.sdk.observability.stats import Stats
 from dp_budget_provider.accounting import (
     GaussianMechanism,
     Mechanism,
+    RDPAccountant,
     plan_noise_multiplier_for,
 )
 from dp_budget_provider.accounting.answer_rule import AnswerRule
@@ -39,17 +40,9 @@ from dp_budget_provider.accounting.release import (
     plan_noise,
 )
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
-from dp_budget_provider.ledger import (
-    BudgetExhausted,
-    LedgerKey,
-    LedgerQuarantined,
-    PrivacyBudgetLedger,
-    ReservationStateError,
-    SpendReceipt,
-    SubjectSource,
-    WindowSealed,
-)
+from dp_budget_provider.ledger import LedgerKey, SubjectSource
 from dp_budget_provider.ledger.classes import CohortKeys, covered_by, subjects_in
+from dp_budget_provider.ledger.gate import ReleaseGate, ReleaseReceipt, ReleaseRefused
 from dp_budget_provider.plugins.links import DPBudgetAccountLink
 
 RECEIPT_XCOM_KEY = "dp_budget_receipt"
@@ -57,7 +50,9 @@ ON_EXHAUSTED = ("fail", "skip")
 
 
 class DPBudgetExhaustedError(AirflowFailException):
-    """The release would pass the cap; no release happened. Not retried: budget does not refill."""
+    """The ledger refused the release (for any reason: the cap, a sealed window, a
+    quarantine; one message for all, with a reference only an administrator opens); no
+    release happened. Not retried: budget does not refill."""
 
 
 def attempt_id(context: Mapping[str, Any]) -> str:
@@ -92,8 +87,9 @@ class DPReleaseOperator(BaseOperator):
     :param python_callable: returns the exact, already-clipped query answer (a number or
         an array-like); its sensitivity must be the declared one.
     :param mechanism: a ``GaussianMechanism``/``LaplaceMechanism`` or its spec; a Gaussian
-        spec may say ``"noise_multiplier": "auto"`` to use the least noise that keeps
-        every key within ``target_epsilon`` (default: its cap).
+        spec may say ``"noise_multiplier": "auto"`` to use the least noise with which the
+        release alone costs at most ``target_epsilon`` (default: its scope's cap). The
+        noise never depends on what anyone has spent (it would tell the DAG).
     :param l2_sensitivity: L2 sensitivity of the answer (Gaussian).
     :param l1_sensitivity: L1 sensitivity of the answer (Laplace).
     :param subject: the privacy unit charged; or ``subjects`` for one release over many:
@@ -229,34 +225,25 @@ class DPReleaseOperator(BaseOperator):
             return self.mechanism
         return Mechanism.from_spec(self.mechanism)
 
-    def _auto_mechanism(
-        self, ledger: PrivacyBudgetLedger, keys: list[LedgerKey] | list[CohortKeys]
-    ) -> Mechanism:
-        """The least noise found that keeps every key within its target, checked on each
-        distinct held state (keys that have had the same releases share one)."""
-        budgets = [
-            (accountant, min(policy.cap_epsilon, self.target_epsilon or policy.cap_epsilon))
-            for accountant, policy in ledger.prospective_accountants(keys)
-        ]
+    def _auto_mechanism(self, gate: ReleaseGate) -> Mechanism:
+        """The least noise with which the release alone fits its target (the cap by
+        default): planned on nothing spent, so the choice tells nothing about anyone."""
+        cap = gate.policy_for_scope(self.tenant, self.query_type).cap_epsilon
+        target = min(cap, self.target_epsilon or cap)
         needed = plan_noise_multiplier_for(
-            budgets,
-            ledger.delta,
+            [(RDPAccountant(gate.orders), target)],
+            gate.delta,
             self.count,
-            ledger.conversion,
+            gate.conversion,
             mechanism_for=lambda z: self._plan(GaussianMechanism(z)).charged,
         )
-        self.log.info(
-            "noise_multiplier='auto' resolved to %.6g for %d key(s) in %d distinct state(s)",
-            needed,
-            subjects_in(keys),
-            len(budgets),
-        )
+        self.log.info("noise_multiplier='auto' resolved to %.6g (target eps %g)", needed, target)
         return GaussianMechanism(needed)
 
     # ------------------------------------------------------------------ keys
 
     def _keys(
-        self, ledger: PrivacyBudgetLedger, context: Mapping[str, Any]
+        self, ledger: ReleaseGate, context: Mapping[str, Any]
     ) -> list[LedgerKey] | list[CohortKeys]:
         """Every (subject, window) the release charges: the data it reads, per subject
         (or a registered cohort's subjects in each window)."""
@@ -270,109 +257,74 @@ class DPReleaseOperator(BaseOperator):
     # ------------------------------------------------------------------ execute
 
     def execute(self, context: Any) -> Any:
-        ledger = DPBudgetHook(dp_budget_conn_id=self.dp_budget_conn_id).get_ledger()
+        gate = DPBudgetHook(dp_budget_conn_id=self.dp_budget_conn_id).get_ledger()
         try:
-            keys = self._keys(ledger, context)
+            keys = self._keys(gate, context)
+            mechanism = self._auto_mechanism(gate) if self._auto else self._fixed_mechanism()
         except ValueError as refusal:
-            # Bad subjects or windows: the same on every try, so fail without retrying.
-            raise AirflowFailException(f"no release: {refusal}") from refusal
-        mechanism = self._auto_mechanism(ledger, keys) if self._auto else self._fixed_mechanism()
+            # Bad subjects or windows, a release no noise fits: the same on every try.
+            raise AirflowFailException(f"no release: {refusal}") from None
         plan = self._plan(mechanism)
         try:
-            reservation = ledger.reserve(
-                keys, plan.charged, self.count, attempt=attempt_id(context)
-            )
-        except (ValueError, WindowSealed, ReservationStateError, LedgerQuarantined) as refusal:
-            # A window that may not be charged, an attempt that already reserved, a
-            # quarantined ledger: nothing was written and the callable never runs.
-            raise AirflowFailException(f"no release: {refusal}") from refusal
-        except BudgetExhausted as refusal:
+            granted = gate.reserve(keys, plan.charged, self.count, attempt=attempt_id(context))
+        except ValueError as refusal:
+            raise AirflowFailException(f"no release: {refusal}") from None
+        except ReleaseRefused as refusal:
             Stats.incr("dp_budget.refusals", tags={"query_type": self.query_type})
-            # The refusal is this task's receipt: its account link opens the key that
-            # refused, and nothing looks for a receipt that was never written.
             context["ti"].xcom_push(
                 key=RECEIPT_XCOM_KEY,
                 value={
                     "refused": True,
                     "mechanism": plan.charged.to_spec(),
                     "keys": subjects_in(keys),
-                    "key": refusal.key.as_dict(),
-                    "epsilon": refusal.would_be_epsilon,
-                    "cap_epsilon": refusal.cap_epsilon,
+                    "reference": refusal.reference,
                 },
             )
-            message = f"no release: {refusal}"
+            self.log.error("no release: %s", refusal)
             if self.on_exhausted == "skip":
-                raise AirflowSkipException(message) from refusal
-            raise DPBudgetExhaustedError(message) from refusal
+                raise AirflowSkipException(f"no release: {refusal}") from None
+            raise DPBudgetExhaustedError(f"no release: {refusal}") from None
         self.log.info(
-            "reserved %s on %d key(s), eps would reach %.6g; its lease (until %s) is renewed "
+            "reserved %s on %d subject(s) (reservation %s); its lease (until %s) is renewed "
             "while the query runs",
             plan.charged.to_spec(),
-            subjects_in(keys),
-            reservation.prospective_epsilon,
-            reservation.lease_expires_at,
+            granted.subjects,
+            granted.id,
+            granted.lease_expires_at,
         )
         try:
-            with ledger.keep_alive(reservation, self.log):
+            with gate.keep_alive(granted, self.log):
                 answer = self.python_callable(*self.op_args, **self.op_kwargs)
                 release = plan.add_noise(answer)
         finally:
             # From here on the data was touched: charged on success and on failure alike,
             # and the receipt says so either way.
             try:
-                receipts = ledger.commit(reservation)
-            except LedgerQuarantined as refusal:
+                receipt = gate.commit(granted)
+            except ReleaseRefused as refusal:
                 # Quarantined meanwhile: the release is withheld, its reservation stays
                 # open and is charged when reaped.
-                raise AirflowFailException(f"release withheld: {refusal}") from refusal
-            summary = self._summary(ledger, receipts, reservation.id, plan)
+                self.log.error("release withheld: %s", refusal)
+                raise AirflowFailException(f"release withheld: {refusal}") from None
+            summary = {**receipt.as_dict(), "granularity": plan.granularity}
             context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
-        self._report(receipts, summary, context)
+        self._report(receipt, summary, context)
         return release
 
-    @staticmethod
-    def _summary(
-        ledger: PrivacyBudgetLedger,
-        receipts: list[SpendReceipt],
-        reservation_id: str,
-        plan: NoisePlan,
-    ) -> dict[str, Any]:
-        """The task's receipt: its worst account, named by one of its subjects."""
-        worst = max(receipts, key=lambda r: r.fraction)
-        return {
-            "reservation_id": reservation_id,
-            "mechanism": plan.charged.to_spec(),
-            "granularity": plan.granularity,
-            "keys": sum(r.subjects for r in receipts),
-            "key": ledger.subject_of(worst.key).as_dict(),
-            "account": worst.key.subject,
-            "epsilon": worst.epsilon,
-            "cap_epsilon": worst.cap_epsilon,
-            "remaining": worst.remaining,
-            "fraction": worst.fraction,
-            "warned": any(r.warned for r in receipts),
-            "method": worst.method,
-        }
-
-    def _report(self, receipts: list[SpendReceipt], summary: dict[str, Any], context: Any) -> None:
-        Stats.incr("dp_budget.spends", tags={"query_type": receipts[0].key.query_type})
-        Stats.gauge(
-            "dp_budget.epsilon_fraction",
-            summary["fraction"],
-            tags={"tenant": receipts[0].key.tenant, "query_type": receipts[0].key.query_type},
-        )
-        warned = [r for r in receipts if r.warned]
-        if not warned:
+    def _report(self, receipt: ReleaseReceipt, summary: dict[str, Any], context: Any) -> None:
+        """Count the release; in an exposed gate, warn (and notify) past the warning
+        fraction. A gate that exposes nothing has no account state to warn about: warnings
+        are the administrator's, in the UI."""
+        Stats.incr("dp_budget.spends", tags={"query_type": self.query_type})
+        if not summary.get("warned"):
             return
         self.log.warning(
-            "privacy budget warning: %d key(s) past the warning fraction; worst %s at eps %.6g "
+            "privacy budget warning: an account is past the warning fraction: %s at eps %.6g "
             "of cap %.6g",
-            len(warned),
-            summary["key"],
-            summary["epsilon"],
+            summary["account"],
+            summary["epsilon_after"],
             summary["cap_epsilon"],
         )
-        Stats.incr("dp_budget.warnings", len(warned))
+        Stats.incr("dp_budget.warnings")
         if self.on_budget_warning is not None:
             self.on_budget_warning({**context, RECEIPT_XCOM_KEY: summary})

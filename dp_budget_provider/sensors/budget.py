@@ -17,13 +17,9 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, A
 
 from dp_budget_provider.accounting import Mechanism
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
-from dp_budget_provider.ledger import (
-    LedgerQuarantined,
-    PrivacyBudgetLedger,
-    SubjectSource,
-    WindowSealed,
-)
+from dp_budget_provider.ledger import SubjectSource
 from dp_budget_provider.ledger.classes import covered_by
+from dp_budget_provider.ledger.gate import ReleaseGate, ReleaseRefused
 from dp_budget_provider.triggers.budget_window import BudgetWindowTrigger
 
 
@@ -82,40 +78,35 @@ class BudgetSensor(BaseSensorOperator):
         self.dp_budget_conn_id = dp_budget_conn_id
         self.deferrable = deferrable
 
-    def _ledger(self) -> PrivacyBudgetLedger:
+    def _ledger(self) -> ReleaseGate:
         return DPBudgetHook(dp_budget_conn_id=self.dp_budget_conn_id).get_ledger()
 
-    def _window(self, ledger: PrivacyBudgetLedger, now: datetime) -> str:
+    def _window(self, ledger: ReleaseGate, now: datetime) -> str:
         if self.window:
             return self.window
         return ledger.policy_for_scope(self.tenant, self.query_type).calendar.window_of(now)
 
-    def _fits(self, ledger: PrivacyBudgetLedger, window: str) -> bool:
+    def _fits(self, ledger: ReleaseGate, window: str) -> bool:
+        """Whether the release would be granted in ``window`` now: the one bit the ledger
+        tells a task (nothing about which subject, or how far)."""
         subjects = [self.subject] if self.subject is not None else self.subjects
         try:
             keys = covered_by(subjects, self.query_type, [window], self.tenant)
-            too_big = not ledger.fits_an_empty_account(
-                self.tenant, self.query_type, self.mechanism, self.count
-            )
-            check = ledger.budget_check(keys, self.mechanism, self.count)
-        except (ValueError, WindowSealed, LedgerQuarantined) as refusal:
-            # What the release would refuse whatever the budget: waiting cannot help.
-            raise AirflowFailException(f"no release can follow: {refusal}") from refusal
-        if too_big:
+            cap = ledger.policy_for_scope(self.tenant, self.query_type).cap_epsilon
+        except ValueError as refusal:
+            raise AirflowFailException(f"no release can follow: {refusal}") from None
+        if ledger.cost_alone(self.mechanism, self.count) > cap:
             raise AirflowFailException(
                 f"{self.count} x {self.mechanism.to_spec()} exceeds the cap even on an empty "
                 "account: no window will ever fit it"
             )
-        self.log.info(
-            "%d key(s) in %d distinct state(s); the closest to its cap, %s, would reach eps "
-            "%.6g of %.6g",
-            check.keys,
-            check.states,
-            check.key,
-            check.epsilon,
-            check.cap_epsilon,
-        )
-        return not check.exceeds
+        try:
+            return ledger.fits(keys, self.mechanism, self.count)
+        except ValueError as refusal:
+            raise AirflowFailException(f"no release can follow: {refusal}") from None
+        except ReleaseRefused as refusal:
+            # What the release would refuse whatever the budget: waiting cannot help.
+            raise AirflowFailException(f"no release can follow: {refusal}") from None
 
     def poke(self, context: Any) -> PokeReturnValue:
         ledger = self._ledger()

@@ -54,6 +54,7 @@ from dp_budget_provider.ledger.schema import (
 )
 from dp_budget_provider.ledger.schema import Cohort as CohortRow
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
+from tests.admin import AdminLedger
 
 UTC = timezone.utc
 CLOSED = "2020-w01"
@@ -343,7 +344,7 @@ OPERATIONS: list[Operation] = [
     (
         "open (actor, chain_key)",
         [st.sampled_from([None, "fuzz@example"]), st.none()],
-        lambda ctx, actor, chain_key: PrivacyBudgetLedger(
+        lambda ctx, actor, chain_key: AdminLedger(
             url=ctx.url, actor=actor, chain_key=chain_key
         ).close(),
     ),
@@ -388,7 +389,7 @@ def snapshot(ledger: PrivacyBudgetLedger) -> tuple[Any, ...]:
 
 
 def seed(url: str) -> None:
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=url)
+    ledger = AdminLedger(BudgetCap(3.0, 1e-5), url=url)
     try:
         ledger.spend(ALICE, GaussianMechanism(4.0), count=2, attempt="seed/1")
         ledger.spend(BOB, GaussianMechanism(6.0), attempt="seed/2")
@@ -462,7 +463,7 @@ def test_sqlite_refusals_are_value_or_ledger_errors_and_write_nothing(
     path = tmp_path / "ledger.db"
     shutil.copyfile(template, path)
     url = f"sqlite:///{path}"
-    ledger = PrivacyBudgetLedger(url=url)
+    ledger = AdminLedger(url=url)
     try:
         fuzz(Context(ledger, url), operation, examples=12 + 8 * len(operation[1]))
     finally:
@@ -471,7 +472,7 @@ def test_sqlite_refusals_are_value_or_ledger_errors_and_write_nothing(
 
 def test_postgresql_refusals_are_value_or_ledger_errors_and_write_nothing(postgres_url):
     seed(postgres_url)
-    ledger = PrivacyBudgetLedger(url=postgres_url)
+    ledger = AdminLedger(url=postgres_url)
     try:
         ctx = Context(ledger, postgres_url)
         for operation in OPERATIONS:
@@ -490,7 +491,7 @@ def test_postgresql_refusals_are_value_or_ledger_errors_and_write_nothing(postgr
         ),
         ("reap(timedelta.max)", lambda ledger, held: ledger.reap(timedelta.max)),
         ("commit(123)", lambda ledger, held: ledger.commit(123)),
-        ("actor of 300", lambda ledger, held: PrivacyBudgetLedger(url=ledger.url, actor="a" * 300)),
+        ("actor of 300", lambda ledger, held: AdminLedger(url=ledger.url, actor="a" * 300)),
         # What this fuzzer found (TypeError, AttributeError, OverflowError, codec errors).
         ("reserve(None)", lambda ledger, held: ledger.reserve(None, LaplaceMechanism(0.1))),
         ("receipt(None)", lambda ledger, held: ledger.receipt(None)),
@@ -540,7 +541,7 @@ def test_postgresql_refusals_are_value_or_ledger_errors_and_write_nothing(postgr
 def test_issue_probes(name, call, template, tmp_path):
     path = tmp_path / "ledger.db"
     shutil.copyfile(template, path)
-    ledger = PrivacyBudgetLedger(url=f"sqlite:///{path}")
+    ledger = AdminLedger(url=f"sqlite:///{path}")
     try:
         held = ledger.reserve(BOB, LaplaceMechanism(0.01), attempt="probe/1")
         before = snapshot(ledger)

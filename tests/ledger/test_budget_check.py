@@ -27,13 +27,13 @@ from dp_budget_provider.ledger import (
     LedgerKey,
     LedgerQuarantined,
     Policy,
-    PrivacyBudgetLedger,
     WindowSealed,
     held,
     key_for,
     keys_for,
     subject_ids,
 )
+from tests.admin import AdminLedger
 
 DELTA = 1e-5
 SUBJECTS = [f"s{i}" for i in range(10)]
@@ -56,7 +56,7 @@ _query_types = itertools.count()
 
 @pytest.fixture
 def ledger(ledger_url):
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url)
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=ledger_url)
     yield ledger
     ledger.close()
 
@@ -242,7 +242,7 @@ def test_a_key_part_holding_a_newline_is_refused_not_split(postgres_url):
     """PostgreSQL receives the subjects newline-separated: a key that did not come through
     canonicalisation (from_canonical with raw text) is refused as the reservation refuses
     it, not read as the two subjects around its newline."""
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=postgres_url)
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=postgres_url)
     ledger.spend(key_for("a", "count", "2026-w11"), GaussianMechanism(3.0))
     forged = LedgerKey.from_canonical("default", "a\nb", "count", "2026-w11")
     try:

@@ -207,6 +207,14 @@ def assert_legacy_accounts_are_classes_of_one(
     assert schema_of(url) == {
         **schema,
         "dp_accounts": [*schema["dp_accounts"], "size", "cohort_id"],
+        # Revision 0010 (the administrator's authority) on the way to the head.
+        "dp_ledger_config": [
+            *schema["dp_ledger_config"],
+            "admin_key",
+            "quarantine_epoch",
+            "clearance",
+        ],
+        "dp_policies": [*schema["dp_policies"], "signature"],
         "dp_members": ["tenant", "query_type", "window", "subject", "account"],
         "dp_cohorts": ["id", "tenant", "digest", "size", "created_at"],
         "dp_cohort_members": ["cohort_id", "subject"],

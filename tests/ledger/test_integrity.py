@@ -17,13 +17,13 @@ from dp_budget_provider.ledger import (
     BudgetExhausted,
     LedgerError,
     Policy,
-    PrivacyBudgetLedger,
     WindowBusy,
     WindowCalendar,
     WindowSealed,
     key_for,
 )
 from dp_budget_provider.ledger import clock as ledger_clock
+from tests.admin import ADMIN, AdminLedger
 from tests.ledger.test_ledger import snapshot
 from tests.ledger.test_pending_and_server_paths import execute, migrate, scalar
 
@@ -34,7 +34,7 @@ RELEASE = GaussianMechanism(2.0)
 
 @pytest.fixture
 def ledger(ledger_url, make_ledger):
-    return make_ledger(BudgetCap(3.0, DELTA), url=ledger_url)
+    return make_ledger(BudgetCap(3.0, DELTA), url=ledger_url, admin=ADMIN)
 
 
 def fill(ledger, key):
@@ -244,7 +244,7 @@ def test_a_rescoped_key_never_restarts_from_zero(ledger):
 @pytest.mark.parametrize("actor", [123, "", "x" * 257, "ops\nadmin", "ops\u200b"])
 def test_the_actor_must_be_a_short_visible_string(ledger_url, actor):
     with pytest.raises(ValueError, match="actor"):
-        PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url, actor=actor)
+        AdminLedger(BudgetCap(3.0, DELTA), url=ledger_url, actor=actor)
 
 
 @pytest.mark.parametrize(
@@ -275,12 +275,12 @@ def test_a_relative_sqlite_path_is_one_ledger_wherever_it_is_opened(tmp_path, mo
     (tmp_path / "b").mkdir()
     monkeypatch.chdir(tmp_path / "a")
     with caplog.at_level(logging.WARNING):
-        first = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url="sqlite:///ledger.db")
+        first = AdminLedger(BudgetCap(3.0, DELTA), url="sqlite:///ledger.db")
     assert str(tmp_path / "a" / "ledger.db") in first.url
     assert "resolved" in caplog.text and str(tmp_path / "a" / "ledger.db") in caplog.text
     first.spend(key_for("alice", "heatmap", "2026-w45"), RELEASE)
     monkeypatch.chdir(tmp_path / "b")
-    again = PrivacyBudgetLedger(url=f"sqlite:///{tmp_path / 'a' / 'ledger.db'}")
+    again = AdminLedger(url=f"sqlite:///{tmp_path / 'a' / 'ledger.db'}")
     assert again.epsilon_of(key_for("alice", "heatmap", "2026-w45")) > 0
     first.close()
     again.close()

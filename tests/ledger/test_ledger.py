@@ -27,12 +27,12 @@ from dp_budget_provider.ledger import (
     LedgerError,
     LedgerSchemaError,
     Policy,
-    PrivacyBudgetLedger,
     ReservationStateError,
     WindowCalendar,
     key_for,
 )
 from dp_budget_provider.ledger import clock as ledger_clock
+from tests.admin import AdminLedger
 
 UTC = timezone.utc
 DELTA = 1e-5
@@ -41,7 +41,7 @@ KEY = key_for("alice", "heatmap", "2026-w28")
 
 @pytest.fixture
 def ledger(ledger_url):
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url)
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=ledger_url)
     yield ledger
     ledger.close()
 
@@ -85,7 +85,7 @@ MECHANISMS = [
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(MECHANISMS), st.integers(1, 5)), min_size=1, max_size=6))
 def test_ledger_reports_exactly_what_the_accountant_reports(releases):
-    ledger = PrivacyBudgetLedger(BudgetCap(1e6, DELTA))
+    ledger = AdminLedger(BudgetCap(1e6, DELTA))
     reference = RDPAccountant()
     for mechanism, count in releases:
         ledger.spend(KEY, mechanism, count)
@@ -225,14 +225,14 @@ def test_reap_charges_abandoned_reservations_and_never_refunds(ledger):
 def test_reopening_with_another_delta_grid_conversion_or_cap_is_refused(ledger_url, ledger):
     ledger.spend(KEY, GaussianMechanism(4.0))
     with pytest.raises(LedgerConfigMismatch, match="delta"):
-        PrivacyBudgetLedger(BudgetCap(3.0, 1e-6), url=ledger_url)
+        AdminLedger(BudgetCap(3.0, 1e-6), url=ledger_url)
     with pytest.raises(LedgerConfigMismatch, match="grid"):
-        PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url, orders=[2.0, 4.0, 8.0])
+        AdminLedger(BudgetCap(3.0, DELTA), url=ledger_url, orders=[2.0, 4.0, 8.0])
     with pytest.raises(LedgerConfigMismatch, match="conversion"):
-        PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url, conversion="classic")
+        AdminLedger(BudgetCap(3.0, DELTA), url=ledger_url, conversion="classic")
     with pytest.raises(LedgerConfigMismatch, match="set_policy"):
-        PrivacyBudgetLedger(BudgetCap(30.0, DELTA), url=ledger_url)
-    reopened = PrivacyBudgetLedger(url=ledger_url)
+        AdminLedger(BudgetCap(30.0, DELTA), url=ledger_url)
+    reopened = AdminLedger(url=ledger_url)
     assert reopened.epsilon_of(KEY) == ledger.epsilon_of(KEY)
     assert reopened.delta == DELTA
     reopened.close()
@@ -240,19 +240,19 @@ def test_reopening_with_another_delta_grid_conversion_or_cap_is_refused(ledger_u
 
 def test_a_new_ledger_needs_a_cap(ledger_url):
     with pytest.raises(LedgerConfigMismatch, match="needs a BudgetCap"):
-        PrivacyBudgetLedger(url=ledger_url)
+        AdminLedger(url=ledger_url)
 
 
 def test_unknown_schema_version_is_refused(ledger_url, ledger):
     execute(ledger_url, "UPDATE dp_budget_alembic_version SET version_num = '9999'")
     with pytest.raises(LedgerSchemaError, match="9999"):
-        PrivacyBudgetLedger(url=ledger_url)
+        AdminLedger(url=ledger_url)
 
 
 def test_a_dropped_policy_version_trigger_is_found_by_verify(postgres_url):
     """Without its trigger, a policy edit would not reach processes reusing policies by
     version (a lowered cap unseen): verify names the missing trigger."""
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=postgres_url)
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=postgres_url)
     ledger.spend(KEY, GaussianMechanism(4.0))
     assert ledger.verify().ok
     execute(postgres_url, "DROP TRIGGER dp_policies_version ON dp_policies")
@@ -411,7 +411,7 @@ class _MutableGaussian(Mechanism):
 def test_release_costs_are_kept_per_mechanism_value_hashable_or_not() -> None:
     """Costs are kept per (mechanism, count); equal mechanisms share one, an unhashable
     one is known by its spec, and every charge equals the accountant's."""
-    ledger = PrivacyBudgetLedger(cap=BudgetCap(epsilon=100.0, delta=1e-5))
+    ledger = AdminLedger(cap=BudgetCap(epsilon=100.0, delta=1e-5))
     key = key_for("cost-cache", "count", "2026-w45")
     releases = [
         (GaussianMechanism(3), 1),

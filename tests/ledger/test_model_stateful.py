@@ -52,7 +52,6 @@ from dp_budget_provider.ledger import (
     LedgerError,
     LedgerKey,
     Policy,
-    PrivacyBudgetLedger,
     Reservation,
     ReservationClosed,
     ReservationStateError,
@@ -62,6 +61,7 @@ from dp_budget_provider.ledger import (
     key_for,
 )
 from dp_budget_provider.ledger import clock as ledger_clock
+from tests.admin import AdminLedger
 from tests.scratch_postgres import scratch_database
 
 UTC = timezone.utc
@@ -229,7 +229,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             self.database = contextlib.ExitStack()
             url = self.database.enter_context(fresh_copy(template_url))
             try:
-                self.ledger = PrivacyBudgetLedger(BudgetCap(CAP, DELTA), url=url, lease=LEASE)
+                self.ledger = AdminLedger(BudgetCap(CAP, DELTA), url=url, lease=LEASE)
             except BaseException:
                 self.database.close()
                 raise
@@ -988,7 +988,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
 
 
 def test_the_ledger_agrees_with_an_independent_model(ledger_url, monkeypatch):
-    PrivacyBudgetLedger(BudgetCap(CAP, DELTA), url=ledger_url).close()  # the template
+    AdminLedger(BudgetCap(CAP, DELTA), url=ledger_url).close()  # the template
     clock = Clock()
     monkeypatch.setattr(ledger_clock, "now", clock.now)
     OUTCOMES.clear()

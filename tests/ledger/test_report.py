@@ -15,10 +15,10 @@ from dp_budget_provider.accounting import (
 from dp_budget_provider.ledger import (
     BudgetCap,
     Policy,
-    PrivacyBudgetLedger,
     key_for,
     report,
 )
+from tests.admin import AdminLedger
 
 DELTA = 1e-5
 ALICE = key_for("alice", "heatmap", "2020-w01")
@@ -45,7 +45,7 @@ def seed(ledger):
 
 @pytest.fixture
 def ledger(ledger_url):
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=ledger_url)
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=ledger_url)
     seed(ledger)
     yield ledger
     ledger.close()
@@ -192,7 +192,7 @@ def test_tenant_and_window_filters(ledger):
 
 
 def test_classic_ledger_reports_mironovs_conversion(ledger_url):
-    ledger = PrivacyBudgetLedger(BudgetCap(10.0, DELTA), url=ledger_url, conversion="classic")
+    ledger = AdminLedger(BudgetCap(10.0, DELTA), url=ledger_url, conversion="classic")
     ledger.spend(ALICE, GaussianMechanism(4.0), count=20)
     document = report.build_report(ledger)
     ledger.close()
@@ -206,7 +206,7 @@ def test_negative_controls_change_the_claimed_guarantee():
     """Seed 000: omitting one release or changing a contribution bound must show."""
 
     def epsilon(releases, multiplier):
-        ledger = PrivacyBudgetLedger(BudgetCap(30.0, DELTA))
+        ledger = AdminLedger(BudgetCap(30.0, DELTA))
         for _ in range(releases):
             ledger.spend(ALICE, GaussianMechanism(multiplier))
         return report.build_report(ledger)["accounts"][0]["epsilon"]
@@ -217,7 +217,7 @@ def test_negative_controls_change_the_claimed_guarantee():
 
 
 def test_tampered_history_makes_the_report_say_failed(sqlite_url):
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
     seed(ledger)
     engine = sa.create_engine(sqlite_url)
     with engine.begin() as connection:
@@ -235,7 +235,7 @@ def test_tampered_history_makes_the_report_say_failed(sqlite_url):
 
 
 def test_verification_that_cannot_complete_is_a_failure_not_a_pass(sqlite_url):
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
     ledger.spend(ALICE, GaussianMechanism(4.0))
     engine = sa.create_engine(sqlite_url)
     with engine.begin() as connection:  # a commit entry stripped of its cost
@@ -299,7 +299,7 @@ def test_git_commit_is_read_without_running_git(tmp_path):
 
 
 def test_accounts_filters_are_canonicalised_like_keys():
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA))
+    ledger = AdminLedger(BudgetCap(3.0, DELTA))
     key = key_for("alice", "heatmap", "2020-W01", tenant="Default")
     ledger.spend(key, GaussianMechanism(4.0))
     assert [s.key for s in ledger.accounts(window="2020-W01")] == [key]
@@ -307,7 +307,7 @@ def test_accounts_filters_are_canonicalised_like_keys():
 
 
 def test_a_correction_is_either_refused_or_replayable_for_several_keys():
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA))
+    ledger = AdminLedger(BudgetCap(3.0, DELTA))
     try:
         ledger.correct([ALICE, BOB], GaussianMechanism(5.0), reason="missed pair release")
     except ValueError:
@@ -316,7 +316,7 @@ def test_a_correction_is_either_refused_or_replayable_for_several_keys():
 
 
 def test_verify_reports_an_edited_entry_instead_of_crashing(sqlite_url):
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
     ledger.spend(ALICE, GaussianMechanism(4.0))
     engine = sa.create_engine(sqlite_url)
     with engine.begin() as connection:

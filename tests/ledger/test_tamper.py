@@ -28,12 +28,12 @@ from dp_budget_provider.ledger import (
     LedgerError,
     LedgerQuarantined,
     Policy,
-    PrivacyBudgetLedger,
     history,
     key_for,
 )
 from dp_budget_provider.ledger import clock as ledger_clock
 from dp_budget_provider.ledger.checkpoints import Checkpoint, CheckpointFile
+from tests.admin import AdminLedger
 from tests.ledger.test_pending_and_server_paths import execute
 from tests.scratch_postgres import PG_ADMIN_DSN, scratch_database, url_of
 
@@ -72,7 +72,7 @@ def _clock() -> datetime:
 def build(url: str) -> None:
     """A keyed ledger whose history holds every kind of entry, every column in use."""
     CLOCK["now"] = datetime(2026, 11, 4, 12, tzinfo=UTC)
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=url, chain_key=KEY, actor="builder")
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=url, chain_key=KEY, actor="builder")
     try:
         ledger.set_policy(
             Policy(2.5, tenant="acme", query_type="counts", compliance_clause="GDPR Art. 25")
@@ -181,7 +181,7 @@ def assert_caught(url: str, token: str) -> list[str]:
     """verify fails naming ``token``, and the next release is refused; or the ledger
     refuses to open at all (fail closed). Returns the problems."""
     try:
-        ledger = PrivacyBudgetLedger(url=url, chain_key=KEY)
+        ledger = AdminLedger(url=url, chain_key=KEY)
     except (LedgerConfigMismatch, LedgerCorrupt) as error:
         return [str(error)]
     try:
@@ -391,7 +391,7 @@ def test_truncation_below_a_checkpoint_is_caught_and_a_forged_checkpoint_refused
     """Delete the newest entries and move the heads back: every remaining link verifies,
     but the checkpoint kept outside the database names an entry that is gone."""
     url = copy_of(copies, backend, tmp_path_factory)
-    ledger = PrivacyBudgetLedger(url=url, chain_key=KEY)
+    ledger = AdminLedger(url=url, chain_key=KEY)
     store = CheckpointFile(tmp_path / "checkpoints.jsonl")
     store.append(ledger.checkpoint(ledger.verify()), ledger.chain_key)
     ledger.close()
@@ -411,7 +411,7 @@ def test_truncation_below_a_checkpoint_is_caught_and_a_forged_checkpoint_refused
         h=prev_hash,
         c=chain,
     )
-    ledger = PrivacyBudgetLedger(url=url, chain_key=KEY)
+    ledger = AdminLedger(url=url, chain_key=KEY)
     try:
         checkpoint = store.last(ledger.chain_key)
         report = ledger.verify(checkpoint)
@@ -429,13 +429,13 @@ def test_truncation_below_a_checkpoint_is_caught_and_a_forged_checkpoint_refused
 
 def test_a_keyed_ledger_refuses_to_open_without_its_key_or_with_another(tmp_path):
     url = f"sqlite:///{tmp_path / 'keyed.db'}"
-    PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=url, chain_key=KEY).close()
+    AdminLedger(BudgetCap(3.0, DELTA), url=url, chain_key=KEY).close()
     with pytest.raises(LedgerConfigMismatch, match="open it with its chain key"):
-        PrivacyBudgetLedger(url=url)
+        AdminLedger(url=url)
     with pytest.raises(LedgerConfigMismatch, match="not with the chain key given"):
-        PrivacyBudgetLedger(url=url, chain_key="another key of enough length")
+        AdminLedger(url=url, chain_key="another key of enough length")
     with pytest.raises(ValueError, match="at least 16 bytes"):
-        PrivacyBudgetLedger(url=url, chain_key="short")
+        AdminLedger(url=url, chain_key="short")
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
@@ -444,8 +444,8 @@ def test_adopting_a_key_keys_the_history_and_seals_what_came_before(tmp_path, ba
     by the adoption entry, a writer without the key is refused, and verify passes."""
     with scratch_database("dpb_adopt") as (_, pg_url):
         url = pg_url if backend == "postgresql" else f"sqlite:///{tmp_path / 'adopt.db'}"
-        unkeyed = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=url)
-        stale = PrivacyBudgetLedger(url=url)  # another process, still without the key
+        unkeyed = AdminLedger(BudgetCap(3.0, DELTA), url=url)
+        stale = AdminLedger(url=url)  # another process, still without the key
         unkeyed.spend(key_for("alice", "heatmap", "2026-w49"), GaussianMechanism(3.0))
         assert not unkeyed.verify().keyed
         unkeyed.adopt_chain_key(KEY)
@@ -454,8 +454,8 @@ def test_adopting_a_key_keys_the_history_and_seals_what_came_before(tmp_path, ba
             stale.spend(key_for("bob", "heatmap", "2026-w49"), GaussianMechanism(3.0))
         stale.close()
         with pytest.raises(LedgerConfigMismatch, match="open it with its chain key"):
-            PrivacyBudgetLedger(url=url)
-        keyed = PrivacyBudgetLedger(url=url, chain_key=KEY)
+            AdminLedger(url=url)
+        keyed = AdminLedger(url=url, chain_key=KEY)
         keyed.spend(key_for("bob", "heatmap", "2026-w49"), GaussianMechanism(3.0))
         report = keyed.verify()
         assert report.ok and report.keyed, report.problems
@@ -495,7 +495,7 @@ def recompute_unkeyed_prefix(url: str) -> None:
 def test_quarantine_stops_releases_until_an_audited_clear(tmp_path, backend):
     with scratch_database("dpb_quarantine") as (_, pg_url):
         url = pg_url if backend == "postgresql" else f"sqlite:///{tmp_path / 'q.db'}"
-        ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=url, chain_key=KEY, actor="ops")
+        ledger = AdminLedger(BudgetCap(3.0, DELTA), url=url, chain_key=KEY, actor="ops")
         key = key_for("alice", "heatmap", "2026-w49")
         held = ledger.reserve(key, GaussianMechanism(4.0))
         ledger.spend(key, GaussianMechanism(4.0))
@@ -512,7 +512,7 @@ def test_quarantine_stops_releases_until_an_audited_clear(tmp_path, backend):
         execute(url, "UPDATE dp_ledger_config SET quarantined_at = NULL, quarantine_reason = NULL")
         assert any("quarantine" in p for p in ledger.verify(quarantine=False).problems)
         execute(url, "UPDATE dp_policies SET cap_epsilon = 3.0")
-        ledger2 = PrivacyBudgetLedger(url=url, chain_key=KEY, actor="ops")
+        ledger2 = AdminLedger(url=url, chain_key=KEY, actor="ops")
         assert ledger2.verify().ok is False  # the SQL clear itself is still a problem
         with pytest.raises(ValueError, match="reason"):
             ledger2.clear_quarantine("  ")
@@ -531,7 +531,7 @@ def test_a_release_granted_over_its_cap_is_found_in_the_history(tmp_path):
     """An insider lowers a key's committed spend, releases again, and puts the spend back:
     every table agrees with the history, but the replay finds the grant over the cap."""
     url = f"sqlite:///{tmp_path / 'breach.db'}"
-    ledger = PrivacyBudgetLedger(BudgetCap(2.0, DELTA), url=url, chain_key=KEY)
+    ledger = AdminLedger(BudgetCap(2.0, DELTA), url=url, chain_key=KEY)
     key = key_for("alice", "heatmap", "2026-w49")
     ledger.spend(key, GaussianMechanism(8.0))
     held = fetch(url, "SELECT rho, gaussian_mu2 FROM dp_accounts")[0]
@@ -556,7 +556,7 @@ def test_a_verify_that_cannot_even_read_a_row_still_quarantines(tmp_path):
     """SQLite stores a text in an INTEGER column: the walk cannot compare it. Crashing
     must not be a way around the quarantine."""
     url = f"sqlite:///{tmp_path / 'crash.db'}"
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=url, chain_key=KEY)
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=url, chain_key=KEY)
     ledger.spend(key_for("alice", "heatmap", "2026-w49"), GaussianMechanism(4.0))
     execute(url, "UPDATE dp_history SET chain = 'one' WHERE seq = 1")
     report = ledger.verify()

@@ -8,6 +8,7 @@ import pytest
 
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
 from dp_budget_provider.ledger import BudgetCap, LedgerKey, Policy, PrivacyBudgetLedger, key_for
+from tests.admin import AdminLedger
 
 WINDOW = "2026-w28"
 XSS = "<script>alert(1)</script>"
@@ -49,7 +50,7 @@ def seed(ledger: PrivacyBudgetLedger) -> Seeded:
 @pytest.fixture
 def seeded(ledger_url):
     """A seeded ledger on SQLite and on PostgreSQL (the test runs once on each)."""
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=ledger_url)
+    ledger = AdminLedger(BudgetCap(3.0, 1e-5), url=ledger_url)
     try:
         yield seed(ledger)
     finally:

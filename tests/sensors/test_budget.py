@@ -14,12 +14,12 @@ from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import (
     BudgetCap,
     Policy,
-    PrivacyBudgetLedger,
     WindowCalendar,
     key_for,
 )
 from dp_budget_provider.sensors import budget
 from dp_budget_provider.sensors.budget import BudgetSensor
+from tests.admin import AdminLedger
 from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
 
 UTC = timezone.utc
@@ -28,7 +28,7 @@ BIG = GaussianMechanism(1.5)  # eps 2.75: one per window under a cap of 3
 
 @pytest.fixture
 def ledger(airflow_db, sqlite_url, monkeypatch):
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=sqlite_url)
+    ledger = AdminLedger(BudgetCap(3.0, 1e-5), url=sqlite_url)
     ledger_connection(monkeypatch, sqlite_url)
     yield ledger
     ledger.close()

@@ -1,0 +1,260 @@
+"""What a task holds of the ledger: a gate that releases within the caps and tells
+nothing about anyone else's releases.
+
+A task runs code its DAG author wrote, and whatever the task is told (errors, receipts,
+logs, XCom) that author reads. A refusal that names the subject that refused, or a
+receipt with each class's eps after the release, lets one DAG learn who is in another
+DAG's data: refusals cost nothing, and a release at a negligible cost over a chosen
+subset tells whether someone else charged it. So the gate answers only what a release
+needs, and each answer depends only on the release itself:
+
+* ``reserve`` grants, or refuses with one uniform :class:`ReleaseRefused` for every
+  reason (the cap, a sealed window, a quarantine, a corrupt ledger): its message is the
+  same words and a *reference*, the facts sealed to the administrator's key
+  (:mod:`authority`), which only an administrator opens (``dp-budget refusal``, the UI);
+* ``commit`` returns a :class:`ReleaseReceipt`: the release's own cost, mechanism, cap
+  and size, never an account's spend;
+* ``fits`` is the one bit a sensor needs (the refused-or-granted bit: it still leaks
+  with enough questions; shares per principal and individual filtering remove it).
+
+A deployment where every DAG author may see all budget state opens the gate with
+``exposed=True`` (``[dp_budget] expose_budget_state``): refusals then carry their
+reason and receipts the accounts' state, as the ledger's own API returns them.
+
+Administrative acts are not offered at all (and need the administrator's key anyway).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+
+from dp_budget_provider.accounting import Conversion, Mechanism
+from dp_budget_provider.ledger.classes import Cohort, subjects_in
+from dp_budget_provider.ledger.core import Covered
+from dp_budget_provider.ledger.errors import BudgetExhausted, LedgerError, LedgerUnavailable
+from dp_budget_provider.ledger.keys import LedgerKey
+from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
+from dp_budget_provider.ledger.policy import Policy
+from dp_budget_provider.ledger.records import Reservation, SpendReceipt
+
+UNIFORM_REFUSAL = "the privacy budget ledger refused this release; nothing was released or charged"
+
+
+class ReleaseRefused(LedgerError):
+    """A release the ledger would not grant, for whatever reason; nothing was written.
+
+    ``reference`` is the reason sealed to the administrator's key (None when the ledger
+    has no administrator key to seal it to); ``detail`` is the reason itself, only in
+    an exposed gate.
+    """
+
+    def __init__(self, reference: str | None, detail: str | None = None) -> None:
+        self.reference = reference
+        self.detail = detail
+        if detail is not None:
+            text = f"{UNIFORM_REFUSAL}: {detail}"
+        elif reference is not None:
+            text = (
+                f"{UNIFORM_REFUSAL}. Reference for an administrator (`dp-budget refusal "
+                f"REFERENCE`, or the budget UI): {reference}"
+            )
+        else:
+            text = (
+                f"{UNIFORM_REFUSAL}. The ledger has no administrator key, so the reason is "
+                "recorded nowhere (`dp-budget admin init`)"
+            )
+        super().__init__(text)
+
+
+@dataclass(frozen=True)
+class GrantedRelease:
+    """A granted reservation as a task holds it: its id and lease, not its accounts."""
+
+    id: str
+    subjects: int
+    windows: tuple[str, ...]
+    mechanism: Mechanism
+    count: int
+    lease_expires_at: str | None
+    _reservation: Reservation = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class ReleaseReceipt:
+    """What a task is told of a committed release: the release itself.
+
+    ``epsilon`` is what this release alone costs (at the ledger's delta), ``cap_epsilon``
+    the cap its scope is held to. ``accounts`` holds the accounts' state only in an
+    exposed gate (else None).
+    """
+
+    reservation_id: str
+    subjects: int
+    windows: tuple[str, ...]
+    mechanism: dict[str, Any]
+    epsilon: float
+    cap_epsilon: float
+    accounts: list[SpendReceipt] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The receipt as plain JSON values (a task's XCom)."""
+        document: dict[str, Any] = {
+            "reservation_id": self.reservation_id,
+            "keys": self.subjects,
+            "windows": list(self.windows),
+            "mechanism": self.mechanism,
+            "epsilon": self.epsilon,
+            "cap_epsilon": self.cap_epsilon,
+        }
+        if self.accounts is not None:
+            worst = max(self.accounts, key=lambda r: r.fraction)
+            document.update(
+                account=worst.key.as_dict(),
+                epsilon_after=worst.epsilon,
+                remaining=worst.remaining,
+                fraction=worst.fraction,
+                warned=any(r.warned for r in self.accounts),
+                method=worst.method,
+            )
+        return document
+
+
+def _subjects(keys: Covered) -> int:
+    """How many (subject, window) pairs a release covers: its own input, not its classes
+    (how the ledger splits them into classes depends on other releases)."""
+    keys_of, cohorts = PrivacyBudgetLedger._covered(keys)
+    return subjects_in(cohorts or keys_of)
+
+
+class ReleaseGate:
+    """A ledger as a task may use it (see the module docstring)."""
+
+    def __init__(self, ledger: PrivacyBudgetLedger, *, exposed: bool = False) -> None:
+        self._ledger = ledger
+        self.exposed = exposed
+
+    @property
+    def delta(self) -> float:
+        """The ledger's fixed delta (public: every eps is at it)."""
+        return self._ledger.delta
+
+    @property
+    def orders(self) -> np.ndarray:
+        """The ledger's grid of Rényi orders (public: how every cost is priced)."""
+        return self._ledger.orders
+
+    @property
+    def conversion(self) -> Conversion:
+        """The ledger's RDP to (eps, delta) conversion (public)."""
+        return self._ledger.conversion
+
+    def windows_for(
+        self, tenant: str, query_type: str, start: datetime, end: datetime
+    ) -> list[str]:
+        """The windows data from ``start`` to ``end`` falls in (the public calendar)."""
+        return self._ledger.windows_for(tenant, query_type, start, end)
+
+    def policy_for_scope(self, tenant: str, query_type: str) -> Policy:
+        """The cap and calendar in force for (tenant, query type): public to its releases."""
+        return self._ledger.policy_for_scope(tenant, query_type)
+
+    def cohort(self, subjects: Any, tenant: str = "default") -> Cohort:
+        """Register a cohort (what the handle says depends only on its subjects)."""
+        return self._ledger.cohort(subjects, tenant)
+
+    def cost_alone(self, mechanism: Mechanism, count: int = 1) -> float:
+        """What this release alone costs, in eps at the ledger's delta."""
+        return self._ledger.epsilon_alone(mechanism, count)
+
+    def fits(self, keys: Covered, mechanism: Mechanism, count: int = 1) -> bool:
+        """Whether the release would be granted now: one bit, nothing about why."""
+        with self._refusals():
+            return not self._ledger.budget_check(keys, mechanism, count).exceeds
+
+    def reserve(
+        self, keys: Covered, mechanism: Mechanism, count: int = 1, *, attempt: str
+    ) -> GrantedRelease:
+        """Reserve the release's cost on ``keys``, or raise :class:`ReleaseRefused`."""
+        with self._refusals():
+            reservation = self._ledger.reserve(keys, mechanism, count, attempt=attempt)
+        return GrantedRelease(
+            reservation.id,
+            _subjects(keys),
+            tuple(sorted({key.window for key in reservation.keys})),
+            reservation.mechanism,
+            reservation.count,
+            reservation.lease_expires_at,
+            reservation,
+        )
+
+    def commit(self, granted: GrantedRelease) -> ReleaseReceipt:
+        """Charge the release (it happened); the receipt describes the release alone."""
+        with self._refusals():
+            receipts = self._ledger.commit(granted._reservation)
+        policy = self._ledger.policy_for(receipts[0].key)
+        return ReleaseReceipt(
+            granted.id,
+            granted.subjects,
+            granted.windows,
+            granted.mechanism.to_spec(),
+            self.cost_alone(granted.mechanism, granted.count),
+            policy.cap_epsilon,
+            receipts if self.exposed else None,
+        )
+
+    def release(self, granted: GrantedRelease, reason: str = "") -> None:
+        """Give the reservation back: the data was never touched."""
+        self._ledger.release(granted._reservation, reason)
+
+    def renew(self, granted: GrantedRelease) -> datetime:
+        """Renew the reservation's lease."""
+        return self._ledger.renew(granted._reservation)
+
+    def keep_alive(
+        self, granted: GrantedRelease, log: logging.Logger | logging.LoggerAdapter[Any]
+    ) -> contextlib.AbstractContextManager[None]:
+        """Renew the lease in the background while the release runs."""
+        return self._ledger.keep_alive(granted._reservation, log)
+
+    def rescope(self, old: LedgerKey, new: LedgerKey, reason: str = "") -> None:
+        """Move an account's spend to another query type (it carries all of it, and the
+        old key is sealed); nothing about the spend moved is returned."""
+        with self._refusals():
+            self._ledger.rescope(old, new, reason)
+
+    def reap(self, older_than: timedelta | None = None) -> list[str]:
+        """Charge abandoned reservations (only ever charges)."""
+        return self._ledger.reap(older_than)
+
+    def reset_closed(self) -> dict[str, int]:
+        """Seal and reset the windows past their grace period (never refunds)."""
+        return self._ledger.reset_closed()
+
+    @contextlib.contextmanager
+    def _refusals(self) -> Iterator[None]:
+        """Every refusal leaves as one :class:`ReleaseRefused`; its facts are sealed."""
+        try:
+            yield
+        except LedgerUnavailable:
+            raise  # the database, not the budget: says nothing about anyone's data
+        except LedgerError as error:
+            raise self._refused(error) from None
+
+    def _refused(self, error: LedgerError) -> ReleaseRefused:
+        facts: dict[str, Any] = {"refusal": type(error).__name__, "reason": str(error)}
+        if isinstance(error, BudgetExhausted):
+            facts.update(
+                account=getattr(error.key, "as_dict", lambda: str(error.key))(),
+                epsilon=error.would_be_epsilon,
+                cap_epsilon=error.cap_epsilon,
+            )
+        trusted = self._ledger.admin_public_key
+        reference = trusted.seal(facts) if trusted is not None else None
+        return ReleaseRefused(reference, str(error) if self.exposed else None)
