@@ -102,6 +102,8 @@ class ReleaseReceipt:
     epsilon: float
     cap_epsilon: float
     accounts: list[SpendReceipt] | None = None
+    # The subject that names the most-spent account (exposed gates only).
+    named: LedgerKey | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The receipt as plain JSON values (a task's XCom)."""
@@ -116,7 +118,7 @@ class ReleaseReceipt:
         if self.accounts is not None:
             worst = max(self.accounts, key=lambda r: r.fraction)
             document.update(
-                account=worst.key.as_dict(),
+                account=(self.named or worst.key).as_dict(),
                 epsilon_after=worst.epsilon,
                 remaining=worst.remaining,
                 fraction=worst.fraction,
@@ -199,6 +201,9 @@ class ReleaseGate:
         with self._refusals():
             receipts = self._ledger.commit(granted._reservation)
         policy = self._ledger.policy_for(receipts[0].key)
+        named = None
+        if self.exposed:
+            named = self._ledger.subject_of(max(receipts, key=lambda r: r.fraction).key)
         return ReleaseReceipt(
             granted.id,
             granted.subjects,
@@ -207,6 +212,7 @@ class ReleaseGate:
             self.cost_alone(granted.mechanism, granted.count),
             policy.cap_epsilon,
             receipts if self.exposed else None,
+            named,
         )
 
     def release(self, granted: GrantedRelease, reason: str = "") -> None:

@@ -12,10 +12,14 @@ from typing import Any
 
 from airflow.sdk import DAG
 
+from tests.admin import ADMIN
 
-def ledger_connection(monkeypatch: Any, url: str) -> None:
-    """Point the default dp_budget connection at ``url`` (the documented env-var contract)."""
-    value = json.dumps({"conn_type": "dp_budget", "extra": {"url": url}})
+
+def ledger_connection(monkeypatch: Any, url: str, **extra: Any) -> None:
+    """Point the default dp_budget connection at ``url`` (the documented env-var contract),
+    pinning the tests' administrator key (``tests.admin``) unless ``extra`` says otherwise."""
+    extra = {"url": url, "admin_public_key": ADMIN.public.text, **extra}
+    value = json.dumps({"conn_type": "dp_budget", "extra": {k: v for k, v in extra.items() if v}})
     monkeypatch.setenv("AIRFLOW_CONN_DP_BUDGET_DEFAULT", value)
 
 

@@ -13,6 +13,7 @@ from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant, ZCDP
 from dp_budget_provider.accounting.answer_rule import AnswerRule
 from dp_budget_provider.accounting.release import plan_noise
 from dp_budget_provider.ledger import key_for
+from tests.admin import ADMIN
 from tests.airflow.dag_runner import load_dag, stored_xcom, task_states
 
 DELTA = 1e-5
@@ -114,7 +115,9 @@ def test_success_commits_exactly_once_and_returns_the_noisy_release(ledger, tmp_
     assert receipt["mechanism"] == {"kind": "zcdp", "rho": 1 / 32}
     assert receipt["granularity"] == 2**-8
     assert all(v / 2**-8 == int(v / 2**-8) for row in noisy for v in row)
-    assert receipt["keys"] == 1 and receipt["key"]["subject"] == "alice"
+    assert receipt["keys"] == 1 and receipt["windows"] == [KEY.window]
+    # The receipt describes the release alone: no account, no spend after it.
+    assert not {"key", "account", "epsilon_after", "remaining", "fraction"} & set(receipt)
     assert ledger.epsilon_of(KEY) == pytest.approx(receipt["epsilon"])
     actions = [e["action"] for e in ledger.history(KEY)]
     assert actions == ["reserve", "commit"]
@@ -132,13 +135,18 @@ def test_refusal_runs_nothing_writes_nothing_and_fails(ledger, tmp_path):
     assert not ran and result is None
     assert ledger.history() == before
     refusal = stored_xcom(dag_run, "release", "dp_budget_receipt")
-    assert refusal["refused"] is True and refusal["key"] == KEY.as_dict()
-    assert refusal["epsilon"] == pytest.approx(
+    # The task learns that it was refused, and a reference: no account, no eps.
+    assert set(refusal) == {"refused", "mechanism", "keys", "reference"}
+    assert refusal["refused"] is True and refusal["keys"] == 1
+    # The administrator opens the reference: the account that refused, and by how much.
+    facts = ADMIN.open(refusal["reference"])
+    assert facts["refusal"] == "BudgetExhausted" and facts["account"] == KEY.as_dict()
+    assert facts["epsilon"] == pytest.approx(
         expected_eps(GaussianMechanism(1.4), DISCRETE_Z4), rel=1e-12
     )
-    assert refusal["epsilon"] > refusal["cap_epsilon"] == 3.0
+    assert facts["epsilon"] > facts["cap_epsilon"] == 3.0
     link = stored_xcom(dag_run, "release", "_link_DPBudgetAccountLink")
-    assert link.startswith("/plugin/dp-budget/dp-budget/account?") and "subject=alice" in link
+    assert link.startswith("/plugin/dp-budget/dp-budget/accounts?") and "alice" not in link
 
 
 def test_refusal_with_on_exhausted_skip_skips(ledger, tmp_path):
@@ -179,21 +187,27 @@ def test_discrete_laplace_counts_are_integers_and_charged_as_pure_dp(ledger, tmp
     assert result["receipt"]["mechanism"] == {"kind": "pure_dp", "epsilon0": 0.5}
 
 
-def test_auto_noise_multiplier_spends_exactly_to_the_cap(ledger, tmp_path):
-    ledger.spend(KEY, GaussianMechanism(4.0))
-    dag_run, result, _ = run_release(
-        tmp_path, mechanism={"kind": "gaussian", "noise_multiplier": "auto"}
-    )
+def test_auto_noise_multiplier_costs_the_cap_alone_whatever_was_spent(ledger, tmp_path):
+    """ "auto" is planned on nothing spent: the same noise whoever charged the subject
+    before (the noise scale is in the receipt, so planning on the spend would tell it)."""
+    auto = {"kind": "gaussian", "noise_multiplier": "auto"}
+    dag_run, result, _ = run_release(tmp_path, mechanism=auto)
     assert str(dag_run.state) == "success"
     assert result["receipt"]["epsilon"] == pytest.approx(3.0, rel=1e-6)
     assert result["receipt"]["epsilon"] <= 3.0
+    other = key_for("bob", "heatmap", KEY.window)
+    ledger.spend(other, GaussianMechanism(8.0))
+    (tmp_path / "bob").mkdir()
+    again, second, _ = run_release(tmp_path / "bob", mechanism=auto, subject="bob")
+    assert str(again.state) == "failed"  # the same noise no longer fits bob's cap
+    assert second is None
 
 
 def test_templated_subject(ledger, tmp_path):
     dag_run, result, _ = run_release(
         tmp_path, subject="subject-{{ ti.task_id }}-{{ params.get('x', 7) }}"
     )
-    assert result["receipt"]["key"]["subject"] == "subject-release-7"
+    assert ledger.epsilon_of(key_for("subject-release-7", "heatmap", KEY.window)) > 0
 
 
 RACE_SCRIPT = """
@@ -268,21 +282,24 @@ with DAG("DAG_ID", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezon
 """
 
 
-def test_warning_notifier_and_metrics_fire_past_the_warning_fraction(ledger, tmp_path, monkeypatch):
+def test_warning_notifier_and_metrics_fire_past_the_warning_fraction_where_exposed(
+    ledger, tmp_path, monkeypatch
+):
+    """Warnings tell an account's state: the task (and its notifier) hears of them only
+    where the deployment exposes the budget state; otherwise nothing is said."""
     from dp_budget_provider.operators import release as release_module
 
     calls = []
     monkeypatch.setattr(release_module.Stats, "incr", lambda name, *a, **k: calls.append(name))
-    monkeypatch.setattr(release_module.Stats, "gauge", lambda name, *a, **k: calls.append(name))
     out = tmp_path / "warning.json"
-    assert str(load_dag(WARNING_DAG.format(out=str(out))).test().state) == "success"
-    assert not out.exists()  # eps 0.93 of 3: no warning yet
-    assert calls == ["dp_budget.spends", "dp_budget.epsilon_fraction"]
     ledger.spend(KEY, GaussianMechanism(1.8))
+    assert str(load_dag(WARNING_DAG.format(out=str(out))).test().state) == "success"
+    assert not out.exists() and calls == ["dp_budget.spends"]  # past 80%, but not exposed
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__EXPOSE_BUDGET_STATE", "True")
     assert str(load_dag(WARNING_DAG.format(out=str(out))).test().state) == "success"
     warning = json.loads(out.read_text())
     assert warning["warned"] and warning["fraction"] >= 0.8
-    assert warning["key"]["subject"] == "alice"
+    assert warning["account"]["subject"] == "alice"
     assert calls[-1] == "dp_budget.warnings"
 
 
