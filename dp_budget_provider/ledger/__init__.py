@@ -7,6 +7,7 @@ Airflow adapters all use this same API.
 from dp_budget_provider.ledger.classes import Cohort, CohortKeys
 from dp_budget_provider.ledger.errors import (
     BudgetExhausted,
+    ClockSkew,
     LedgerConfigMismatch,
     LedgerCorrupt,
     LedgerError,
@@ -36,6 +37,7 @@ __all__ = [
     "BudgetCap",
     "BudgetCheck",
     "BudgetExhausted",
+    "ClockSkew",
     "Cohort",
     "CohortKeys",
     "LedgerConfigMismatch",

@@ -130,8 +130,8 @@ class AuditRoom(LedgerCore):
             )
 
     def _set_quarantine(self, reason: str, problems: Sequence[str], *, audited: bool) -> bool:
-        now = clock.stamp(clock.now())
         with self._write() as connection:
+            now = clock.stamp(clock.now())
             held = connection.execute(
                 select(LedgerConfig.quarantined_at).where(LedgerConfig.id == 1).with_for_update()
             ).scalar_one_or_none()
@@ -156,8 +156,8 @@ class AuditRoom(LedgerCore):
         tables still disagree with its history is quarantined again by the next verify.
         """
         reason = _reason(reason)
-        now = clock.stamp(clock.now())
         with self._write() as connection:
+            now = clock.stamp(clock.now())
             row = connection.execute(
                 select(LedgerConfig.quarantined_at, LedgerConfig.quarantine_reason)
                 .where(LedgerConfig.id == 1)
@@ -201,8 +201,8 @@ class AuditRoom(LedgerCore):
                 f"refusing to key a history that does not verify ({len(report.problems)} "
                 f"problem(s), the first: {report.problems[0]})"
             )
-        now = clock.stamp(clock.now())
         with self._write() as connection:
+            now = clock.stamp(clock.now())
             heads = connection.execute(
                 select(ChainHead.id, ChainHead.seq, ChainHead.hash)
                 .order_by(ChainHead.id)

@@ -37,10 +37,9 @@ class PolicyStore:
         self.snapshot: tuple[int, Policies] | None = None
 
     def read(self, source: Connection | pipeline.Pipeline) -> Policies:
-        """The stored policies, read now: in the caller's transaction, or from a pipeline
-        not yet under way as a read of its own."""
+        """The stored policies, read now, in the caller's transaction (or pipeline's)."""
         if isinstance(source, pipeline.Pipeline):
-            rows = source.read(statements.POLICY_ROWS)
+            rows = source.query(statements.POLICY_ROWS)
         else:
             rows = source.exec_driver_sql(statements.POLICY_ROWS).all()
         policies = {}
