@@ -367,16 +367,17 @@ def _transaction(engine: Engine, *, write: bool, snapshot: bool) -> Iterator[Con
         raise
 
 
-# The first statement of every write transaction. PostgreSQL: the revision row share-locked,
-# which an upgrade's update of it (and the row lock the upgrade takes first, see
-# ``lock_revision``) must wait for until this transaction ends, while a write that comes
-# after the upgrade's lock waits for its commit and then reads the new revision (READ
-# COMMITTED re-reads a row it waited for); with the server's clock, read in the same round
-# trip. ``clock_timestamp()``, not ``now()``: ``now()`` is the time the transaction began,
-# stale by whatever the transaction waited for before this statement's answer (the row
-# lock behind an upgrade), and so would be compared with this process's later reading.
-# SQLite: writes hold the database's write lock from BEGIN IMMEDIATE, which a migration
-# (itself a write) needs too, so a plain read of the row is already under that lock.
+# The first statement of every write transaction. PostgreSQL: the revision row share-locked
+# (so its table ROW SHARE locked) until the transaction ends, which a migration's lock (see
+# ``lock_revision``) waits for; a write that comes after that lock waits for the
+# migration's commit and then reads the new revision (READ COMMITTED reads with a snapshot
+# taken after the wait, and follows a row it waited for to its newest version); the
+# server's clock comes in the same round trip. ``clock_timestamp()``, not ``now()``:
+# ``now()`` is the time the transaction began, stale by whatever it waited for before this
+# statement's answer (a migration's lock), and would be compared with this process's
+# reading after the wait. SQLite: writes hold the database's write lock from BEGIN
+# IMMEDIATE, which a migration (itself a write) needs too, so a plain read of the row is
+# already under that lock.
 _PG_PROVE = f"SELECT version_num, clock_timestamp() FROM {VERSION_TABLE} FOR SHARE"
 _SQLITE_PROVE = f"SELECT version_num FROM {VERSION_TABLE}"
 
@@ -436,20 +437,24 @@ def refuse_revision(found: str | None, what: str) -> None:
 
 
 def lock_revision(connection: Connection) -> None:
-    """Lock the revision row for the rest of a migration's transaction, before it changes
-    anything (PostgreSQL; a new database has none yet).
+    """Lock the revision for the rest of a migration's transaction, before it changes
+    anything (PostgreSQL; a new database has no version table yet to lock).
 
-    It waits for every write under way (each holds the row share-locked, see
-    :func:`proven`), and every write that begins after it waits for the migration's
-    commit and then reads the new revision, so no write of the old code can commit after
-    the migration nor run against a half-migrated schema. SQLite's migration holds the
-    database's write lock from its first statement, which does the same.
+    The table lock conflicts with the share lock every write takes on the revision row
+    (see :func:`proven`): the migration waits for the writes under way, and a write that
+    begins after it waits for the migration's commit and then reads the new revision, so
+    no write of the old code commits after the migration or meets a half-migrated
+    schema. A table lock rather than the row's own FOR UPDATE: PostgreSQL queues new
+    requests behind a waiting table lock, while a row share lock may join the share locks
+    already held, so under a steady stream of writes a row lock could wait forever.
+    EXCLUSIVE still lets the version be read (a ledger being opened). SQLite's migration
+    holds the database's write lock from its first statement, which does the same.
     """
     if connection.dialect.name != "postgresql":
         return
     if connection.execute(text(f"SELECT to_regclass('{VERSION_TABLE}')")).scalar() is None:
         return
-    connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE} FOR UPDATE")).all()
+    connection.execute(text(f"LOCK TABLE {VERSION_TABLE} IN EXCLUSIVE MODE"))
 
 
 def unavailable(engine: Engine, error: BaseException, what: str = "failed") -> LedgerUnavailable:

@@ -121,9 +121,7 @@ class Pipeline:
 
 
 @contextlib.contextmanager
-def write(
-    engine: Engine, clock_skew: timedelta = clock.DEFAULT_CLOCK_SKEW
-) -> Iterator[Pipeline]:
+def write(engine: Engine, clock_skew: timedelta = clock.DEFAULT_CLOCK_SKEW) -> Iterator[Pipeline]:
     """A pipelined write transaction; rolled back (nothing written) if the block raises.
 
     Like every write transaction it first proves its schema revision and, on PostgreSQL,
