@@ -342,7 +342,7 @@ def transaction(
 
 def migrating(engine: Engine) -> contextlib.AbstractContextManager[Connection]:
     """A write transaction that may change the schema (create it, upgrade it), so it
-    proves no revision: the migration locks the revision row itself (:func:`lock_revision`)."""
+    proves no revision: the migration locks the version table itself (:func:`lock_revision`)."""
     return _transaction(engine, write=True, snapshot=False)
 
 
@@ -506,7 +506,7 @@ def create_schema(connection: Connection) -> None:
 def upgrade(engine: Engine) -> str:
     """Bring the schema to the newest revision (``dp-budget db upgrade``); returns it.
 
-    The migration takes the revision row's lock first thing (``migrations/env.py`` calls
+    The migration locks the version table first thing (``migrations/env.py`` calls
     :func:`lock_revision`), so it waits for the writes under way and holds off new ones.
     """
     with migrating(engine) as connection:
