@@ -9,6 +9,7 @@ from dp_budget_provider.ledger.classes import Cohort, CohortKeys
 from dp_budget_provider.ledger.errors import (
     AdminAuthorityError,
     BudgetExhausted,
+    ClockSkew,
     LedgerConfigMismatch,
     LedgerCorrupt,
     LedgerError,
@@ -41,6 +42,7 @@ __all__ = [
     "BudgetCap",
     "BudgetCheck",
     "BudgetExhausted",
+    "ClockSkew",
     "Cohort",
     "CohortKeys",
     "LedgerConfigMismatch",

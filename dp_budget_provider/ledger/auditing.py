@@ -138,8 +138,8 @@ class AuditRoom(LedgerCore):
             )
 
     def _set_quarantine(self, reason: str, problems: Sequence[str], *, audited: bool) -> bool:
-        now = clock.stamp(clock.now())
         with self._write() as connection:
+            now = clock.stamp(clock.now())
             held = connection.execute(
                 select(LedgerConfig.quarantined_at, LedgerConfig.quarantine_epoch)
                 .where(LedgerConfig.id == 1)
@@ -176,8 +176,8 @@ class AuditRoom(LedgerCore):
         history is quarantined again by the next verify.
         """
         reason = _reason(reason)
-        now = clock.stamp(clock.now())
         with self._write() as connection:
+            now = clock.stamp(clock.now())
             row = connection.execute(
                 select(
                     LedgerConfig.quarantined_at,
@@ -231,8 +231,8 @@ class AuditRoom(LedgerCore):
                 f"refusing to give an administrator to a history that does not verify "
                 f"({len(report.problems)} problem(s), the first: {report.problems[0]})"
             )
-        now = clock.stamp(clock.now())
         with self._write() as connection:
+            now = clock.stamp(clock.now())
             config = connection.execute(
                 select(LedgerConfig.admin_key).where(LedgerConfig.id == 1).with_for_update()
             ).scalar_one()
@@ -275,8 +275,8 @@ class AuditRoom(LedgerCore):
                 f"refusing to key a history that does not verify ({len(report.problems)} "
                 f"problem(s), the first: {report.problems[0]})"
             )
-        now = clock.stamp(clock.now())
         with self._write() as connection:
+            now = clock.stamp(clock.now())
             heads = connection.execute(
                 select(ChainHead.id, ChainHead.seq, ChainHead.hash)
                 .order_by(ChainHead.id)

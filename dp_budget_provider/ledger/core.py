@@ -146,6 +146,7 @@ class LedgerCore:
         lease: timedelta = DEFAULT_LEASE,
         admin: AdminKey | None = None,
         admin_public_key: str | AdminPublicKey | None = None,
+        clock_skew: timedelta = clock.DEFAULT_CLOCK_SKEW,
     ) -> None:
         for name, value in (("cap", cap), ("if_new", if_new)):
             if value is not None and not isinstance(value, BudgetCap):
@@ -155,6 +156,7 @@ class LedgerCore:
         self._orders = validate_orders(orders)
         self._conversion: Conversion = check_conversion(conversion)
         self._lease = check_lease(lease)
+        self._clock_skew = clock.check_clock_skew(clock_skew)
         self.actor = _default_actor() if actor is None else plain_text("actor", actor)
         self._key = history.ChainKey(chain_key)
         self._engine = database.make_engine(url)
@@ -164,13 +166,20 @@ class LedgerCore:
             self._conversion,
             calendar or WindowCalendar(),
             self.actor,
-            clock.stamp(clock.now()),
             self._key,
             admin if admin is None or isinstance(admin, AdminKey) else _not_a_key(admin),
             _pin(admin_public_key),
         )
         try:
-            settings = open_ledger(self.reading, self._write, self._policy_store, new, cap, if_new)
+            settings = open_ledger(
+                self.reading,
+                lambda: database.migrating(self._pool()),
+                self._clock_skew,
+                self._policy_store,
+                new,
+                cap,
+                if_new,
+            )
         except BaseException:
             self._engine.dispose()
             raise
@@ -199,12 +208,14 @@ class LedgerCore:
         """The engine every transaction of this ledger runs on."""
         return self._engine
 
-    def _write(self) -> Any:
-        return database.transaction(self._pool(), write=True)
+    def _write(self) -> contextlib.AbstractContextManager[Connection]:
+        """A write transaction: it proves its schema revision first and, on PostgreSQL,
+        takes the ledger's time from the server (:func:`database.proven`)."""
+        return database.transaction(self._pool(), write=True, clock_skew=self._clock_skew)
 
     def _pipelined(self) -> contextlib.AbstractContextManager[pipeline.Pipeline]:
         """A pipelined write transaction (see :mod:`pipeline`) on a pooled connection."""
-        return pipeline.write(self._pool())
+        return pipeline.write(self._pool(), self._clock_skew)
 
     def reading(self) -> contextlib.AbstractContextManager[Connection]:
         """A read-only transaction on the ledger's tables, for reports and the UI.

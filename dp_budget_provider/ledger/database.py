@@ -17,7 +17,8 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, exc, inspect, t
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import StaticPool
 
+from dp_budget_provider.ledger import clock
 from dp_budget_provider.ledger.errors import LedgerSchemaError, LedgerUnavailable
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -312,14 +314,40 @@ def safe_url(engine: Engine) -> str:
 
 
 @contextlib.contextmanager
-def transaction(engine: Engine, *, write: bool, snapshot: bool = False) -> Iterator[Connection]:
-    """One transaction; write transactions take SQLite's write lock up front.
+def transaction(
+    engine: Engine,
+    *,
+    write: bool,
+    snapshot: bool = False,
+    clock_skew: timedelta = clock.DEFAULT_CLOCK_SKEW,
+) -> Iterator[Connection]:
+    """One transaction; a write transaction first proves its schema revision.
 
+    A write takes SQLite's write lock up front and, before anything else, reads the
+    database's schema revision under the lock a migration takes (:func:`proven`), so code
+    of another revision never writes; on PostgreSQL it also takes its moment from the
+    server's clock (refusing a worker whose clock is more than ``clock_skew`` off).
     ``snapshot`` makes every statement of a read see the same state (PostgreSQL
     REPEATABLE READ READ ONLY; SQLite WAL readers already do). Any database-level failure
     (unreachable server, connection killed mid-transaction) is re-raised as
     :class:`LedgerUnavailable` after the rollback.
     """
+    with _transaction(engine, write=write, snapshot=snapshot) as connection:
+        if not write:
+            yield connection
+            return
+        with proving(connection, clock_skew):
+            yield connection
+
+
+def migrating(engine: Engine) -> contextlib.AbstractContextManager[Connection]:
+    """A write transaction that may change the schema (create it, upgrade it), so it
+    proves no revision: the migration locks the version table itself (:func:`lock_revision`)."""
+    return _transaction(engine, write=True, snapshot=False)
+
+
+@contextlib.contextmanager
+def _transaction(engine: Engine, *, write: bool, snapshot: bool) -> Iterator[Connection]:
     serialised = _ONE_CONNECTION.get(engine) or contextlib.nullcontext()
     try:
         with serialised, engine.connect() as connection:
@@ -339,6 +367,96 @@ def transaction(engine: Engine, *, write: bool, snapshot: bool = False) -> Itera
         raise
 
 
+# The first statement of every write transaction. PostgreSQL: the revision row share-locked
+# (so its table ROW SHARE locked) until the transaction ends, which a migration's lock (see
+# ``lock_revision``) waits for; a write that comes after that lock waits for the
+# migration's commit and then reads the new revision (READ COMMITTED reads with a snapshot
+# taken after the wait, and follows a row it waited for to its newest version); the
+# server's clock comes in the same round trip. ``clock_timestamp()``, not ``now()``:
+# ``now()`` is the time the transaction began, stale by whatever it waited for before this
+# statement's answer (a migration's lock), and would be compared with this process's
+# reading after the wait. SQLite: writes hold the database's write lock from BEGIN
+# IMMEDIATE, which a migration (itself a write) needs too, so a plain read of the row is
+# already under that lock.
+_PG_PROVE = f"SELECT version_num, clock_timestamp() FROM {VERSION_TABLE} FOR SHARE"
+_SQLITE_PROVE = f"SELECT version_num FROM {VERSION_TABLE}"
+
+
+def proving(
+    connection: Connection, clock_skew: timedelta
+) -> contextlib.AbstractContextManager[None]:
+    """:func:`proven` in ``connection``'s transaction."""
+    return proven(
+        lambda sql: list(connection.exec_driver_sql(sql)),
+        connection.dialect.name == "postgresql",
+        clock_skew,
+    )
+
+
+@contextlib.contextmanager
+def proven(
+    run: Callable[[str], list[Any]], postgresql: bool, clock_skew: timedelta
+) -> Iterator[None]:
+    """Prove, first thing in a write transaction, that this code may write: the database's
+    schema revision (read under the lock a migration takes) is the one the code was written
+    for, and on PostgreSQL this process's clock agrees with the server's, whose time is
+    then the ledger's for the rest of the transaction (:mod:`clock`).
+
+    Checked on every write, not once when the ledger is opened: a worker that opened the
+    ledger before ``dp-budget db upgrade`` would otherwise go on writing with code of the
+    older revision (reading membership where the new schema no longer keeps all of it,
+    and charging subjects from zero). ``run`` executes a statement in the transaction.
+    """
+    if not postgresql:
+        refuse_revision(_revision_of(run(_SQLITE_PROVE)), "write to it")
+        yield
+        return
+    before = clock.process_now()
+    rows = run(_PG_PROVE)
+    after = clock.process_now()
+    refuse_revision(_revision_of(rows), "write to it")
+    with clock.server_time(rows[0][1], before, after, clock_skew):
+        yield
+
+
+def _revision_of(rows: Sequence[Sequence[Any]]) -> str | None:
+    """The revision the version table's rows name (None: none, or several)."""
+    return rows[0][0] if len(rows) == 1 else None
+
+
+def refuse_revision(found: str | None, what: str) -> None:
+    """Refuse (fail closed) a database whose schema revision is not this code's head."""
+    expected = head_revision()
+    if found != expected:
+        raise LedgerSchemaError(
+            f"the ledger database's schema is at revision {found!r}, but this code was written "
+            f"for revision {expected!r}: refusing to {what}. If the database is older, run "
+            "`dp-budget db upgrade`; if it was upgraded, run this package's release of its "
+            "revision (restart workers still running older code)"
+        )
+
+
+def lock_revision(connection: Connection) -> None:
+    """Lock the revision for the rest of a migration's transaction, before it changes
+    anything (PostgreSQL; a new database has no version table yet to lock).
+
+    The table lock conflicts with the share lock every write takes on the revision row
+    (see :func:`proven`): the migration waits for the writes under way, and a write that
+    begins after it waits for the migration's commit and then reads the new revision, so
+    no write of the old code commits after the migration or meets a half-migrated
+    schema. A table lock rather than the row's own FOR UPDATE: PostgreSQL queues new
+    requests behind a waiting table lock, while a row share lock may join the share locks
+    already held, so under a steady stream of writes a row lock could wait forever.
+    EXCLUSIVE still lets the version be read (a ledger being opened). SQLite's migration
+    holds the database's write lock from its first statement, which does the same.
+    """
+    if connection.dialect.name != "postgresql":
+        return
+    if connection.execute(text(f"SELECT to_regclass('{VERSION_TABLE}')")).scalar() is None:
+        return
+    connection.execute(text(f"LOCK TABLE {VERSION_TABLE} IN EXCLUSIVE MODE"))
+
+
 def unavailable(engine: Engine, error: BaseException, what: str = "failed") -> LedgerUnavailable:
     """The error a ledger call raises when its database fails, naming the database."""
     cause = getattr(error, "orig", None) or error
@@ -354,7 +472,8 @@ def _alembic_config(connection: Connection) -> Config:
 
 @functools.cache
 def head_revision() -> str:
-    """The newest schema revision this package ships (read from the scripts once)."""
+    """The schema revision this code was written for: the newest of the migrations it
+    ships (read from the scripts once, so every new migration is the head by itself)."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     head = ScriptDirectory.from_config(config).get_current_head()
@@ -385,21 +504,20 @@ def create_schema(connection: Connection) -> None:
 
 
 def upgrade(engine: Engine) -> str:
-    """Bring the schema to the newest revision (``dp-budget db upgrade``); returns it."""
-    with transaction(engine, write=True) as connection:
+    """Bring the schema to the newest revision (``dp-budget db upgrade``); returns it.
+
+    The migration locks the version table first thing (``migrations/env.py`` calls
+    :func:`lock_revision`), so it waits for the writes under way and holds off new ones.
+    """
+    with migrating(engine) as connection:
         command.upgrade(_alembic_config(connection), "head")
         return current_revision(connection) or ""
 
 
 def check_schema(connection: Connection) -> None:
-    """Refuse a database whose schema is not exactly the one this package expects."""
-    revision = current_revision(connection)
-    expected = head_revision()
-    if revision != expected:
-        raise LedgerSchemaError(
-            f"ledger schema is at revision {revision!r}, this package expects {expected!r}; "
-            "run `dp-budget db upgrade` (or use a matching package version)"
-        )
+    """Refuse to open a database whose schema is not exactly the one this package expects
+    (every write checks again, see :func:`proven`)."""
+    refuse_revision(current_revision(connection), "open it")
 
 
 def is_initialised(connection: Connection) -> bool:

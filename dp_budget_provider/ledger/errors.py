@@ -28,6 +28,12 @@ class LedgerSchemaError(LedgerError):
     """The database's schema is missing, newer or older than this package expects."""
 
 
+class ClockSkew(LedgerError):
+    """This worker's clock disagrees with the ledger database server's by more than the
+    ledger allows: its writes are refused (the server's clock decides, but a machine with
+    a wrong clock is not trusted to write)."""
+
+
 class LedgerUnavailable(LedgerError):
     """The database could not be reached or the connection broke mid-transaction."""
 

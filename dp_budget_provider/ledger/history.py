@@ -441,7 +441,7 @@ def settled_seq(engine: Engine) -> int | None:
     """
     if engine.dialect.name != "postgresql":
         return None
-    with database.transaction(engine, write=True) as connection:
+    with database.transaction(engine, write=False) as connection:  # it locks, writes nothing
         handed_out = connection.execute(
             text(
                 "SELECT CASE WHEN is_called THEN last_value ELSE last_value - 1 END "

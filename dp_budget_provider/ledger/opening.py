@@ -5,20 +5,23 @@ curves on different grids or at different deltas cannot be compared or composed
 (letting delta vary is "delta shopping"). Opening an existing ledger with other values
 is refused; the default cap may be omitted to take what is stored. Every task opens a
 ledger, so a ready one is opened in a read transaction (no write lock); only a new one
-takes the write lock, where a racing twin's creation is found and checked instead.
+takes the write lock, where a racing twin's creation is found and checked instead, and
+where the new ledger's first entries are written once the schema exists and the
+transaction has proven its revision like every write (:func:`database.proven`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from datetime import timedelta
 from typing import NamedTuple
 
 import numpy as np
 from sqlalchemy import Connection, insert, select, text, update
 
 from dp_budget_provider.accounting import Conversion
-from dp_budget_provider.ledger import database, history
+from dp_budget_provider.ledger import clock, database, history
 from dp_budget_provider.ledger.authority import AdminKey, AdminPublicKey, LedgerAuthority
 from dp_budget_provider.ledger.errors import LedgerConfigMismatch, LedgerCorrupt
 from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
@@ -45,7 +48,6 @@ class NewLedger(NamedTuple):
     conversion: Conversion
     calendar: WindowCalendar
     actor: str
-    now: str
     key: history.ChainKey
     admin: AdminKey | None  # the administrator's key, where an administrator opens it
     admin_pin: AdminPublicKey | None  # the key the opener requires the ledger to have
@@ -53,7 +55,8 @@ class NewLedger(NamedTuple):
 
 def open_ledger(
     reading: database.Transaction,
-    writing: database.Transaction,
+    creating: database.Transaction,
+    clock_skew: timedelta,
     policies: PolicyStore,
     new: NewLedger,
     cap: BudgetCap | None,
@@ -63,14 +66,16 @@ def open_ledger(
 
     ``cap`` must match what is stored (delta and default cap); ``if_new``'s default cap
     only applies to a new ledger, but its delta must match too: every eps the caller
-    reads is at that delta. The grid and conversion must always match.
+    reads is at that delta. The grid and conversion must always match. ``creating`` is a
+    write transaction that may create the schema (:func:`database.migrating`); its writes
+    come after the proof every write gives, with ``clock_skew``.
     """
     with reading() as connection:
         if not database.is_empty(connection):
             database.check_schema(connection)
             if database.is_initialised(connection):
                 return _check(connection, policies, new, cap, if_new)
-    with writing() as connection:
+    with creating() as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(text(f"SELECT pg_advisory_xact_lock({_CREATE_LOCK})"))
         if database.is_empty(connection):
@@ -83,14 +88,16 @@ def open_ledger(
                 "dp_ledger_config is empty but the history has entries: the configuration "
                 "was deleted; refusing to create a new ledger over this one"
             )
-        return _initialise(connection, policies, new, cap or if_new)
+        default = cap or if_new
+        if default is None:
+            raise LedgerConfigMismatch("a new ledger needs a BudgetCap for its default policy")
+        with database.proving(connection, clock_skew):
+            return _initialise(connection, policies, new, default, clock.stamp(clock.now()))
 
 
 def _initialise(
-    connection: Connection, policies: PolicyStore, new: NewLedger, cap: BudgetCap | None
+    connection: Connection, policies: PolicyStore, new: NewLedger, cap: BudgetCap, now: str
 ) -> Settings:
-    if cap is None:
-        raise LedgerConfigMismatch("a new ledger needs a BudgetCap for its default policy")
     admin = new.admin.public if new.admin is not None else None
     if new.admin_pin is not None and new.admin_pin != admin:
         raise LedgerConfigMismatch(
@@ -104,7 +111,7 @@ def _initialise(
             delta=cap.delta,
             orders=json.dumps(new.orders.tolist()),
             conversion=new.conversion,
-            created_at=new.now,
+            created_at=now,
             chains=history.CHAINS,
             chain_key_id=new.key.key_id,
             admin_key=admin.text if admin is not None else None,
@@ -121,7 +128,7 @@ def _initialise(
         connection,
         new.key,
         chain=history.KEYLESS_CHAIN,
-        at=new.now,
+        at=now,
         action="create",
         actor=new.actor,
         payload={
@@ -142,7 +149,7 @@ def _initialise(
         new.key,
         authority,
         Policy(cap.epsilon, cap.warn_fraction, calendar=new.calendar),
-        new.now,
+        now,
         new.actor,
     )
     return Settings(cap.delta, history.CHAINS, authority)

@@ -1,9 +1,10 @@
 """Write transactions in as few round trips as the database allows.
 
 A release's reservation needs the locked accounts back before it can decide, and then
-only writes. On PostgreSQL the lock-and-read statement carries its ``BEGIN`` and every
-later write is queued and sent with the ``COMMIT`` in one round trip, so row locks are
-held for one client computation and one round trip, not for a dozen statements.
+only writes. On PostgreSQL the transaction's ``BEGIN`` goes with its first statement,
+which proves the schema revision and reads the server's clock (:func:`database.proven`),
+and every later write is queued and sent with the ``COMMIT`` in one round trip, so row
+locks are held for one client computation and one round trip, not for a dozen statements.
 SQLite serialises writers anyway (``BEGIN IMMEDIATE``) and runs in-process, so there a
 pipeline simply executes each statement at once.
 
@@ -17,11 +18,12 @@ from __future__ import annotations
 import contextlib
 import io
 from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, exc
 
-from dp_budget_provider.ledger import database, history
+from dp_budget_provider.ledger import clock, database, history
 from dp_budget_provider.ledger.errors import (
     LedgerCorrupt,
     LedgerError,
@@ -60,44 +62,25 @@ class Pipeline:
             result = self.connection.exec_driver_sql(history.named(sql), dict(params or {}))
             return list(result) if result.returns_rows else []
         cursor = self._pg_cursor()
-        statement = cursor.mogrify(sql, params)
-        if not self._begun:
-            statement = _BEGIN.encode() + b"; " + statement
-            self._begun = True
-        cursor.execute(statement)
+        cursor.execute(cursor.mogrify(sql, params))
         return cursor.fetchall() if cursor.description else []
+
+    def _begin(self, sql: str) -> list[Any]:
+        """PostgreSQL: begin the transaction with ``sql`` (no parameters), its first
+        statement, in one round trip; its rows."""
+        self._begun = True  # from here on, a failure needs a ROLLBACK
+        cursor = self._pg_cursor()
+        cursor.execute(f"{_BEGIN}; {sql}")
+        return cursor.fetchall()
 
     def copy_in(self, sql: str, text: str) -> None:
         """PostgreSQL: ``COPY ... FROM STDIN`` of ``text`` now, inside the transaction."""
         if not self.postgresql:
             raise RuntimeError("COPY is PostgreSQL's")
-        cursor = self._pg_cursor()
-        if not self._begun:
-            cursor.execute(_BEGIN)
-            self._begun = True
-        cursor.copy_expert(sql, io.StringIO(text))
-
-    def query_alone(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Any]:
-        """Run one statement as a transaction of its own (a server-side function call)."""
-        if self._begun or self._queued:
-            raise RuntimeError("query_alone cannot join a transaction already under way")
-        if not self.postgresql:
-            return self.query(sql, params)
-        cursor = self._pg_cursor()
-        cursor.execute(sql, params)
-        return cursor.fetchall() if cursor.description else []
-
-    def read(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Any]:
-        """A read: inside the transaction once it is under way, else as one of its own."""
-        if self._begun or self._queued:
-            return self.query(sql, params)
-        return self.query_alone(sql, params)
+        self._pg_cursor().copy_expert(sql, io.StringIO(text))
 
     def core(self) -> Connection:
         """The connection, inside the transaction, for SQLAlchemy Core statements."""
-        if self.postgresql and not self._begun:
-            self._pg_cursor().execute(_BEGIN)
-            self._begun = True
         return self.connection
 
     def send(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
@@ -124,11 +107,9 @@ class Pipeline:
         return int(values["seq"])
 
     def _commit(self) -> None:
-        if not self.postgresql or not (self._begun or self._queued):
+        if not self.postgresql:
             return
-        statements = ([] if self._begun else [_BEGIN.encode()]) + self._queued + [b"COMMIT"]
-        self._begun = True  # if a statement fails, the server's transaction needs a ROLLBACK
-        self._pg_cursor().execute(b";\n".join(statements))
+        self._pg_cursor().execute(b";\n".join([*self._queued, b"COMMIT"]))
         self._queued.clear()
         self._begun = False
 
@@ -140,11 +121,15 @@ class Pipeline:
 
 
 @contextlib.contextmanager
-def write(engine: Engine) -> Iterator[Pipeline]:
-    """A pipelined write transaction; rolled back (nothing written) if the block raises."""
+def write(engine: Engine, clock_skew: timedelta = clock.DEFAULT_CLOCK_SKEW) -> Iterator[Pipeline]:
+    """A pipelined write transaction; rolled back (nothing written) if the block raises.
+
+    Like every write transaction it first proves its schema revision and, on PostgreSQL,
+    takes its moment from the server's clock (:func:`database.proven`).
+    """
     if engine.dialect.name != "postgresql":
         try:
-            with database.transaction(engine, write=True) as connection:
+            with database.transaction(engine, write=True, clock_skew=clock_skew) as connection:
                 yield Pipeline(connection)
         except exc.IntegrityError as error:
             raise UniqueViolation(str(error.orig)) from error
@@ -159,7 +144,8 @@ def write(engine: Engine) -> Iterator[Pipeline]:
         dbapi_connection.autocommit = True
         pipeline = Pipeline(connection)
         try:
-            yield pipeline
+            with database.proven(pipeline._begin, True, clock_skew):
+                yield pipeline
             pipeline._commit()
         except (psycopg2.OperationalError, psycopg2.InterfaceError):
             connection.invalidate()  # a broken connection must not go back to the pool

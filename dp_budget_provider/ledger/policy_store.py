@@ -42,8 +42,7 @@ class PolicyStore:
         self.snapshot: tuple[int, Policies] | None = None
 
     def read(self, source: Connection | pipeline.Pipeline, *, honoured: bool = True) -> Policies:
-        """The stored policies, read now: in the caller's transaction, or from a pipeline
-        not yet under way as a read of its own.
+        """The stored policies, read now, in the caller's transaction (or pipeline's).
 
         With ``honoured`` (every read that decides or reports a cap), a row its
         administrator did not sign is refused (:class:`LedgerCorrupt`): ignoring it could
@@ -51,7 +50,7 @@ class PolicyStore:
         without, to replace such a row.
         """
         if isinstance(source, pipeline.Pipeline):
-            rows = source.read(statements.POLICY_ROWS)
+            rows = source.query(statements.POLICY_ROWS)
         else:
             rows = source.exec_driver_sql(statements.POLICY_ROWS).all()
         policies = {}

@@ -628,16 +628,11 @@ class ReservationRoom(LedgerCore):
             )
         if now is not None and (not isinstance(now, datetime) or now.utcoffset() is None):
             raise ValueError(f"now must be a timezone-aware datetime, got {_shown(now)}")
-        moment = now or clock.now()
-        at = clock.stamp(moment)
-        cutoff = None
-        if older_than is not None:
-            with contextlib.suppress(OverflowError):  # before the first moment: none so old
-                cutoff = clock.stamp(moment - older_than)
-        due = [ReservationRow.lease_expires_at.is_(None), ReservationRow.lease_expires_at <= at]
-        if cutoff is not None:
-            due.append(ReservationRow.created_at <= cutoff)
-        with self.reading() as connection:
+        with self.reading() as connection:  # the candidates, by this process's clock
+            at, cutoff = _reap_moments(now or clock.now(), older_than)
+            due = [ReservationRow.lease_expires_at.is_(None), ReservationRow.lease_expires_at <= at]
+            if cutoff is not None:
+                due.append(ReservationRow.created_at <= cutoff)
             stale = list(
                 connection.execute(
                     select(ReservationRow.id)
@@ -647,7 +642,8 @@ class ReservationRoom(LedgerCore):
             )
         reaped = []
         for reservation_id in stale:
-            with self._write() as connection:
+            with self._write() as connection:  # each decided by the ledger's clock
+                at, cutoff = _reap_moments(now or clock.now(), older_than)
                 row = self._open_row(connection, reservation_id)
                 lease = _lease_of(row)
                 why = _reap_reason(row, lease, at, cutoff, older_than)
@@ -693,6 +689,17 @@ class ReservationRoom(LedgerCore):
     ) -> SpendReceipt:
         """Reserve and commit one release on one key (what a task does, in one call)."""
         return self.commit(self.reserve(self._one_key(key), mechanism, count, attempt))[0]
+
+
+def _reap_moments(moment: datetime, older_than: timedelta | None) -> tuple[str, str | None]:
+    """The stamps a reap at ``moment`` compares with: the moment, and the creation time
+    before which a reservation is older than ``older_than`` (None: no such bound, or one
+    reaching before the first moment)."""
+    cutoff = None
+    if older_than is not None:
+        with contextlib.suppress(OverflowError):  # before the first moment: none so old
+            cutoff = clock.stamp(moment - older_than)
+    return clock.stamp(moment), cutoff
 
 
 def _reap_reason(

@@ -82,9 +82,9 @@ class WindowRoom(LedgerCore):
             raise LedgerError(
                 f"window {label!r} is not a calendar window, so it can never be proven closed"
             ) from error
-        moment = clock.now()
-        now = clock.stamp(moment)
         with self._write() as connection:
+            moment = clock.now()
+            now = clock.stamp(moment)
             policy_of = policy_lookup(self._policy_store.read(connection))
             scopes = [
                 (row.tenant, row.query_type)
@@ -212,10 +212,10 @@ class WindowRoom(LedgerCore):
         if old.query_type == new.query_type:
             raise ValueError("rescope needs a different query type")
         reason = free_text("reason", reason, limit=2000)
-        moment = clock.now()
-        now = clock.stamp(moment)
         keys = sorted([old, new])
         with self._pipelined() as pipe:
+            moment = clock.now()
+            now = clock.stamp(moment)
             locked, policies, charge = self._lock_chargeable(pipe, keys, moment)
             source, target = charge.account_of(old), charge.account_of(new)
             if locked[source].open_reservations:
@@ -268,9 +268,9 @@ class WindowRoom(LedgerCore):
             raise ValueError("a correction needs a reason")
         free_text("reason", reason, limit=2000)
         cost = self._cost(mechanism, count)
-        moment = clock.now()
-        now = clock.stamp(moment)
         with self._pipelined() as pipe:
+            moment = clock.now()
+            now = clock.stamp(moment)
             locked, policies, charge = self._lock_chargeable(pipe, keys, moment)
             account = charge.account_of(keys[0])
             held = locked[account]

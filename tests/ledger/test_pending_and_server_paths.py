@@ -782,7 +782,7 @@ def migrate(url: str, action: str, revision: str) -> None:
     """Run alembic ``upgrade``/``downgrade`` on the ledger's own kind of connection."""
     engine = database.make_engine(url)
     try:
-        with database.transaction(engine, write=True) as connection:
+        with database.migrating(engine) as connection:
             config = Config()
             config.set_main_option("script_location", str(database.MIGRATIONS))
             config.attributes["connection"] = connection

@@ -2,17 +2,18 @@
 
 The ledger runs migrations on its own connection (``config.attributes["connection"]``);
 ``dp-budget db upgrade`` passes one too. The version table has a name of its own so a
-ledger can share a database with other applications.
+ledger can share a database with other applications. Every migration locks the revision
+row before it changes anything, so it waits for the writes under way and holds off new
+ones until it commits (:func:`database.lock_revision`).
 """
 
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 
+from dp_budget_provider.ledger.database import VERSION_TABLE, lock_revision
 from dp_budget_provider.ledger.schema import Base
-
-VERSION_TABLE = "dp_budget_alembic_version"
 
 
 def run_migrations() -> None:
@@ -25,7 +26,7 @@ def run_migrations() -> None:
     _run(connection)
 
 
-def _run(connection: object) -> None:
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=Base.metadata,
@@ -33,6 +34,7 @@ def _run(connection: object) -> None:
         render_as_batch=True,
     )
     with context.begin_transaction():
+        lock_revision(connection)
         context.run_migrations()
 
 

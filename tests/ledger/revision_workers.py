@@ -1,0 +1,67 @@
+"""Entry point of the older-code worker of ``test_revision_and_clock.py`` (spawned, a real
+OS process).
+
+The worker is last week's code: it patches this package's notion of its head revision to
+the revision before the head, opens the ledger while the database is still at that
+revision (and writes to it, as it may), and, once the parent has upgraded the database,
+tries every kind of write. It reports one plain dict through a queue and never raises.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dp_budget_provider.accounting import GaussianMechanism
+from dp_budget_provider.ledger import LedgerError, Policy, PrivacyBudgetLedger, database
+
+TIMEOUT = 120.0
+
+
+def writes(ledger: PrivacyBudgetLedger, handed: dict[str, Any]) -> dict[str, Any]:
+    """Every kind of write a ledger makes, by name (each run in a write transaction)."""
+    key, other = handed["key"], handed["other"]
+    reservation = handed["reservation"]
+    mechanism = GaussianMechanism(8.0)
+    return {
+        "reserve": lambda: ledger.reserve(key, mechanism, attempt="older-code"),
+        "spend": lambda: ledger.spend(key, mechanism),
+        "commit": lambda: ledger.commit(reservation),
+        "release": lambda: ledger.release(reservation, "never touched the data"),
+        "renew": lambda: ledger.renew(reservation),
+        "reap": lambda: ledger.reap(now=handed["long_after"]),
+        "set_policy": lambda: ledger.set_policy(Policy(cap_epsilon=50.0, tenant="t")),
+        "cohort": lambda: ledger.cohort(["ann", "bob"], tenant="t"),
+        "correct": lambda: ledger.correct(key, mechanism, reason="a release it missed"),
+        "rescope": lambda: ledger.rescope(key, other, "re-scored"),
+        "reset": lambda: ledger.reset(key.window),
+        "quarantine": lambda: ledger.quarantine("older code says so"),
+        "clear_quarantine": lambda: ledger.clear_quarantine("older code says so"),
+    }
+
+
+def attempt_all(ledger: PrivacyBudgetLedger, handed: dict[str, Any]) -> dict[str, str]:
+    """Each write's outcome: ``written``, or the ledger error's class and message."""
+    outcomes = {}
+    for name, write in writes(ledger, handed).items():
+        try:
+            write()
+            outcomes[name] = "written"
+        except LedgerError as error:
+            outcomes[name] = f"{type(error).__name__}: {error}"
+    return outcomes
+
+
+def older_code(url: str, previous: str, ready: Any, go: Any, results: Any) -> None:
+    """Open the ledger as code of revision ``previous``, then write after the upgrade."""
+    report: dict[str, Any] = {}
+    try:
+        database.head_revision = lambda: previous  # this process is last week's code
+        ledger = PrivacyBudgetLedger(url=url)
+        ledger.set_policy(Policy(cap_epsilon=1.5, tenant="t", query_type="before"))
+        ready.put("opened and wrote at its own revision")
+        handed = go.get(timeout=TIMEOUT)  # the database was upgraded meanwhile
+        report["outcomes"] = attempt_all(ledger, handed)
+        ledger.close()
+    except BaseException as error:
+        report["error"] = f"{type(error).__name__}: {error}"
+    results.put(report)
