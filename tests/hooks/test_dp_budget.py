@@ -68,13 +68,13 @@ def test_a_new_ledger_takes_its_defaults_from_config(monkeypatch, sqlite_url):
     monkeypatch.setenv("AIRFLOW__DP_BUDGET__DEFAULT_CAP_EPSILON", "1.5")
     monkeypatch.setenv("AIRFLOW__DP_BUDGET__DELTA", "1e-07")
     monkeypatch.setenv("AIRFLOW__DP_BUDGET__WINDOW_CALENDAR", "month")
-    ledger = DPBudgetHook().get_ledger()
+    ledger = DPBudgetHook().ledger
     policy = ledger.policies()[0]
     assert (policy.cap_epsilon, ledger.delta, policy.calendar.kind) == (1.5, 1e-7, "month")
     # An existing ledger keeps its default cap and calendar whatever the config says now.
     monkeypatch.setenv("AIRFLOW__DP_BUDGET__DEFAULT_CAP_EPSILON", "2.5")
     monkeypatch.setenv("AIRFLOW__DP_BUDGET__WINDOW_CALENDAR", "day")
-    reopened = DPBudgetHook().get_ledger()
+    reopened = DPBudgetHook().ledger
     assert (reopened.policies()[0].cap_epsilon, reopened.delta) == (1.5, 1e-7)
     ok, message = DPBudgetHook().test_connection()
     assert ok and "ledger OK" in message
@@ -85,7 +85,7 @@ def test_a_changed_delta_in_the_config_refuses_to_open_the_ledger(monkeypatch, s
     refused, naming both values, instead of being read at its own delta silently."""
     conn(monkeypatch, "dp_budget_default", extra={"url": sqlite_url})
     monkeypatch.setenv("AIRFLOW__DP_BUDGET__DELTA", "1e-07")
-    DPBudgetHook().get_ledger().close()
+    DPBudgetHook().ledger.close()
     monkeypatch.setenv("AIRFLOW__DP_BUDGET__DELTA", "1e-05")
     with pytest.raises(LedgerConfigMismatch) as refused:
         DPBudgetHook().get_ledger()
@@ -110,7 +110,7 @@ def test_reservations_hold_the_configured_lease_and_reap_reads_its_bounds(monkey
     conn(monkeypatch, "dp_budget_default", extra={"url": sqlite_url})
     monkeypatch.setenv("AIRFLOW__DP_BUDGET__LEASE_SECONDS", "120")
     hook = DPBudgetHook()
-    ledger = hook.get_ledger()
+    ledger = hook.ledger
     reservation = ledger.reserve([key_for("alice", "heatmap", "2026-w45")], GaussianMechanism(4))
     lease = datetime.fromisoformat(reservation.lease_expires_at)
     assert (lease - datetime.fromisoformat(reservation.created_at)).total_seconds() == 120
@@ -137,3 +137,59 @@ def test_a_bad_lease_or_reap_bound_is_refused_naming_the_option(
     monkeypatch.setenv(f"AIRFLOW__DP_BUDGET__{option}", value)
     with pytest.raises(ValueError, match=says):
         DPBudgetHook().reap()
+
+
+def test_a_task_gets_a_gate_that_offers_no_administrators_act_and_no_accounts(
+    monkeypatch, sqlite_url
+):
+    """What a task holds releases within the caps: no policy, quarantine or account read
+    is offered, and the ledger underneath refuses an administrator's act without the key."""
+    from dp_budget_provider.ledger import AdminAuthorityError, Policy
+    from dp_budget_provider.ledger.gate import ReleaseGate
+
+    conn(monkeypatch, "dp_budget_default", extra={"url": sqlite_url})
+    hook = DPBudgetHook()
+    gate = hook.get_ledger()
+    assert isinstance(gate, ReleaseGate)
+    for power in (
+        "set_policy",
+        "clear_quarantine",
+        "adopt_chain_key",
+        "accounts",
+        "epsilon_of",
+        "budget_check",
+        "subject_of",
+        "prospective_epsilon",
+        "history",
+        "receipt",
+    ):
+        assert not hasattr(gate, power), power
+    with pytest.raises(AdminAuthorityError):
+        hook.ledger.set_policy(Policy(50.0))
+
+
+def test_a_pinned_administrator_key_must_be_the_ledgers(monkeypatch, sqlite_url, caplog, capfd):
+    """The connection pins the administrator's public key: a ledger with another key (or
+    none) is refused; without a pin the hook warns that a task could become administrator."""
+    from dp_budget_provider.ledger import AdminKey, BudgetCap, PrivacyBudgetLedger
+
+    real, insider = AdminKey.generate(), AdminKey.generate()
+    PrivacyBudgetLedger(BudgetCap(1.0, 1e-5), url=sqlite_url, admin=real).close()
+    conn(
+        monkeypatch,
+        "dp_budget_default",
+        extra={"url": sqlite_url, "admin_public_key": insider.public.text},
+    )
+    with pytest.raises(LedgerConfigMismatch, match="administrator key"):
+        DPBudgetHook().get_ledger()
+    conn(
+        monkeypatch,
+        "dp_budget_default",
+        extra={"url": sqlite_url, "admin_public_key": real.public.text},
+    )
+    assert DPBudgetHook().get_ledger().delta == 1e-5
+    other = sqlite_url.replace(".db", "-unadministered.db")
+    conn(monkeypatch, "dp_budget_default", extra={"url": other})
+    DPBudgetHook().get_ledger()
+    out, err = capfd.readouterr()
+    assert "any task could record one and make itself its administrator" in caplog.text + out + err

@@ -112,7 +112,8 @@ def test_no_subject_stands_for_the_empty_account(ledger, monkeypatch):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"window": "2026-w10"}, "was sealed at"),  # reset below: its accounts are gone
+        # Sealed below (its accounts are gone): the ledger's refusal, uniform and sealed.
+        ({"window": "2026-w10"}, "the privacy budget ledger refused this release"),
         ({"window": "2099-w10"}, "has not begun"),
         ({"subject": None, "subjects": []}, "subjects is empty"),
     ],
@@ -134,7 +135,7 @@ def test_one_subject_of_a_large_cohort_past_the_cap_defers_the_whole_release(
     ledger, monkeypatch, capsys
 ):
     """One grouped check over the cohort (not one read per subject) finds the one
-    subject whose window is full, and names it."""
+    subject whose window is full; the task's log says only that the window cannot fit."""
     cohort = np.array([f"user-{i}" for i in range(20_000)])
     ledger.spend(key_for("user-123", "heatmap", "2026-w29"), BIG)
     at(monkeypatch, datetime(2026, 7, 14, 12, 0, tzinfo=UTC))
@@ -142,8 +143,8 @@ def test_one_subject_of_a_large_cohort_past_the_cap_defers_the_whole_release(
         sensor(subject=None, subjects=cohort).execute({})
     logged = capsys.readouterr()
     logged = logged.out + logged.err
-    assert "20000 key(s) in 2 distinct state(s); the closest to its cap, " in logged
-    assert "default/user-123/heatmap/2026-w29" in logged
+    assert "window 2026-w29 cannot fit the release" in logged
+    assert "user-123" not in logged and "state(s)" not in logged
     at(monkeypatch, datetime(2026, 7, 20, 0, 0, 1, tzinfo=UTC))
     assert sensor(subject=None, subjects=cohort).execute({}) == "2026-w30"
 
