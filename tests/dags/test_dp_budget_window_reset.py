@@ -26,6 +26,7 @@ from dp_budget_provider.ledger import (
     key_for,
 )
 from dp_budget_provider.ledger.checkpoints import Checkpoint
+from tests.admin import ADMIN
 from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
 from tests.scratch_postgres import PG_ADMIN_DSN
 
@@ -54,7 +55,9 @@ def test_the_reap_dag_charges_run_out_leases_every_five_minutes(
 ):
     """A reservation whose lease ran out (its worker stopped renewing) is charged; a fresh
     one, whose attempt may still be running, is not (the age bound is a day)."""
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=ledger_url, lease=timedelta(seconds=1))
+    ledger = PrivacyBudgetLedger(
+        admin=ADMIN, cap=BudgetCap(3.0, 1e-5), url=ledger_url, lease=timedelta(seconds=1)
+    )
     ledger_connection(monkeypatch, ledger_url)
     current = WindowCalendar("iso_week").window_of(datetime.now(timezone.utc))
     dead_key, live_key = key_for("dead", "heatmap", current), key_for("live", "heatmap", current)
@@ -74,7 +77,7 @@ def test_the_reap_dag_charges_run_out_leases_every_five_minutes(
 
 
 def test_reset_dag_reaps_resets_closed_windows_and_verifies(airflow_db, ledger_url, monkeypatch):
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=ledger_url)
+    ledger = PrivacyBudgetLedger(admin=ADMIN, cap=BudgetCap(3.0, 1e-5), url=ledger_url)
     ledger_connection(monkeypatch, ledger_url)
     monkeypatch.setenv("AIRFLOW__DP_BUDGET__REAP_AFTER", "0")
     current = WindowCalendar("iso_week").window_of(datetime.now(timezone.utc))
@@ -104,7 +107,7 @@ def test_reset_dag_reaps_resets_closed_windows_and_verifies(airflow_db, ledger_u
 def test_reset_dag_fails_when_the_history_was_tampered_with(airflow_db, sqlite_url, monkeypatch):
     import sqlalchemy as sa
 
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=sqlite_url)
+    ledger = PrivacyBudgetLedger(admin=ADMIN, cap=BudgetCap(3.0, 1e-5), url=sqlite_url)
     ledger_connection(monkeypatch, sqlite_url)
     ledger.spend(key_for("bob", "heatmap", "2026-w01"), GaussianMechanism(4.0))
     engine = sa.create_engine(sqlite_url)
@@ -127,7 +130,7 @@ def test_a_reap_failing_on_an_edited_row_does_not_stop_the_verify(
     check that would find it (and the lowered spend would then let a release pass the cap)."""
     import sqlalchemy as sa
 
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=sqlite_url)
+    ledger = PrivacyBudgetLedger(admin=ADMIN, cap=BudgetCap(3.0, 1e-5), url=sqlite_url)
     ledger_connection(monkeypatch, sqlite_url)
     monkeypatch.setenv("AIRFLOW__DP_BUDGET__REAP_AFTER", "0")
     current = WindowCalendar("iso_week").window_of(datetime.now(timezone.utc))
@@ -162,7 +165,9 @@ def test_reset_dag_checkpoints_a_keyed_ledger_and_catches_a_rollback(
     monkeypatch.setenv("AIRFLOW_CONN_DP_BUDGET_DEFAULT", value)
     current = WindowCalendar("iso_week").window_of(datetime.now(timezone.utc))
     carol = key_for("carol", "heatmap", current)
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=postgres_url, chain_key=key)
+    ledger = PrivacyBudgetLedger(
+        admin=ADMIN, cap=BudgetCap(3.0, 1e-5), url=postgres_url, chain_key=key
+    )
     ledger.spend(carol, GaussianMechanism(4.0))
     ledger.close()
     admin = psycopg2.connect(PG_ADMIN_DSN)

@@ -8,6 +8,7 @@ import pytest
 
 from dp_budget_provider.accounting import RDPAccountant, ZCDPMechanism
 from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
+from tests.admin import ADMIN
 from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
 
 DECORATED_DAG = """
@@ -41,7 +42,7 @@ dag = flow()
 def test_decorated_release_is_charged_and_returns_noise(
     airflow_db, sqlite_url, monkeypatch, tmp_path
 ):
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=sqlite_url)
+    ledger = PrivacyBudgetLedger(admin=ADMIN, cap=BudgetCap(3.0, 1e-5), url=sqlite_url)
     ledger_connection(monkeypatch, sqlite_url)
     out = tmp_path / "noisy.json"
     dag_run = load_dag(DECORATED_DAG.format(out=str(out))).test()

@@ -127,7 +127,7 @@ def test_a_real_dag_run_fills_the_ui_and_links_its_task(
 
     from dp_budget_provider.plugins.app import create_app
 
-    ledger_connection(monkeypatch, sqlite_url)
+    ledger_connection(monkeypatch, sqlite_url, admin_public_key=None)  # the task creates it
     dag = _load_example("example_dp_heatmap")
     runs = [dag.test(run_conf={"tenant": "acme"}) for _ in range(2)]
     assert [task_states(run) for run in runs] == [
