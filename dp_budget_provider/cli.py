@@ -76,7 +76,7 @@ from dp_budget_provider.ledger.policy import DEFAULT_GRACE, DEFAULT_MIN_WINDOW
 from dp_budget_provider.ledger.queries import MAX_PAGE
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.schema import LedgerConfig
-from dp_budget_provider.ledger.windows import CALENDAR_KINDS
+from dp_budget_provider.ledger.windows import CALENDAR_KINDS, window_bounds
 
 URL_ENV = "DP_BUDGET_URL"
 WINDOW_LABELS = (
@@ -177,6 +177,24 @@ def _seconds(text: str) -> int:
             f"expected a number of seconds from 1 to {_MAX_SECONDS}, got {text!r}"
         )
     return value
+
+
+def _window_label(text: str) -> str:
+    """A calendar window label, canonical: a label no calendar produces names no window, so
+    a command filtered by it would answer "nothing" for a typo."""
+    try:
+        label = canonical_part("window", text)
+        window_bounds(label)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a window label: use {WINDOW_LABELS}"
+        ) from None
+    return label
+
+
+def _window_filter(text: str) -> str:
+    """A window label, or a pattern with ``*`` (any run of characters) matching labels."""
+    return text if "*" in text else _window_label(text)
 
 
 def _checkpoint_file(text: str) -> CheckpointFile:
@@ -378,9 +396,9 @@ def _g(value: float | None) -> str:
 
 
 def _filters(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    window = None if args.window is None else canonical_part("window", args.window)
+    """The --window (canonical already: ``_window_label``) and --tenant filters."""
     tenant = None if args.tenant is None else canonical_part("tenant", args.tenant)
-    return window, tenant
+    return args.window, tenant
 
 
 def _header(ledger: PrivacyBudgetLedger) -> str:
@@ -791,8 +809,7 @@ def cmd_reset(args: argparse.Namespace) -> int:
                 print(f"reset window {window}: {count} account(s) dropped, history kept")
         else:
             count = ledger.reset(args.window)
-            window = canonical_part("window", args.window)
-            print(f"reset window {window}: {count} account(s) dropped, history kept")
+            print(f"reset window {args.window}: {count} account(s) dropped, history kept")
     return 0
 
 
@@ -974,7 +991,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     status = command(commands, "status", cmd_status, "spend and headroom of every account")
-    status.add_argument("--window", help=f"only this window ({WINDOW_LABELS})")
+    status.add_argument("--window", type=_window_label, help=f"only this window ({WINDOW_LABELS})")
     status.add_argument("--tenant", help="only this tenant")
     _table_options(status)
 
@@ -987,7 +1004,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     classes.add_argument("--tenant", help="only this tenant")
     classes.add_argument("--query-type", dest="query_type", help="only this query type")
-    classes.add_argument("--window", help=f"only this window ({WINDOW_LABELS})")
+    classes.add_argument(
+        "--window", type=_window_filter, help=f"only this window ({WINDOW_LABELS}; * for any text)"
+    )
     classes.add_argument("--subject", help="only the classes of this subject (* for any text)")
     classes.add_argument("--state", help="only classes in this state: ok, warning or exhausted")
     classes.add_argument(
@@ -1008,7 +1027,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the privacy unit (as released), or an account's Class-... label",
     )
     show.add_argument("query_type", metavar="QUERY_TYPE", help="the release family")
-    show.add_argument("window", metavar="WINDOW", help=WINDOW_LABELS)
+    show.add_argument("window", metavar="WINDOW", type=_window_label, help=WINDOW_LABELS)
     show.add_argument("--tenant", default="default", help="default: 'default'")
     show.add_argument("--json", action="store_true", help=_JSON_HELP)
 
@@ -1062,7 +1081,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     reset = command(commands, "reset", cmd_reset, "drop the accounts of closed windows")
     which = reset.add_mutually_exclusive_group(required=True)
-    which.add_argument("--window", help="one closed window (an open one is refused)")
+    which.add_argument(
+        "--window", type=_window_label, help="one closed window (an open one is refused)"
+    )
     which.add_argument("--closed", action="store_true", help="every closed window")
 
     reap = command(
@@ -1146,7 +1167,7 @@ def build_parser() -> argparse.ArgumentParser:
     privacy_report.add_argument(
         "--format", choices=("md", "json"), default="md", help="Markdown (default) or JSON"
     )
-    privacy_report.add_argument("--window", help="only this window")
+    privacy_report.add_argument("--window", type=_window_label, help="only this window")
     privacy_report.add_argument("--tenant", help="only this tenant")
     return parser
 

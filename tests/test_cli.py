@@ -729,7 +729,34 @@ def test_reset_refuses_an_open_window(seeded):
 
 
 def test_reset_refuses_a_label_that_is_no_calendar_window(seeded):
-    assert_one_line_error(run("reset", "--window", "forever", url=seeded))
+    result = run("reset", "--window", "forever", url=seeded)
+    assert result.returncode == 2 and "is not a window label" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("status", "--window", "bogus"),
+        ("classes", "--window", "bogus"),
+        ("report", "--window", "2026-w99"),
+        ("reset", "--window", "bogus"),
+        ("show", "alice", "heatmap", "bogus"),
+    ],
+)
+def test_a_window_that_no_calendar_names_is_a_usage_error(seeded, capsys, command):
+    """A typo in a window would otherwise list nothing and exit 0, as if the window were empty."""
+    code, out, err = call(capsys, "--url", seeded, *command)
+    assert code == 2 and out == ""
+    assert "is not a window label" in err and "Traceback" not in err
+
+
+def test_window_filters_take_any_case_and_classes_takes_patterns(seeded, capsys):
+    code, out, err = call(capsys, "--url", seeded, "status", "--window", "2020-W01", "--json")
+    assert code == 0, err
+    assert json.loads(out)["total"] == 3
+    code, out, err = call(capsys, "--url", seeded, "classes", "--window", "2020-*", "--json")
+    assert code == 0, err
+    assert json.loads(out)["total"] >= 1
 
 
 def test_reset_one_closed_window_keeps_history(seeded):
