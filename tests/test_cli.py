@@ -728,6 +728,16 @@ def test_reset_refuses_an_open_window(seeded):
     ledger.close()
 
 
+@pytest.mark.parametrize("window", ["9999-12-31", "2100-w01", "current"])
+def test_reset_refuses_a_window_that_has_not_closed_even_if_never_charged(seeded, window):
+    """Not "0 account(s) dropped": that would read as done while the window's runs are due."""
+    window = WindowCalendar().window_of(datetime.now(UTC)) if window == "current" else window
+    result = run("reset", "--window", window, url=seeded)
+    assert result.returncode == 1
+    assert_one_line_error(result)
+    assert "has not closed" in result.stderr and "dropped" not in result.stdout
+
+
 def test_reset_refuses_a_label_that_is_no_calendar_window(seeded):
     result = run("reset", "--window", "forever", url=seeded)
     assert result.returncode == 2 and "is not a window label" in result.stderr
