@@ -26,7 +26,7 @@ Commands (each takes ``--url URL`` or ``--conn-id ID``)::
     dp-budget verify [--checkpoint FILE]
     dp-budget quarantine show | clear --reason TEXT
     dp-budget reset --window W | --closed
-    dp-budget reap [--older-than DURATION] [--now ISO]
+    dp-budget reap [--older-than DURATION]
     dp-budget policy list [--json]
     dp-budget policy set --epsilon E [--tenant T] [--query-type Q] [--warn-fraction F]
                          [--calendar iso_week|month|day|fixed] [--length-seconds N]
@@ -46,7 +46,7 @@ import re
 import sys
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -114,20 +114,6 @@ def parse_duration(text: str) -> timedelta:
             f"duration {text!r} is too long: at most {timedelta.max.days} days"
         )
     return timedelta(seconds=seconds)
-
-
-def parse_moment(text: str) -> datetime:
-    """An ISO 8601 moment; ``Z`` and offsets are honoured, a naive time is taken as UTC."""
-    value = text.strip()
-    if value.endswith(("Z", "z")):
-        value = value[:-1] + "+00:00"
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid time {text!r}: use ISO 8601, e.g. 2026-07-14T12:00:00Z"
-        ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def _count(text: str) -> int:
@@ -817,7 +803,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
     """Charge reservations left open by dead workers: their lease ran out (or, with
     ``--older-than``, they are older than that)."""
     with _ledger(args) as ledger:
-        reaped = ledger.reap(args.older_than, now=args.now)
+        reaped = ledger.reap(args.older_than)
     if not reaped:
         older = "" if args.older_than is None else f" and none is older than {args.older_than}"
         print(f"no open reservation's lease has run out{older}")
@@ -1101,13 +1087,6 @@ def build_parser() -> argparse.ArgumentParser:
         "still renewed (e.g. 30m, 2h, 1d)",
     )
     reap.set_defaults(cli_words=True)  # its errors name Python parameters
-    reap.add_argument(
-        "--now",
-        type=parse_moment,
-        default=None,
-        metavar="ISO",
-        help="take this moment as now (for tests and audits; default: the clock)",
-    )
 
     policy = commands.add_parser("policy", help="caps per tenant and query type")
     policy_commands = policy.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
