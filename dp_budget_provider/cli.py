@@ -70,7 +70,7 @@ from dp_budget_provider.ledger import (
     report,
     spend_classes,
 )
-from dp_budget_provider.ledger.checkpoints import CheckpointFile
+from dp_budget_provider.ledger.checkpoints import CheckpointFile, CheckpointUnreadable
 from dp_budget_provider.ledger.keys import MAX_STORED_INT, canonical_part
 from dp_budget_provider.ledger.policy import DEFAULT_GRACE, DEFAULT_MIN_WINDOW
 from dp_budget_provider.ledger.queries import MAX_PAGE
@@ -202,7 +202,15 @@ def _checkpoint_file(text: str) -> CheckpointFile:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a file verify can read and append checkpoints to"
         )
-    return CheckpointFile(path)
+    store = CheckpointFile(path)
+    try:
+        store.check()  # the wrong file is the user's mistake, not tampering to quarantine for
+    except (CheckpointUnreadable, OSError) as error:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a checkpoint file ({error}); name the file earlier verifies "
+            "appended to, or a new one"
+        ) from None
+    return store
 
 
 # ---------------------------------------------------------------------- opening the ledger

@@ -642,6 +642,60 @@ def test_verify_that_cannot_complete_fails(seeded, capsys):
 CHAIN_KEY = "cli-test-chain-key-0123456789"
 
 
+@pytest.fixture
+def keyed(sqlite_url):
+    """A keyed ledger (DP_BUDGET_CHAIN_KEY set for in-process calls) with two releases."""
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=sqlite_url, chain_key=CHAIN_KEY)
+    ledger.spend(ALICE, GaussianMechanism(4.0))
+    ledger.spend(BOB, GaussianMechanism(4.0))
+    ledger.close()
+    return sqlite_url
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "this is a README, not a checkpoint\n",
+        '{"format": "dp-budget-checkpoint/1"}\n',
+        '{"some": "other json"}\n[1, 2, 3]\n',
+        b"\xff\xfe\x00 binary",
+    ],
+)
+def test_a_checkpoint_file_that_is_no_checkpoint_is_a_usage_error(
+    tmp_path, keyed, capsys, monkeypatch, content
+):
+    """The wrong file (or garbage) is the user's mistake: exit 2 naming the option, and the
+    healthy ledger is not quarantined."""
+    monkeypatch.setenv("DP_BUDGET_CHAIN_KEY", CHAIN_KEY)
+    store = tmp_path / "wrong.txt"
+    store.write_bytes(content if isinstance(content, bytes) else content.encode())
+    before = store.read_bytes()
+    code, out, err = call(capsys, "--url", keyed, "verify", "--checkpoint", str(store))
+    assert code == 2 and out == "", err
+    assert "argument --checkpoint" in err and "is not a checkpoint file" in err
+    assert store.read_bytes() == before
+    ledger = PrivacyBudgetLedger(url=keyed, chain_key=CHAIN_KEY)
+    assert ledger.quarantine_status() is None
+    ledger.close()
+
+
+def test_a_checkpoint_that_does_not_match_still_fails_verify(tmp_path, keyed, capsys, monkeypatch):
+    """A well-formed checkpoint with a forged MAC, or another ledger's, is tampering as before."""
+    monkeypatch.setenv("DP_BUDGET_CHAIN_KEY", CHAIN_KEY)
+    store = tmp_path / "checkpoints.jsonl"
+    code, _, err = call(capsys, "--url", keyed, "verify", "--checkpoint", str(store))
+    assert code == 0, err
+    record = json.loads(store.read_text())
+    record["entries"] += 1  # edited: the MAC no longer matches
+    forged = tmp_path / "forged.jsonl"
+    forged.write_text(json.dumps(record) + "\n")
+    code, out, _ = call(capsys, "--url", keyed, "verify", "--checkpoint", str(forged))
+    assert code == 1 and "MAC does not match" in out and "quarantined" in out
+    ledger = PrivacyBudgetLedger(url=keyed, chain_key=CHAIN_KEY)
+    assert ledger.quarantine_status() is not None
+    ledger.close()
+
+
 def test_a_keyed_ledger_verifies_against_its_checkpoints_and_quarantines(tmp_path, ledger_url):
     """verify --checkpoint appends a sealed checkpoint; a tail truncated below it is
     caught, the ledger quarantined until an audited clear."""
