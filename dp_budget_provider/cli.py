@@ -76,7 +76,7 @@ from dp_budget_provider.ledger.policy import DEFAULT_GRACE, DEFAULT_MIN_WINDOW
 from dp_budget_provider.ledger.queries import MAX_PAGE
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.schema import LedgerConfig
-from dp_budget_provider.ledger.windows import CALENDAR_KINDS, window_bounds
+from dp_budget_provider.ledger.windows import CALENDAR_KINDS, display_window, window_bounds
 
 URL_ENV = "DP_BUDGET_URL"
 WINDOW_LABELS = (
@@ -522,7 +522,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             print("no accounts" + ("" if total == 0 else f" at offset {args.offset}"))
         else:
             rows = [
-                (s.key.tenant, s.key.subject, s.key.query_type, s.key.window, *_standing(s))
+                (
+                    s.key.tenant,
+                    s.key.subject,
+                    s.key.query_type,
+                    display_window(s.key.window),
+                    *_standing(s),
+                )
                 for s in statuses
             ]
             headers = ["TENANT", "SUBJECT", "QUERY TYPE", "WINDOW", *_STANDING_HEADERS]
@@ -584,7 +590,7 @@ def cmd_classes(args: argparse.Namespace) -> int:
             (
                 c.status.key.tenant,
                 c.status.key.query_type,
-                c.status.key.window,
+                display_window(c.status.key.window),
                 f"{c.subjects:,}",
                 c.status.key.subject,
                 *_standing(c.status),
@@ -672,9 +678,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             )
             return 0
         lines = [
-            f"account   {key}",
+            f"account   {report.key_label(key)}",
             f"          tenant={key.tenant} subject={key.subject} query_type={key.query_type} "
-            f"window={key.window}",
+            f"window={display_window(key.window)}",
         ]
         if status is None:
             lines.append("state     no live account (window reset or account rescoped)")
@@ -800,10 +806,16 @@ def cmd_reset(args: argparse.Namespace) -> int:
             if not dropped:
                 print("no closed window has live accounts")
             for window, count in dropped.items():
-                print(f"reset window {window}: {count} account(s) dropped, history kept")
+                print(
+                    f"reset window {display_window(window)}: {count} account(s) dropped, "
+                    "history kept"
+                )
         else:
             count = ledger.reset(args.window)
-            print(f"reset window {args.window}: {count} account(s) dropped, history kept")
+            print(
+                f"reset window {display_window(args.window)}: {count} account(s) dropped, "
+                "history kept"
+            )
     return 0
 
 

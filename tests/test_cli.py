@@ -494,7 +494,7 @@ def test_show_default_tenant_lists_multi_key_releases(seeded):
     ledger.close()
     _, rows = table(result.stdout)
     assert [int(row.split()[0]) for row in rows] == expected
-    assert any("2 keys" in row and "laplace(epsilon0=0.1)" in row for row in rows)
+    assert any("2 subjects" in row and "laplace(epsilon0=0.1)" in row for row in rows)
     assert f"epsilon   {epsilon:.6g} at delta 1e-05" in result.stdout
     assert "clause    (none recorded)" in result.stdout
 
@@ -1152,3 +1152,42 @@ def test_errors_name_cli_options_not_python_names(seeded, capsys, args, option):
     code, _, err = call(capsys, "--url", seeded, *args)
     assert code in (1, 2) and option in err
     assert not any(name in err for name in ("length_seconds", "set_policy", "cap_epsilon"))
+
+
+# ---------------------------------------------------------------------- window labels shown
+
+
+FIXED_SHOWN = "2026-12-03T01:12:00Z+60s"
+
+
+@pytest.fixture
+def fixed_window(sqlite_url):
+    """A release charged to a 60-second fixed window (stored as 2026-12-03t01:12:00z+60s)."""
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
+    ledger.set_policy(
+        Policy(
+            3.0,
+            query_type="stream",
+            calendar=WindowCalendar("fixed", 60),
+            min_window=timedelta(seconds=60),
+        )
+    )
+    ledger.spend(key_for("alice", "stream", FIXED_SHOWN), GaussianMechanism(4.0), attempt="s/1/1")
+    ledger.close()
+    return sqlite_url
+
+
+def test_fixed_window_labels_read_as_iso_8601_everywhere_people_see_them(fixed_window, capsys):
+    lowercase = FIXED_SHOWN.lower()
+    for command in (
+        ("status",),
+        ("classes",),
+        ("show", "alice", "stream", lowercase),  # either case is accepted on input
+        ("history",),
+        ("report", "--format", "md", "--window", FIXED_SHOWN),
+    ):
+        code, out, err = call(capsys, "--url", fixed_window, *command)
+        assert code == 0, (command, err)
+        assert FIXED_SHOWN in out and lowercase not in out, (command, out)
+    code, out, _ = call(capsys, "--url", fixed_window, "status", "--json")
+    assert json.loads(out)["accounts"][0]["window"] == lowercase  # machines: as stored

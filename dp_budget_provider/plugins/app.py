@@ -50,6 +50,7 @@ from dp_budget_provider.ledger.report import (
     render_markdown,
     verification_record,
 )
+from dp_budget_provider.ledger.windows import display_window
 from dp_budget_provider.plugins import schemas
 from dp_budget_provider.plugins.auth import budget_reader
 from dp_budget_provider.plugins.chart import build_chart
@@ -333,7 +334,7 @@ def _history_record(
         source = key_label(names.subject_key(payload["from"]))
         note = f"carried from {source}" + (f": {note}" if note else "")
     elif entry["action"] == "reset":
-        note = f"window {payload.get('window')} reset"
+        note = f"window {display_window(str(payload.get('window')))} reset"
     return {
         **entry,
         "key": names.subject_key(entry["key"]),
