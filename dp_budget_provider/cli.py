@@ -783,15 +783,16 @@ def cmd_db_adopt_key(args: argparse.Namespace) -> int:
     key = _chain_key(args)
     if key is None:
         raise UsageError(
-            f"set {history.CHAIN_KEY_ENV} (or the --conn-id connection's extra chain_key) "
-            "to the new chain key first"
+            f"set {history.CHAIN_KEY_ENV} (or the --conn-id connection's extra "
+            "chain_key_secret) to the new chain key first"
         )
     ledger = open_ledger(_url(args), chain_key=None)
     try:
         ledger.adopt_chain_key(key)
         print(
             f"the history of {ledger.url} is keyed from now on: open it with "
-            f"{history.CHAIN_KEY_ENV} (and the Airflow connection's extra chain_key) everywhere"
+            f"{history.CHAIN_KEY_ENV} (and the Airflow connection's extra chain_key_secret) "
+            "everywhere"
         )
     finally:
         ledger.close()

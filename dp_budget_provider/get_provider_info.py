@@ -72,7 +72,7 @@ def get_provider_info() -> dict[str, Any]:
                         "(sqlite:///path or postgresql+psycopg2://...). Overrides host/schema.",
                         "schema": {"type": ["string", "null"]},
                     },
-                    "chain_key": {
+                    "chain_key_secret": {
                         "label": "Chain key",
                         "description": "Secret key (16+ bytes; 32 random ones recommended) the "
                         "ledger's history is linked with (HMAC-SHA256). Keep it out of the "

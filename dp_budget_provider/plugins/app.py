@@ -134,7 +134,11 @@ class HookLedgerSource:
             if self._ledger is None:
                 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 
-                self._ledger = PrivacyBudgetLedger(url=DPBudgetHook().ledger_url())
+                hook = DPBudgetHook()
+                # A keyed ledger refuses to open without its key: every page would be a 503.
+                self._ledger = PrivacyBudgetLedger(
+                    url=hook.ledger_url(), chain_key=hook.chain_key()
+                )
             return self._ledger
 
 
