@@ -235,7 +235,18 @@ def _target_from_environment(args: argparse.Namespace) -> LedgerTarget:
 
 def _target_from_connection(conn_id: str) -> LedgerTarget:
     """The URL and chain key of an Airflow connection, read by the tasks' own hook (so
-    every secrets backend, and the embedded default for ``dp_budget_default``, apply)."""
+    every secrets backend, and the embedded default for ``dp_budget_default``, apply).
+
+    Airflow's logging writes to the stdout it finds when it is set up (on import) and when
+    a logger is first used; the CLI's stdout is the command's output (``--json``, a report
+    redirected to a file). So Airflow is imported and asked here with stderr as its stdout,
+    and the CLI uses no Airflow after that.
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        return _read_connection(conn_id)
+
+
+def _read_connection(conn_id: str) -> LedgerTarget:
     try:
         from airflow.sdk.exceptions import AirflowNotFoundException
 

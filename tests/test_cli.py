@@ -142,7 +142,7 @@ def test_console_script_is_installed(seeded):
 def define_connection(monkeypatch, conn_id, **fields):
     """An Airflow connection as a deployment defines it: ``AIRFLOW_CONN_<ID>`` (JSON), seen
     by the CLI's subprocess through the environment."""
-    value = json.dumps({"conn_type": "dp_budget", **fields})
+    value = json.dumps({"conn_type": "dpbudget", **fields})
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", value)
 
 
@@ -194,14 +194,21 @@ def test_conn_id_with_host_fields_builds_the_postgresql_url(monkeypatch, postgre
     assert f"@{parsed.host}:{parsed.port}/{parsed.database}" in created.stdout
 
 
-def test_conn_id_reads_the_metadata_database(airflow_db, sqlite_url):
+@pytest.mark.parametrize("conn_type", ["dpbudget", "dp_budget"])
+def test_conn_id_reads_the_metadata_database_and_stdout_is_only_output(
+    airflow_db, sqlite_url, conn_type
+):
     """A connection saved with `airflow connections add` (the metadata database, not the
-    environment) is found as the tasks' hook finds it."""
+    environment) is found as the tasks' hook finds it, and stdout carries only the command's
+    output: Airflow printed "Connection schemes (type: dp_budget) shall not contain '_'" on
+    stdout on every call, so `classes --json` did not parse and a report redirected to a
+    file began with a log line. The type is dpbudget now; one of the earlier type dp_budget
+    still works, its warning on stderr."""
     airflow = str(Path(sys.executable).with_name("airflow"))
     conn_id = f"ledger_db_{os.getpid()}_{time.monotonic_ns()}"
     added = subprocess.run(
-        [airflow, "connections", "add", conn_id, "--conn-type", "dp_budget"]
-        + ["--conn-extra", json.dumps({"url": sqlite_url})],
+        [airflow, "connections", "add", conn_id, "--conn-type", conn_type]
+        + ["--conn-extra", json.dumps({"url": sqlite_url, "chain_key_secret": CHAIN_KEY})],
         capture_output=True,
         text=True,
         check=False,
@@ -210,6 +217,27 @@ def test_conn_id_reads_the_metadata_database(airflow_db, sqlite_url):
     created = run("--conn-id", conn_id, "init", "--epsilon", "3", "--delta", "1e-5")
     assert created.returncode == 0, created.stderr
     assert sqlite_url in created.stdout
+    ledger = PrivacyBudgetLedger(url=sqlite_url, chain_key=CHAIN_KEY)
+    ledger.spend(ALICE, GaussianMechanism(4.0))
+    ledger.close()
+    classes = run("--conn-id", conn_id, "classes", "--json")
+    assert classes.returncode == 0, classes.stderr
+    assert json.loads(classes.stdout)["total"] == 1
+    report = run("--conn-id", conn_id, "report", "--format", "md")
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.startswith("# Privacy report\n")
+    warned = "shall not contain '_'" in classes.stderr + report.stderr
+    assert warned == (conn_type == "dp_budget")
+
+
+def test_conn_id_from_the_environment_gives_parseable_json(monkeypatch, sqlite_url):
+    define_connection(monkeypatch, "ledger_env", extra={"url": sqlite_url})
+    assert (
+        run("--conn-id", "ledger_env", "init", "--epsilon", "3", "--delta", "1e-5").returncode == 0
+    )
+    result = run("--conn-id", "ledger_env", "status", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["total"] == 0
 
 
 def test_an_unknown_conn_id_is_one_line_naming_it():

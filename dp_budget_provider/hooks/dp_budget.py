@@ -1,7 +1,7 @@
 """DPBudgetHook: how Airflow tasks reach the budget ledger.
 
 Tasks have no metadata-database access in Airflow 3, so the ledger is its own
-database behind an Airflow connection (type ``dp_budget``). Its ``extra`` may carry
+database behind an Airflow connection (type ``dpbudget``). Its ``extra`` may carry
 ``{"url": "<SQLAlchemy URL>"}``; otherwise host/port/schema/login/password describe a
 PostgreSQL ledger. ``extra.chain_key_secret`` (or ``$DP_BUDGET_CHAIN_KEY`` in the workers'
 environment) is the secret the history is linked with, kept out of the ledger database.
@@ -119,11 +119,18 @@ class VariableCheckpoints:
 
 
 class DPBudgetHook(BaseHook):
-    """Opens the privacy budget ledger named by a ``dp_budget`` connection."""
+    """Opens the privacy budget ledger named by a ``dpbudget`` connection.
+
+    The type has no ``_``: Airflow writes a connection it reads from the metadata database
+    as a URI whose scheme is the type, and warns on every lookup (on stdout, before the
+    output of ``dp-budget --conn-id``) that a scheme with ``_`` breaks RFC 3986. The hook
+    reads its connection by id, whatever its type, so connections of the earlier type
+    ``dp_budget`` keep working (:class:`LegacyDPBudgetHook` keeps their form and test).
+    """
 
     conn_name_attr = "dp_budget_conn_id"
     default_conn_name = "dp_budget_default"
-    conn_type = "dp_budget"
+    conn_type = "dpbudget"
     hook_name = "DP Budget Ledger"
 
     def __init__(self, dp_budget_conn_id: str = default_conn_name, **kwargs: Any) -> None:
@@ -268,3 +275,12 @@ class DPBudgetHook(BaseHook):
         if report.ok:
             return True, f"ledger OK: {report.accounts} accounts, {report.entries} history entries"
         return False, "; ".join(report.problems[:5])
+
+
+class LegacyDPBudgetHook(DPBudgetHook):
+    """The connection type ``dp_budget`` of earlier versions, still registered so that such
+    connections keep their form and "Test" button in the UI. Airflow warns about the ``_``
+    on every lookup of one: change its type to ``dpbudget`` (nothing else changes)."""
+
+    conn_type = "dp_budget"
+    hook_name = "DP Budget Ledger (old type dp_budget: change it to dpbudget)"

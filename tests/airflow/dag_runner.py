@@ -14,10 +14,10 @@ from airflow.sdk import DAG
 
 
 def ledger_connection(monkeypatch: Any, url: str, chain_key: str | None = None) -> None:
-    """Point the default dp_budget connection at ``url`` (the documented env-var contract),
+    """Point the default ledger connection at ``url`` (the documented env-var contract),
     with the ledger's chain key in its extra when given."""
     extra = {"url": url} if chain_key is None else {"url": url, "chain_key_secret": chain_key}
-    value = json.dumps({"conn_type": "dp_budget", "extra": extra})
+    value = json.dumps({"conn_type": "dpbudget", "extra": extra})
     monkeypatch.setenv("AIRFLOW_CONN_DP_BUDGET_DEFAULT", value)
 
 

@@ -14,7 +14,7 @@ from dp_budget_provider.ledger import BudgetCap, LedgerConfigMismatch, PrivacyBu
 
 def conn(monkeypatch, conn_id, **fields):
     monkeypatch.setenv(
-        f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "dp_budget", **fields})
+        f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "dpbudget", **fields})
     )
 
 

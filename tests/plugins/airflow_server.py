@@ -31,7 +31,7 @@ PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # SimpleAuthMan
 # connection is in the environment (the seeding's DAG runs read it there) and, the same, in
 # the metadata database, where the connections API shows it.
 CHAIN_KEY = "ui-server-chain-key-0123456789abcdef"
-CONNECTION = {"conn_type": "dp_budget"}
+CONNECTION = {"conn_type": "dpbudget"}
 
 
 def extra(ledger_url: str) -> dict[str, str]:
