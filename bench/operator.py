@@ -103,7 +103,7 @@ def prepare_airflow_home(home: Path, ledger_url: str) -> None:
     os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(home / "dags")
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
     os.environ["AIRFLOW_CONN_DP_BUDGET_DEFAULT"] = (
-        f'{{"conn_type": "dp_budget", "extra": {{"url": "{ledger_url}"}}}}'
+        f'{{"conn_type": "dpbudget", "extra": {{"url": "{ledger_url}"}}}}'
     )
     airflow = Path(sys.executable).with_name("airflow")
     result = subprocess.run(

@@ -29,7 +29,7 @@ Commands (each takes ``--url URL`` or ``--conn-id ID``)::
     dp-budget verify [--checkpoint FILE]
     dp-budget quarantine show | clear --reason TEXT    (clear: administrator)
     dp-budget reset --window W | --closed
-    dp-budget reap [--older-than DURATION] [--now ISO]
+    dp-budget reap [--older-than DURATION]
     dp-budget policy list [--json]
     dp-budget policy set --epsilon E [--tenant T] [--query-type Q] [--warn-fraction F]
                          [--calendar iso_week|month|day|fixed] [--length-seconds N]
@@ -50,7 +50,7 @@ import re
 import sys
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -75,13 +75,13 @@ from dp_budget_provider.ledger import (
     spend_classes,
 )
 from dp_budget_provider.ledger.authority import ADMIN_KEY_ENV, AdminKey, AdminPublicKey
-from dp_budget_provider.ledger.checkpoints import CheckpointFile
+from dp_budget_provider.ledger.checkpoints import CheckpointFile, CheckpointUnreadable
 from dp_budget_provider.ledger.keys import MAX_STORED_INT, canonical_part
 from dp_budget_provider.ledger.policy import DEFAULT_GRACE, DEFAULT_MIN_WINDOW
 from dp_budget_provider.ledger.queries import MAX_PAGE
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.schema import LedgerConfig
-from dp_budget_provider.ledger.windows import CALENDAR_KINDS
+from dp_budget_provider.ledger.windows import CALENDAR_KINDS, display_window, window_bounds
 
 URL_ENV = "DP_BUDGET_URL"
 WINDOW_LABELS = (
@@ -119,20 +119,6 @@ def parse_duration(text: str) -> timedelta:
             f"duration {text!r} is too long: at most {timedelta.max.days} days"
         )
     return timedelta(seconds=seconds)
-
-
-def parse_moment(text: str) -> datetime:
-    """An ISO 8601 moment; ``Z`` and offsets are honoured, a naive time is taken as UTC."""
-    value = text.strip()
-    if value.endswith(("Z", "z")):
-        value = value[:-1] + "+00:00"
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"invalid time {text!r}: use ISO 8601, e.g. 2026-07-14T12:00:00Z"
-        ) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def _count(text: str) -> int:
@@ -184,6 +170,24 @@ def _seconds(text: str) -> int:
     return value
 
 
+def _window_label(text: str) -> str:
+    """A calendar window label, canonical: a label no calendar produces names no window, so
+    a command filtered by it would answer "nothing" for a typo."""
+    try:
+        label = canonical_part("window", text)
+        window_bounds(label)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a window label: use {WINDOW_LABELS}"
+        ) from None
+    return label
+
+
+def _window_filter(text: str) -> str:
+    """A window label, or a pattern with ``*`` (any run of characters) matching labels."""
+    return text if "*" in text else _window_label(text)
+
+
 def _checkpoint_file(text: str) -> CheckpointFile:
     """A file verify can read and append to; checked before the verify, whose failure
     would otherwise read as a problem of the ledger."""
@@ -203,7 +207,15 @@ def _checkpoint_file(text: str) -> CheckpointFile:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a file verify can read and append checkpoints to"
         )
-    return CheckpointFile(path)
+    store = CheckpointFile(path)
+    try:
+        store.check()  # the wrong file is the user's mistake, not tampering to quarantine for
+    except (CheckpointUnreadable, OSError) as error:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a checkpoint file ({error}); name the file earlier verifies "
+            "appended to, or a new one"
+        ) from None
+    return store
 
 
 # ---------------------------------------------------------------------- opening the ledger
@@ -229,7 +241,18 @@ def _target_from_environment(args: argparse.Namespace) -> LedgerTarget:
 
 def _target_from_connection(conn_id: str) -> LedgerTarget:
     """The URL and chain key of an Airflow connection, read by the tasks' own hook (so
-    every secrets backend, and the embedded default for ``dp_budget_default``, apply)."""
+    every secrets backend, and the embedded default for ``dp_budget_default``, apply).
+
+    Airflow's logging writes to the stdout it finds when it is set up (on import) and when
+    a logger is first used; the CLI's stdout is the command's output (``--json``, a report
+    redirected to a file). So Airflow is imported and asked here with stderr as its stdout,
+    and the CLI uses no Airflow after that.
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        return _read_connection(conn_id)
+
+
+def _read_connection(conn_id: str) -> LedgerTarget:
     try:
         from airflow.sdk.exceptions import AirflowNotFoundException
 
@@ -408,9 +431,9 @@ def _g(value: float | None) -> str:
 
 
 def _filters(args: argparse.Namespace) -> tuple[str | None, str | None]:
-    window = None if args.window is None else canonical_part("window", args.window)
+    """The --window (canonical already: ``_window_label``) and --tenant filters."""
     tenant = None if args.tenant is None else canonical_part("tenant", args.tenant)
-    return window, tenant
+    return args.window, tenant
 
 
 def _header(ledger: PrivacyBudgetLedger) -> str:
@@ -552,7 +575,13 @@ def cmd_status(args: argparse.Namespace) -> int:
             print("no accounts" + ("" if total == 0 else f" at offset {args.offset}"))
         else:
             rows = [
-                (s.key.tenant, s.key.subject, s.key.query_type, s.key.window, *_standing(s))
+                (
+                    s.key.tenant,
+                    s.key.subject,
+                    s.key.query_type,
+                    display_window(s.key.window),
+                    *_standing(s),
+                )
                 for s in statuses
             ]
             headers = ["TENANT", "SUBJECT", "QUERY TYPE", "WINDOW", *_STANDING_HEADERS]
@@ -614,7 +643,7 @@ def cmd_classes(args: argparse.Namespace) -> int:
             (
                 c.status.key.tenant,
                 c.status.key.query_type,
-                c.status.key.window,
+                display_window(c.status.key.window),
                 f"{c.subjects:,}",
                 c.status.key.subject,
                 *_standing(c.status),
@@ -702,9 +731,9 @@ def cmd_show(args: argparse.Namespace) -> int:
             )
             return 0
         lines = [
-            f"account   {key}",
+            f"account   {report.key_label(key)}",
             f"          tenant={key.tenant} subject={key.subject} query_type={key.query_type} "
-            f"window={key.window}",
+            f"window={display_window(key.window)}",
         ]
         if status is None:
             lines.append("state     no live account (window reset or account rescoped)")
@@ -807,8 +836,8 @@ def cmd_db_adopt_key(args: argparse.Namespace) -> int:
     key = _chain_key(args)
     if key is None:
         raise UsageError(
-            f"set {history.CHAIN_KEY_ENV} (or the --conn-id connection's extra chain_key) "
-            "to the new chain key first"
+            f"set {history.CHAIN_KEY_ENV} (or the --conn-id connection's extra "
+            "chain_key_secret) to the new chain key first"
         )
     ledger = open_ledger(
         _url(args), chain_key=None, admin=_admin(args), admin_pin=_target(args).admin_pin
@@ -817,7 +846,8 @@ def cmd_db_adopt_key(args: argparse.Namespace) -> int:
         ledger.adopt_chain_key(key)
         print(
             f"the history of {ledger.url} is keyed from now on: open it with "
-            f"{history.CHAIN_KEY_ENV} (and the Airflow connection's extra chain_key) everywhere"
+            f"{history.CHAIN_KEY_ENV} (and the Airflow connection's extra chain_key_secret) "
+            "everywhere"
         )
     finally:
         ledger.close()
@@ -872,11 +902,16 @@ def cmd_reset(args: argparse.Namespace) -> int:
             if not dropped:
                 print("no closed window has live accounts")
             for window, count in dropped.items():
-                print(f"reset window {window}: {count} account(s) dropped, history kept")
+                print(
+                    f"reset window {display_window(window)}: {count} account(s) dropped, "
+                    "history kept"
+                )
         else:
             count = ledger.reset(args.window)
-            window = canonical_part("window", args.window)
-            print(f"reset window {window}: {count} account(s) dropped, history kept")
+            print(
+                f"reset window {display_window(args.window)}: {count} account(s) dropped, "
+                "history kept"
+            )
     return 0
 
 
@@ -884,7 +919,7 @@ def cmd_reap(args: argparse.Namespace) -> int:
     """Charge reservations left open by dead workers: their lease ran out (or, with
     ``--older-than``, they are older than that)."""
     with _ledger(args) as ledger:
-        reaped = ledger.reap(args.older_than, now=args.now)
+        reaped = ledger.reap(args.older_than)
     if not reaped:
         older = "" if args.older_than is None else f" and none is older than {args.older_than}"
         print(f"no open reservation's lease has run out{older}")
@@ -1079,7 +1114,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     status = command(commands, "status", cmd_status, "spend and headroom of every account")
-    status.add_argument("--window", help=f"only this window ({WINDOW_LABELS})")
+    status.add_argument("--window", type=_window_label, help=f"only this window ({WINDOW_LABELS})")
     status.add_argument("--tenant", help="only this tenant")
     _table_options(status)
 
@@ -1092,7 +1127,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     classes.add_argument("--tenant", help="only this tenant")
     classes.add_argument("--query-type", dest="query_type", help="only this query type")
-    classes.add_argument("--window", help=f"only this window ({WINDOW_LABELS})")
+    classes.add_argument(
+        "--window", type=_window_filter, help=f"only this window ({WINDOW_LABELS}; * for any text)"
+    )
     classes.add_argument("--subject", help="only the classes of this subject (* for any text)")
     classes.add_argument("--state", help="only classes in this state: ok, warning or exhausted")
     classes.add_argument(
@@ -1113,7 +1150,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the privacy unit (as released), or an account's Class-... label",
     )
     show.add_argument("query_type", metavar="QUERY_TYPE", help="the release family")
-    show.add_argument("window", metavar="WINDOW", help=WINDOW_LABELS)
+    show.add_argument("window", metavar="WINDOW", type=_window_label, help=WINDOW_LABELS)
     show.add_argument("--tenant", default="default", help="default: 'default'")
     show.add_argument("--json", action="store_true", help=_JSON_HELP)
 
@@ -1167,7 +1204,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     reset = command(commands, "reset", cmd_reset, "drop the accounts of closed windows")
     which = reset.add_mutually_exclusive_group(required=True)
-    which.add_argument("--window", help="one closed window (an open one is refused)")
+    which.add_argument(
+        "--window", type=_window_label, help="one closed window (an open one is refused)"
+    )
     which.add_argument("--closed", action="store_true", help="every closed window")
 
     reap = command(
@@ -1185,13 +1224,6 @@ def build_parser() -> argparse.ArgumentParser:
         "still renewed (e.g. 30m, 2h, 1d)",
     )
     reap.set_defaults(cli_words=True)  # its errors name Python parameters
-    reap.add_argument(
-        "--now",
-        type=parse_moment,
-        default=None,
-        metavar="ISO",
-        help="take this moment as now (for tests and audits; default: the clock)",
-    )
 
     policy = commands.add_parser("policy", help="caps per tenant and query type")
     policy_commands = policy.add_subparsers(dest="policy_command", required=True, metavar="COMMAND")
@@ -1251,7 +1283,7 @@ def build_parser() -> argparse.ArgumentParser:
     privacy_report.add_argument(
         "--format", choices=("md", "json"), default="md", help="Markdown (default) or JSON"
     )
-    privacy_report.add_argument("--window", help="only this window")
+    privacy_report.add_argument("--window", type=_window_label, help="only this window")
     privacy_report.add_argument("--tenant", help="only this tenant")
     return parser
 

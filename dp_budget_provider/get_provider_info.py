@@ -21,6 +21,40 @@ def _option(
     }
 
 
+def _connection_type(connection_type: str, hook_class: str, hook_name: str) -> dict[str, Any]:
+    """A connection type of the ledger: ``dpbudget``, and ``dp_budget`` of earlier versions
+    (same fields and form, so existing connections keep working; see ``DPBudgetHook``)."""
+    return {
+        "connection-type": connection_type,
+        "hook-class-name": f"dp_budget_provider.hooks.dp_budget.{hook_class}",
+        "hook-name": hook_name,
+        "conn-fields": {
+            "url": {
+                "label": "Ledger URL",
+                "description": "SQLAlchemy URL of the ledger database "
+                "(sqlite:///path or postgresql+psycopg2://...). Overrides host/schema.",
+                "schema": {"type": ["string", "null"]},
+            },
+            "chain_key_secret": {
+                "label": "Chain key",
+                "description": "Secret key (16+ bytes; 32 random ones recommended) the "
+                "ledger's history is linked with (HMAC-SHA256). Keep it out of the "
+                "ledger database: here (encrypted by Airflow) or in a secrets backend.",
+                "schema": {"type": ["string", "null"]},
+            },
+        },
+        "ui-field-behaviour": {
+            "hidden-fields": ["extra"],
+            "relabeling": {"schema": "Database"},
+            "placeholders": {
+                "host": "ledger PostgreSQL host",
+                "schema": "ledger database name",
+                "port": "5432",
+            },
+        },
+    }
+
+
 def get_provider_info() -> dict[str, Any]:
     """The dict described by ``airflow/provider_info.schema.json``.
 
@@ -61,35 +95,12 @@ def get_provider_info() -> dict[str, Any]:
             }
         ],
         "connection-types": [
-            {
-                "connection-type": "dp_budget",
-                "hook-class-name": "dp_budget_provider.hooks.dp_budget.DPBudgetHook",
-                "hook-name": "DP Budget Ledger",
-                "conn-fields": {
-                    "url": {
-                        "label": "Ledger URL",
-                        "description": "SQLAlchemy URL of the ledger database "
-                        "(sqlite:///path or postgresql+psycopg2://...). Overrides host/schema.",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "chain_key": {
-                        "label": "Chain key",
-                        "description": "Secret key (16+ bytes; 32 random ones recommended) the "
-                        "ledger's history is linked with (HMAC-SHA256). Keep it out of the "
-                        "ledger database: here (encrypted by Airflow) or in a secrets backend.",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                },
-                "ui-field-behaviour": {
-                    "hidden-fields": ["extra"],
-                    "relabeling": {"schema": "Database"},
-                    "placeholders": {
-                        "host": "ledger PostgreSQL host",
-                        "schema": "ledger database name",
-                        "port": "5432",
-                    },
-                },
-            }
+            _connection_type("dpbudget", "DPBudgetHook", "DP Budget Ledger"),
+            _connection_type(
+                "dp_budget",
+                "LegacyDPBudgetHook",
+                "DP Budget Ledger (old type dp_budget: change it to dpbudget)",
+            ),
         ],
         "extra-links": ["dp_budget_provider.plugins.links.DPBudgetAccountLink"],
         "task-decorators": [
@@ -125,7 +136,7 @@ def get_provider_info() -> dict[str, Any]:
                         "month",
                     ),
                     "embedded_ledger_path": _option(
-                        "SQLite ledger file used when no dp_budget connection exists "
+                        "SQLite ledger file used when no dp_budget_default connection exists "
                         "(default: $AIRFLOW_HOME/dp_budget_ledger.db).",
                         "string",
                         None,

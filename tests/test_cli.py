@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from dp_budget_provider import __version__
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
-from dp_budget_provider.cli import main, parse_duration, parse_moment
+from dp_budget_provider.cli import main, parse_duration
 from dp_budget_provider.ledger import (
     BudgetCap,
     Policy,
@@ -21,6 +21,7 @@ from dp_budget_provider.ledger import (
     database,
     key_for,
 )
+from dp_budget_provider.ledger import clock as ledger_clock
 from tests.admin import AdminLedger, admin_key_file
 
 UTC = timezone.utc
@@ -147,7 +148,7 @@ def test_console_script_is_installed(seeded):
 def define_connection(monkeypatch, conn_id, **fields):
     """An Airflow connection as a deployment defines it: ``AIRFLOW_CONN_<ID>`` (JSON), seen
     by the CLI's subprocess through the environment."""
-    value = json.dumps({"conn_type": "dp_budget", **fields})
+    value = json.dumps({"conn_type": "dpbudget", **fields})
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", value)
 
 
@@ -199,14 +200,21 @@ def test_conn_id_with_host_fields_builds_the_postgresql_url(monkeypatch, postgre
     assert f"@{parsed.host}:{parsed.port}/{parsed.database}" in created.stdout
 
 
-def test_conn_id_reads_the_metadata_database(airflow_db, sqlite_url):
+@pytest.mark.parametrize("conn_type", ["dpbudget", "dp_budget"])
+def test_conn_id_reads_the_metadata_database_and_stdout_is_only_output(
+    airflow_db, sqlite_url, conn_type
+):
     """A connection saved with `airflow connections add` (the metadata database, not the
-    environment) is found as the tasks' hook finds it."""
+    environment) is found as the tasks' hook finds it, and stdout carries only the command's
+    output: Airflow printed "Connection schemes (type: dp_budget) shall not contain '_'" on
+    stdout on every call, so `classes --json` did not parse and a report redirected to a
+    file began with a log line. The type is dpbudget now; one of the earlier type dp_budget
+    still works, its warning on stderr."""
     airflow = str(Path(sys.executable).with_name("airflow"))
     conn_id = f"ledger_db_{os.getpid()}_{time.monotonic_ns()}"
     added = subprocess.run(
-        [airflow, "connections", "add", conn_id, "--conn-type", "dp_budget"]
-        + ["--conn-extra", json.dumps({"url": sqlite_url})],
+        [airflow, "connections", "add", conn_id, "--conn-type", conn_type]
+        + ["--conn-extra", json.dumps({"url": sqlite_url, "chain_key_secret": CHAIN_KEY})],
         capture_output=True,
         text=True,
         check=False,
@@ -215,6 +223,27 @@ def test_conn_id_reads_the_metadata_database(airflow_db, sqlite_url):
     created = run("--conn-id", conn_id, "init", "--epsilon", "3", "--delta", "1e-5")
     assert created.returncode == 0, created.stderr
     assert sqlite_url in created.stdout
+    ledger = AdminLedger(url=sqlite_url, chain_key=CHAIN_KEY)
+    ledger.spend(ALICE, GaussianMechanism(4.0))
+    ledger.close()
+    classes = run("--conn-id", conn_id, "classes", "--json")
+    assert classes.returncode == 0, classes.stderr
+    assert json.loads(classes.stdout)["total"] == 1
+    report = run("--conn-id", conn_id, "report", "--format", "md")
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.startswith("# Privacy report\n")
+    warned = "shall not contain '_'" in classes.stderr + report.stderr
+    assert warned == (conn_type == "dp_budget")
+
+
+def test_conn_id_from_the_environment_gives_parseable_json(monkeypatch, sqlite_url):
+    define_connection(monkeypatch, "ledger_env", extra={"url": sqlite_url})
+    assert (
+        run("--conn-id", "ledger_env", "init", "--epsilon", "3", "--delta", "1e-5").returncode == 0
+    )
+    result = run("--conn-id", "ledger_env", "status", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["total"] == 0
 
 
 def test_an_unknown_conn_id_is_one_line_naming_it():
@@ -499,7 +528,7 @@ def test_show_default_tenant_lists_multi_key_releases(seeded):
     ledger.close()
     _, rows = table(result.stdout)
     assert [int(row.split()[0]) for row in rows] == expected
-    assert any("2 keys" in row and "laplace(epsilon0=0.1)" in row for row in rows)
+    assert any("2 subjects" in row and "laplace(epsilon0=0.1)" in row for row in rows)
     assert f"epsilon   {epsilon:.6g} at delta 1e-05" in result.stdout
     assert "clause    (none recorded)" in result.stdout
 
@@ -647,6 +676,60 @@ def test_verify_that_cannot_complete_fails(seeded, capsys):
 CHAIN_KEY = "cli-test-chain-key-0123456789"
 
 
+@pytest.fixture
+def keyed(sqlite_url):
+    """A keyed ledger (DP_BUDGET_CHAIN_KEY set for in-process calls) with two releases."""
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=sqlite_url, chain_key=CHAIN_KEY)
+    ledger.spend(ALICE, GaussianMechanism(4.0))
+    ledger.spend(BOB, GaussianMechanism(4.0))
+    ledger.close()
+    return sqlite_url
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "this is a README, not a checkpoint\n",
+        '{"format": "dp-budget-checkpoint/1"}\n',
+        '{"some": "other json"}\n[1, 2, 3]\n',
+        b"\xff\xfe\x00 binary",
+    ],
+)
+def test_a_checkpoint_file_that_is_no_checkpoint_is_a_usage_error(
+    tmp_path, keyed, capsys, monkeypatch, content
+):
+    """The wrong file (or garbage) is the user's mistake: exit 2 naming the option, and the
+    healthy ledger is not quarantined."""
+    monkeypatch.setenv("DP_BUDGET_CHAIN_KEY", CHAIN_KEY)
+    store = tmp_path / "wrong.txt"
+    store.write_bytes(content if isinstance(content, bytes) else content.encode())
+    before = store.read_bytes()
+    code, out, err = call(capsys, "--url", keyed, "verify", "--checkpoint", str(store))
+    assert code == 2 and out == "", err
+    assert "argument --checkpoint" in err and "is not a checkpoint file" in err
+    assert store.read_bytes() == before
+    ledger = AdminLedger(url=keyed, chain_key=CHAIN_KEY)
+    assert ledger.quarantine_status() is None
+    ledger.close()
+
+
+def test_a_checkpoint_that_does_not_match_still_fails_verify(tmp_path, keyed, capsys, monkeypatch):
+    """A well-formed checkpoint with a forged MAC, or another ledger's, is tampering as before."""
+    monkeypatch.setenv("DP_BUDGET_CHAIN_KEY", CHAIN_KEY)
+    store = tmp_path / "checkpoints.jsonl"
+    code, _, err = call(capsys, "--url", keyed, "verify", "--checkpoint", str(store))
+    assert code == 0, err
+    record = json.loads(store.read_text())
+    record["entries"] += 1  # edited: the MAC no longer matches
+    forged = tmp_path / "forged.jsonl"
+    forged.write_text(json.dumps(record) + "\n")
+    code, out, _ = call(capsys, "--url", keyed, "verify", "--checkpoint", str(forged))
+    assert code == 1 and "MAC does not match" in out and "quarantined" in out
+    ledger = AdminLedger(url=keyed, chain_key=CHAIN_KEY)
+    assert ledger.quarantine_status() is not None
+    ledger.close()
+
+
 def test_a_keyed_ledger_verifies_against_its_checkpoints_and_quarantines(tmp_path, ledger_url):
     """verify --checkpoint appends a sealed checkpoint; a tail truncated below it is
     caught, the ledger quarantined until an audited clear."""
@@ -734,8 +817,45 @@ def test_reset_refuses_an_open_window(seeded):
     ledger.close()
 
 
+@pytest.mark.parametrize("window", ["9999-12-31", "2100-w01", "current"])
+def test_reset_refuses_a_window_that_has_not_closed_even_if_never_charged(seeded, window):
+    """Not "0 account(s) dropped": that would read as done while the window's runs are due."""
+    window = WindowCalendar().window_of(datetime.now(UTC)) if window == "current" else window
+    result = run("reset", "--window", window, url=seeded)
+    assert result.returncode == 1
+    assert_one_line_error(result)
+    assert "has not closed" in result.stderr and "dropped" not in result.stdout
+
+
 def test_reset_refuses_a_label_that_is_no_calendar_window(seeded):
-    assert_one_line_error(run("reset", "--window", "forever", url=seeded))
+    result = run("reset", "--window", "forever", url=seeded)
+    assert result.returncode == 2 and "is not a window label" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("status", "--window", "bogus"),
+        ("classes", "--window", "bogus"),
+        ("report", "--window", "2026-w99"),
+        ("reset", "--window", "bogus"),
+        ("show", "alice", "heatmap", "bogus"),
+    ],
+)
+def test_a_window_that_no_calendar_names_is_a_usage_error(seeded, capsys, command):
+    """A typo in a window would otherwise list nothing and exit 0, as if the window were empty."""
+    code, out, err = call(capsys, "--url", seeded, *command)
+    assert code == 2 and out == ""
+    assert "is not a window label" in err and "Traceback" not in err
+
+
+def test_window_filters_take_any_case_and_classes_takes_patterns(seeded, capsys):
+    code, out, err = call(capsys, "--url", seeded, "status", "--window", "2020-W01", "--json")
+    assert code == 0, err
+    assert json.loads(out)["total"] == 3
+    code, out, err = call(capsys, "--url", seeded, "classes", "--window", "2020-*", "--json")
+    assert code == 0, err
+    assert json.loads(out)["total"] >= 1
 
 
 def test_reset_one_closed_window_keeps_history(seeded):
@@ -765,7 +885,7 @@ def test_reset_needs_a_window_or_closed(seeded, capsys):
     assert call(capsys, "--url", seeded, "reset", "--closed", "--window", CLOSED)[0] == 2
 
 
-def test_reap_charges_a_reservation_whose_lease_ran_out(sqlite_url):
+def test_reap_charges_a_reservation_whose_lease_ran_out(sqlite_url, capsys, monkeypatch):
     reservation = seed(sqlite_url)  # leased for 5 minutes
     young = run("reap", "--older-than", "1h", url=sqlite_url)
     assert young.returncode == 0, young.stderr
@@ -774,11 +894,12 @@ def test_reap_charges_a_reservation_whose_lease_ran_out(sqlite_url):
     )
     assert run("reap", url=sqlite_url).stdout == "no open reservation's lease has run out\n"
 
-    later = (datetime.now(UTC) + timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    result = run("reap", "--now", later, url=sqlite_url)
-    assert result.returncode == 0, result.stderr
-    assert f"reaped {reservation.id}" in result.stdout
-    assert "1 reservation(s) charged" in result.stdout
+    later = datetime.now(UTC) + timedelta(minutes=10)
+    monkeypatch.setattr(ledger_clock, "now", lambda: later)  # only a test moves the clock
+    code, out, err = call(capsys, "--url", sqlite_url, "reap")
+    assert code == 0, err
+    assert f"reaped {reservation.id}" in out
+    assert "1 reservation(s) charged" in out
     ledger = open_ledger(sqlite_url)
     assert ledger.epsilon_of(DAVE) == pytest.approx(reservation.prospective_epsilon)
     assert ledger.open_reservations() == []
@@ -810,10 +931,14 @@ def test_bad_duration_is_a_usage_error(seeded, duration):
     assert "invalid duration" in result.stderr
 
 
-def test_bad_now_is_a_usage_error(seeded):
-    result = run("reap", "--older-than", "1h", "--now", "yesterday", url=seeded)
-    assert result.returncode == 2
-    assert "invalid time" in result.stderr and "Traceback" not in result.stderr
+@pytest.mark.parametrize("now", ["9999-12-31", "2026-07-14T12:00:00Z"])
+def test_reap_takes_no_moment_from_the_command_line(seeded, now):
+    """``--now`` let anyone with the CLI charge running tasks' reservations early."""
+    result = run("reap", "--now", now, url=seeded)
+    assert result.returncode == 2 and "unrecognized arguments: --now" in result.stderr
+    ledger = open_ledger(seeded)
+    assert len(ledger.open_reservations()) == 1
+    ledger.close()
 
 
 @pytest.mark.parametrize(
@@ -834,10 +959,9 @@ def test_out_of_range_values_are_usage_errors_naming_the_option(seeded, capsys, 
     assert code == 2 and says in err and "Traceback" not in err, (code, err)
 
 
-def test_a_reap_cutoff_before_the_first_moment_reaps_nothing(seeded, capsys):
-    code, out, err = call(
-        capsys, "--url", seeded, "reap", "--older-than", "1h", "--now", "0001-01-01T00:00:00Z"
-    )
+def test_a_reap_cutoff_before_the_first_moment_reaps_nothing(seeded, capsys, monkeypatch):
+    monkeypatch.setattr(ledger_clock, "now", lambda: datetime(1, 1, 1, tzinfo=UTC))
+    code, out, err = call(capsys, "--url", seeded, "reap", "--older-than", "1h")
     assert code == 0, err
     assert out == "no open reservation's lease has run out and none is older than 1:00:00\n"
 
@@ -853,15 +977,12 @@ def test_the_last_page_of_status_says_which_rows_it_shows(seeded, capsys):
     assert out.splitlines()[-1] == "showing 3-4 of 4 account(s)"
 
 
-def test_duration_and_moment_parsing():
+def test_duration_parsing():
     assert parse_duration("2h") == timedelta(hours=2)
     assert parse_duration("30m") == timedelta(minutes=30)
     assert parse_duration("1d") == timedelta(days=1)
     assert parse_duration("1h30m") == timedelta(minutes=90)
     assert parse_duration("0s") == timedelta(0)
-    assert parse_moment("2026-07-14T12:00:00Z") == datetime(2026, 7, 14, 12, tzinfo=UTC)
-    assert parse_moment("2026-07-14T14:00:00+02:00") == datetime(2026, 7, 14, 12, tzinfo=UTC)
-    assert parse_moment("2026-07-14T12:00:00").tzinfo is not None
 
 
 # ---------------------------------------------------------------------- policy
@@ -1065,3 +1186,42 @@ def test_errors_name_cli_options_not_python_names(seeded, capsys, args, option):
     code, _, err = call(capsys, "--url", seeded, *args)
     assert code in (1, 2) and option in err
     assert not any(name in err for name in ("length_seconds", "set_policy", "cap_epsilon"))
+
+
+# ---------------------------------------------------------------------- window labels shown
+
+
+FIXED_SHOWN = "2026-12-03T01:12:00Z+60s"
+
+
+@pytest.fixture
+def fixed_window(sqlite_url):
+    """A release charged to a 60-second fixed window (stored as 2026-12-03t01:12:00z+60s)."""
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
+    ledger.set_policy(
+        Policy(
+            3.0,
+            query_type="stream",
+            calendar=WindowCalendar("fixed", 60),
+            min_window=timedelta(seconds=60),
+        )
+    )
+    ledger.spend(key_for("alice", "stream", FIXED_SHOWN), GaussianMechanism(4.0), attempt="s/1/1")
+    ledger.close()
+    return sqlite_url
+
+
+def test_fixed_window_labels_read_as_iso_8601_everywhere_people_see_them(fixed_window, capsys):
+    lowercase = FIXED_SHOWN.lower()
+    for command in (
+        ("status",),
+        ("classes",),
+        ("show", "alice", "stream", lowercase),  # either case is accepted on input
+        ("history",),
+        ("report", "--format", "md", "--window", FIXED_SHOWN),
+    ):
+        code, out, err = call(capsys, "--url", fixed_window, *command)
+        assert code == 0, (command, err)
+        assert FIXED_SHOWN in out and lowercase not in out, (command, out)
+    code, out, _ = call(capsys, "--url", fixed_window, "status", "--json")
+    assert json.loads(out)["accounts"][0]["window"] == lowercase  # machines: as stored

@@ -148,7 +148,6 @@ GOOD_BY_TYPE = {
     "_count": ["0", "1", "2", "10", "3600", "86400"],
     "_seconds": ["3600", "86400", "604800"],
     "parse_duration": ["0s", "1d", "30m", "1h30m", "3d"],
-    "parse_moment": ["2026-07-14T12:00:00Z", "2030-01-01T00:00:00", "2020-01-06T00:00:00Z"],
 }
 GOOD_BY_DEST = {
     "delta": ["1e-5"],
@@ -169,14 +168,6 @@ EDGES_BY_TYPE = {
     "_count": _WHOLE,
     "_seconds": _WHOLE,
     "parse_duration": ["0s", "99999999999999d", "999999999d", "1000000000d", "1e3d", "0.0000001s"],
-    "parse_moment": [
-        "0001-01-01T00:00:00Z",
-        "0001-01-01T00:00:00+14:00",
-        "9999-12-31T23:59:59Z",
-        "9999-12-31T23:59:59-14:00",
-        "2026-02-30T00:00:00",
-        "2026-07-14T25:00",
-    ],
 }
 URLS = [
     "",
@@ -427,8 +418,6 @@ def test_the_fuzzer_reaches_every_command():
         ["status", "--offset", str(2**64)],
         ["history", "--limit", "1e30"],
         ["reap", "--older-than", "99999999999999d"],
-        ["reap", "--older-than", "1d", "--now", "0001-01-01T00:00:00Z"],
-        ["reset", "--window", "9999-12-31"],
         ["policy", "set", "--length-seconds", "1e30", "--epsilon", "1"],
         ["policy", "set", "--epsilon", "-1"],
     ],

@@ -55,10 +55,11 @@ def _airflow(*args: str) -> str:
 def test_airflow_lists_the_provider_and_its_connection_type(airflow_db):
     assert "dp-budget-provider" in _airflow("providers", "list")
     hooks = json.loads(_airflow("providers", "hooks", "--output", "json"))
-    assert {"connection_type": "dp_budget", "hook_name": "DP Budget Ledger"}.items() <= next(
-        h for h in hooks if h.get("connection_type") == "dp_budget"
-    ).items()
+    names = {h.get("connection_type"): h.get("hook_name") for h in hooks}
+    assert names["dpbudget"] == "DP Budget Ledger"
+    assert names["dp_budget"].startswith("DP Budget Ledger (old type dp_budget")  # still served
     widgets = json.loads(_airflow("providers", "widgets", "--output", "json"))
-    assert any(w["connection_parameter_name"] == "extra__dp_budget__url" for w in widgets)
+    fields = {w["connection_parameter_name"] for w in widgets}
+    assert {"extra__dpbudget__url", "extra__dpbudget__chain_key_secret"} <= fields
     configs = _airflow("providers", "configs")
     assert "dp_budget" in configs and "default_cap_epsilon" in configs

@@ -66,8 +66,8 @@ import math
 
 import numpy as np
 
-_SMALLEST_NORMAL = 2.0**-1022
-_SUBNORMAL_ALLOWANCE = 2.0**-1073
+from dp_budget_provider.accounting.rounding import not_vanishing
+
 _TERMS = 17  # k = 2, ..., 18 of the series
 _SERIES_BELOW = 1.0  # r = a * eps0
 _FACTORED_FROM = 8.0  # x1 = (a - 1) * eps0
@@ -100,10 +100,7 @@ def laplace_rdp(epsilon0: np.ndarray, orders: np.ndarray) -> np.ndarray:
         rows, which = np.nonzero(column * grid[far_columns] >= _SERIES_BELOW)
         columns = far_columns[which]
         curve[rows, columns] = _far_from_zero(e[rows], grid[columns])
-    tiny = curve < _SMALLEST_NORMAL
-    if tiny.any():
-        curve[tiny] += _SUBNORMAL_ALLOWANCE
-    return curve
+    return not_vanishing(curve)
 
 
 def _series(e: np.ndarray, grid: np.ndarray) -> np.ndarray:

@@ -18,11 +18,10 @@ import numpy as np
 
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.laplace import laplace_rdp
-from dp_budget_provider.accounting.rounding import dot_up
+from dp_budget_provider.accounting.rounding import SMALLEST_NORMAL, dot_up, not_vanishing
 from dp_budget_provider.accounting.subsampled_gaussian import poisson_subsampled_gaussian_rdp
 
 _REGISTRY: dict[str, type[Mechanism]] = {}
-_SMALLEST_NORMAL = 2.0**-1022
 
 
 class Mechanism(ABC):
@@ -148,7 +147,7 @@ def _square(value: float) -> float:
 def _not_underflowed(value: float) -> float:
     """``value`` where it is a normal double; rounded up where it underflowed (to a
     subnormal, which keeps few digits, or to 0), so that it stays an upper bound."""
-    return value if value >= _SMALLEST_NORMAL else math.nextafter(value, math.inf)
+    return value if value >= SMALLEST_NORMAL else math.nextafter(value, math.inf)
 
 
 @dataclass(frozen=True)
@@ -195,7 +194,9 @@ def _pure_dp_rdp(epsilon0: float, orders: np.ndarray) -> np.ndarray:
     each part to a few ulps of its magnitude, so D_a is accurate to a few ulps for every
     eps0 and order (the earlier difference of two log1p's lost everything at eps0 ~ 1e-8,
     and a minimum with eps0^2 a / 2 could not repair what it did not see). D_a never
-    exceeds a eps0^2 / 2 (Bun-Steinke) nor eps0.
+    exceeds a eps0^2 / 2 (Bun-Steinke) nor eps0. Below the normal range (eps0 under
+    ~1e-154, where L underflows to -inf below ~1e-163) the value is raised, before and
+    after the division, by ``rounding.not_vanishing``: an eps0 > 0 always leaks.
     """
     a = orders
     with np.errstate(divide="ignore"):  # only at eps0 * (a - 1) below the smallest double
@@ -205,7 +206,7 @@ def _pure_dp_rdp(epsilon0: float, orders: np.ndarray) -> np.ndarray:
             + np.log(-np.expm1(-(a - 1.0) * epsilon0))
             - math.log1p(math.exp(-epsilon0))
         )
-    return np.logaddexp(0.0, log_argument) / (a - 1.0)
+    return not_vanishing(not_vanishing(np.logaddexp(0.0, log_argument)) / (a - 1.0))
 
 
 @dataclass(frozen=True)

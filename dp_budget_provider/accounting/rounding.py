@@ -35,6 +35,8 @@ import numpy as np
 
 ROUND_UP = 1.0 + 2.0**-51
 _TWO_U = 2.0**-52  # twice the unit roundoff
+SMALLEST_NORMAL = 2.0**-1022
+SUBNORMAL_ALLOWANCE = 2.0**-1073  # two steps of the subnormal spacing 2^-1074
 
 
 def sum_up(a: Any, b: Any) -> Any:
@@ -74,4 +76,28 @@ def dot_up(counts: np.ndarray, values: np.ndarray) -> Any:
         return (counts @ values) * (1.0 + (roundings + 1) * _TWO_U)
 
 
-__all__ = ["ROUND_UP", "difference_up", "dot_up", "sum_up"]
+def not_vanishing(values: np.ndarray) -> np.ndarray:
+    """``values`` (non-negative costs; changed in place and returned) raised by
+    :data:`SUBNORMAL_ALLOWANCE` wherever they fell below the normal range.
+
+    There a double keeps an absolute precision of 2^-1074, not a relative one: a cost
+    computed as a subnormal is off by up to a step per rounding, and one that underflowed
+    reads 0 although its mechanism leaks. Raised, it stays an upper bound, and a mechanism
+    with any privacy loss never gets an all-zero curve, which the conversion reports as
+    eps = 0 (nothing released) even at a delta below the mechanism's total-variation
+    distance. A value about to be divided by a - 1 < 1 (which scales its error up) is
+    raised before the division as well as after it.
+    """
+    values[values < SMALLEST_NORMAL] += SUBNORMAL_ALLOWANCE
+    return values
+
+
+__all__ = [
+    "ROUND_UP",
+    "SMALLEST_NORMAL",
+    "SUBNORMAL_ALLOWANCE",
+    "difference_up",
+    "dot_up",
+    "not_vanishing",
+    "sum_up",
+]

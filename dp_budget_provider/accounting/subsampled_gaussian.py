@@ -84,6 +84,7 @@ import math
 import numpy as np
 
 from dp_budget_provider.accounting import validation as check
+from dp_budget_provider.accounting.rounding import SMALLEST_NORMAL, not_vanishing
 from dp_budget_provider.accounting.special import log_erfc
 
 __all__ = ["poisson_subsampled_gaussian_rdp"]
@@ -225,6 +226,7 @@ def _log_a_int(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
     log_q = math.log(q)
     log_1mq = math.log1p(-q)
     two_var = 2 * (sigma * sigma)  # inf (not OverflowError) for absurdly large sigma
+    log_two_var = math.log(2.0) + 2.0 * math.log(sigma)
     log_fact = _log_factorials(int(orders.max()))
     ulps = _ROUNDING_ULPS * _UNIT_ROUNDOFF
     acc = _LogSumAccumulator(orders.size)
@@ -241,12 +243,15 @@ def _log_a_int(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
         fact_a, fact_i = log_fact[a], log_fact[idx]
         fact_rest = log_fact[np.where(beyond, 0, a - idx)]
         growth = (i * i - i) / two_var
-        log_growth = _log_expm1(growth)
+        # Where growth underflows (to 0 once 2 sigma^2 overflows, z above ~1.3e154) its
+        # log is log(i^2 - i) - log(2 sigma^2), exact to far below the raise: expm1(g) = g.
+        log_growth = np.where(
+            growth < SMALLEST_NORMAL, np.log(i * i - i) - log_two_var, _log_expm1(growth)
+        )
         from_q, from_1mq = i * log_q, (a - i) * log_1mq  # both <= 0
         terms = fact_a - fact_i - fact_rest + from_q + from_1mq + log_growth
         parts = fact_a + fact_i + fact_rest - from_q - from_1mq + np.abs(log_growth) + growth
-        # A term of -inf (growth 0: sigma beyond the doubles) is nothing and stays nothing.
-        raised = np.where(terms == -np.inf, terms, terms + ulps * (parts + 1.0))
+        raised = terms + ulps * (parts + 1.0)
         acc.add(pending, np.where(beyond, -np.inf, raised))
         blocks[pending] += 1
         start = stop
@@ -403,14 +408,13 @@ def _gaussian_rdp(sigma: float, alphas: np.ndarray) -> np.ndarray:
     """RDP of the unsampled Gaussian mechanism, alpha / (2 sigma^2); an upper bound for any q.
 
     Uses the same expression as dp_accounting, so the result is bit-identical to it.
-    For sigma > ~1e154, ``sigma**2`` raises OverflowError; there the true value
-    underflows to 0 anyway.
+    For sigma > ~1e154, ``sigma**2`` raises OverflowError; there alpha / (2 sigma) / sigma
+    (still a normal number up to sigma ~1e156 at alpha = 1024) is used.
     """
     try:
-        two_var = 2 * sigma**2
+        return alphas / (2 * sigma**2)
     except OverflowError:
-        two_var = math.inf
-    return alphas / two_var
+        return alphas / (2 * sigma) / sigma
 
 
 def _subsampled_rdp(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
@@ -425,8 +429,9 @@ def _subsampled_rdp(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
         log_a_frac, converged = _log_a_frac(q, sigma, alphas[fracs])
         chord = _log_a_interpolated(q, sigma, alphas[fracs])
         log_a[fracs] = np.where(converged, np.fmin(log_a_frac, chord), chord)
-    # A_alpha >= 1, so log(A_alpha) >= 0. Clamp the last ulp of rounding noise.
-    rdp = np.maximum(log_a, 0.0) / (alphas - 1.0)  # np.maximum propagates NaN
+    # A_alpha >= 1, so log(A_alpha) >= 0. Clamp the last ulp of rounding noise, and raise
+    # a log(A_alpha) that vanished before a fractional order's a - 1 < 1 scales its error.
+    rdp = not_vanishing(np.maximum(log_a, 0.0)) / (alphas - 1.0)  # np.maximum propagates NaN
     # Beyond the longest sum we evaluate: subsampling never increases RDP.
     beyond = np.flatnonzero(alphas > _MAX_SERIES_TERMS)
     rdp[beyond] = _gaussian_rdp(sigma, alphas[beyond])
@@ -443,6 +448,7 @@ def _rdp_curve(sigma: float, q: float, orders: tuple[float, ...]) -> np.ndarray:
             distinct, inverse = np.unique(alphas, return_inverse=True)
             curve = _subsampled_rdp(q, sigma, distinct)[inverse]
     curve[np.isnan(curve)] = np.inf
+    not_vanishing(curve)  # q > 0 and z finite: it leaks, so no order's loss may read 0
     curve.setflags(write=False)
     return curve
 

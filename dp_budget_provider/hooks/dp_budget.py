@@ -1,10 +1,13 @@
 """DPBudgetHook: how Airflow tasks reach the budget ledger.
 
 Tasks have no metadata-database access in Airflow 3, so the ledger is its own
-database behind an Airflow connection (type ``dp_budget``). Its ``extra`` may carry
+database behind an Airflow connection (type ``dpbudget``). Its ``extra`` may carry
 ``{"url": "<SQLAlchemy URL>"}``; otherwise host/port/schema/login/password describe a
-PostgreSQL ledger. ``extra.chain_key`` (or ``$DP_BUDGET_CHAIN_KEY`` in the workers'
+PostgreSQL ledger. ``extra.chain_key_secret`` (or ``$DP_BUDGET_CHAIN_KEY`` in the workers'
 environment) is the secret the history is linked with, kept out of the ledger database.
+Its name ends in ``secret`` so that Airflow masks it wherever it shows a connection (the
+connections API and UI, ``airflow connections``); the hook also masks the key in task logs
+once it has read it. The earlier name ``extra.chain_key`` is still read, with a warning.
 Without the default connection, the embedded SQLite ledger under ``$AIRFLOW_HOME`` is
 used, said once in the log.
 
@@ -35,6 +38,7 @@ from typing import Any
 from airflow.sdk import BaseHook, Variable
 from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowNotFoundException
+from airflow.sdk.log import mask_secret
 from sqlalchemy.engine import URL
 
 from dp_budget_provider.ledger import (
@@ -58,6 +62,11 @@ from dp_budget_provider.ledger.lease import lease_of_seconds
 _announced_embedded: set[str] = set()
 _announced_unkeyed: set[str] = set()
 _announced_unadministered: set[str] = set()
+# The connection extra holding the chain key: a name Airflow deems sensitive (it contains
+# "secret", see DEFAULT_SENSITIVE_FIELDS), so the connections API and CLI show it as ***.
+CHAIN_KEY_FIELD = "chain_key_secret"
+# The name before it, which Airflow showed in clear text: still read, with a warning.
+LEGACY_CHAIN_KEY_FIELD = "chain_key"
 
 
 def _setting(option: str, fallback: str) -> str:
@@ -119,11 +128,18 @@ class VariableCheckpoints:
 
 
 class DPBudgetHook(BaseHook):
-    """Opens the privacy budget ledger named by a ``dp_budget`` connection."""
+    """Opens the privacy budget ledger named by a ``dpbudget`` connection.
+
+    The type has no ``_``: Airflow writes a connection it reads from the metadata database
+    as a URI whose scheme is the type, and warns on every lookup (on stdout, before the
+    output of ``dp-budget --conn-id``) that a scheme with ``_`` breaks RFC 3986. The hook
+    reads its connection by id, whatever its type, so connections of the earlier type
+    ``dp_budget`` keep working (:class:`LegacyDPBudgetHook` keeps their form and test).
+    """
 
     conn_name_attr = "dp_budget_conn_id"
     default_conn_name = "dp_budget_default"
-    conn_type = "dp_budget"
+    conn_type = "dpbudget"
     hook_name = "DP Budget Ledger"
 
     def __init__(self, dp_budget_conn_id: str = default_conn_name, **kwargs: Any) -> None:
@@ -163,7 +179,7 @@ class DPBudgetHook(BaseHook):
                 )
             return url
         extra = connection.extra_dejson
-        url = extra.get("url") or extra.get(f"extra__{self.conn_type}__url")
+        url = self._extra_field(extra, "url")
         if url:
             return str(url)
         if not connection.host:
@@ -179,13 +195,34 @@ class DPBudgetHook(BaseHook):
             database=connection.schema or None,
         ).render_as_string(hide_password=False)
 
+    def _extra_field(self, extra: dict[str, Any], name: str) -> Any:
+        """``extra[name]``, or its ``extra__<conn type>__<name>`` form older forms wrote."""
+        return extra.get(name) or extra.get(f"extra__{self._connection.conn_type}__{name}")
+
     def chain_key(self) -> str | None:
-        """The history's chain key: the connection's ``extra.chain_key``, else the workers'
-        ``$DP_BUDGET_CHAIN_KEY``; None when neither is set (an unkeyed history)."""
-        connection = self._connection
-        extra = connection.extra_dejson if connection is not None else {}
-        key = extra.get("chain_key") or extra.get(f"extra__{self.conn_type}__chain_key")
-        return str(key) if key else os.environ.get(history.CHAIN_KEY_ENV) or None
+        """The history's chain key: the connection's ``extra.chain_key_secret`` (or the older
+        ``extra.chain_key``), else the workers' ``$DP_BUDGET_CHAIN_KEY``; None when none is
+        set (an unkeyed history). Masked in the logs from then on: whoever reads it in a
+        task log could forge the history's links."""
+        key = None
+        if self._connection is not None:
+            extra = self._connection.extra_dejson
+            key = self._extra_field(extra, CHAIN_KEY_FIELD)
+            legacy = self._extra_field(extra, LEGACY_CHAIN_KEY_FIELD)
+            if legacy and not key:
+                self.log.warning(
+                    "Connection %r keeps the chain key in extra.%s, which Airflow shows in "
+                    "clear text (connections API and UI, `airflow connections`): rename the "
+                    "field to %s, a name Airflow masks.",
+                    self.dp_budget_conn_id,
+                    LEGACY_CHAIN_KEY_FIELD,
+                    CHAIN_KEY_FIELD,
+                )
+            key = key or legacy
+        key = str(key) if key else os.environ.get(history.CHAIN_KEY_ENV) or None
+        if key is not None:
+            mask_secret(key)
+        return key
 
     def admin_public_key(self) -> str | None:
         """The administrator key the ledger must have: the connection's
@@ -225,7 +262,8 @@ class DPBudgetHook(BaseHook):
             self.log.warning(
                 "The budget ledger's history is not keyed: whoever can write its database can "
                 "rewrite it unnoticed after the last checkpoint. Set the connection's extra "
-                "chain_key (or $%s).",
+                "%s (or $%s).",
+                CHAIN_KEY_FIELD,
                 history.CHAIN_KEY_ENV,
             )
         cap = default_cap()
@@ -243,7 +281,7 @@ class DPBudgetHook(BaseHook):
         except LedgerConfigMismatch as error:
             raise LedgerConfigMismatch(
                 f"connection {self.dp_budget_conn_id!r}: {error} (Airflow opens it with "
-                f"[dp_budget] delta = {cap.delta!r}, the connection's chain_key and "
+                f"[dp_budget] delta = {cap.delta!r}, the connection's {CHAIN_KEY_FIELD} and "
                 "admin_public_key)"
             ) from error
         if pin is None and url not in _announced_unadministered:
@@ -273,3 +311,12 @@ class DPBudgetHook(BaseHook):
         if report.ok:
             return True, f"ledger OK: {report.accounts} accounts, {report.entries} history entries"
         return False, "; ".join(report.problems[:5])
+
+
+class LegacyDPBudgetHook(DPBudgetHook):
+    """The connection type ``dp_budget`` of earlier versions, still registered so that such
+    connections keep their form and "Test" button in the UI. Airflow warns about the ``_``
+    on every lookup of one: change its type to ``dpbudget`` (nothing else changes)."""
+
+    conn_type = "dp_budget"
+    hook_name = "DP Budget Ledger (old type dp_budget: change it to dpbudget)"

@@ -27,6 +27,15 @@ if TYPE_CHECKING:
 FORMAT = "dp-budget-checkpoint/1"
 
 
+class CheckpointUnreadable(LedgerCorrupt):
+    """The latest checkpoint is not a checkpoint at all (not JSON, not its shape).
+
+    In a store only maintenance writes, that is damage, like a forged one. A file named on
+    the command line can tell it before the verify (:meth:`CheckpointFile.check`): there
+    it is most likely the wrong file, not tampering.
+    """
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """Every chain head of one ledger at a verify that passed."""
@@ -61,8 +70,9 @@ class Checkpoint:
         return history.canonical_json({**body, "mac": key.digest(history.canonical_json(body))})
 
     @classmethod
-    def from_json(cls, text: str, key: history.ChainKey) -> Checkpoint:
-        """Read a checkpoint, refusing one that ``key`` did not seal (forged or edited)."""
+    def parse(cls, text: str) -> tuple[Checkpoint, object]:
+        """The checkpoint ``text`` holds and its MAC, not yet checked against any key;
+        :class:`CheckpointUnreadable` when the text is not a checkpoint at all."""
         try:
             record = json.loads(text)
             mac = record.pop("mac")
@@ -76,7 +86,13 @@ class Checkpoint:
                 key_id=record["key_id"],
             )
         except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise LedgerCorrupt(f"checkpoint is unreadable ({error})") from error
+            raise CheckpointUnreadable(f"checkpoint is unreadable ({error})") from error
+        return checkpoint, mac
+
+    @classmethod
+    def from_json(cls, text: str, key: history.ChainKey) -> Checkpoint:
+        """Read a checkpoint, refusing one that ``key`` did not seal (forged or edited)."""
+        checkpoint, mac = cls.parse(text)
         if checkpoint.key_id != key.key_id:
             raise LedgerCorrupt(
                 f"checkpoint was sealed with chain key id {checkpoint.key_id!r}, not the "
@@ -112,15 +128,30 @@ class CheckpointFile:
             handle.flush()
             os.fsync(handle.fileno())
 
+    def _last_line(self) -> str:
+        """The file's last non-blank line ("" when there is none or no file)."""
+        if not self.path.exists():
+            return ""
+        last_line = ""
+        try:
+            with self.path.open(encoding="utf-8") as handle:
+                for line in handle:
+                    if line.strip():
+                        last_line = line
+        except UnicodeDecodeError as error:
+            raise CheckpointUnreadable(f"checkpoint is unreadable ({error})") from error
+        return last_line
+
+    def check(self) -> None:
+        """Raise :class:`CheckpointUnreadable` if the file's latest line is not a checkpoint
+        at all; what no key can judge is said before a verify reads it as tampering."""
+        last_line = self._last_line()
+        if last_line:
+            Checkpoint.parse(last_line)
+
     def last(self, key: history.ChainKey) -> Checkpoint | None:
         """The latest checkpoint, None if the file does not exist or holds none."""
-        if not self.path.exists():
-            return None
-        last_line = ""
-        with self.path.open(encoding="utf-8") as handle:
-            for line in handle:
-                if line.strip():
-                    last_line = line
+        last_line = self._last_line()
         return Checkpoint.from_json(last_line, key) if last_line else None
 
 

@@ -722,6 +722,28 @@ def _sample(count: int, max_points: int) -> set[int]:
 # ---------------------------------------------------------------------- reservations
 
 
+def reserve_cohorts(
+    connection: Connection, reservation_ids: Iterable[str]
+) -> dict[str, list[dict[str, Any]]]:
+    """Reservation id -> the cohorts its ``reserve`` entry charged (their sizes count the
+    subjects a reservation covers: one account may be a class of 10^5 of them). Ids whose
+    entry predates spend classes are absent."""
+    ids = sorted(set(reservation_ids))
+    found: dict[str, list[dict[str, Any]]] = {}
+    for start in range(0, len(ids), 1000):
+        rows = connection.execute(
+            select(HistoryEntry.reservation_id, HistoryEntry.payload).where(
+                HistoryEntry.action == "reserve",
+                HistoryEntry.reservation_id.in_(ids[start : start + 1000]),
+            )
+        )
+        for reservation_id, payload in rows:
+            cohorts = json.loads(payload).get("cohorts")
+            if cohorts is not None:
+                found[reservation_id] = cohorts
+    return found
+
+
 def key_reservations(
     ledger: PrivacyBudgetLedger,
     key: LedgerKey,
@@ -745,6 +767,7 @@ def key_reservations(
     with ledger.reading() as connection:
         total = int(connection.execute(counted).scalar_one())
         rows = list(connection.execute(page.limit(limit)))
+        cohorts = reserve_cohorts(connection, [row.id for row in rows])
     items = [
         {
             "id": row.id,
@@ -753,6 +776,10 @@ def key_reservations(
             "mechanism": json.loads(row.mechanism),
             "count": row.count,
             "key_count": row.key_count,
+            # before spend classes each key was a subject
+            "subjects": sum(c["size"] for c in cohorts[row.id])
+            if row.id in cohorts
+            else row.key_count,
             "cost_epsilon": epsilons.of_columns(
                 row.cost_rho, row.cost_residual, row.cost_gaussian_mu2
             ).epsilon,

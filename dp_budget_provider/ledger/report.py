@@ -35,18 +35,18 @@ from dp_budget_provider.ledger.errors import LedgerUnavailable
 from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.policy import ANY, lookup_order
-from dp_budget_provider.ledger.queries import AccountFilter
+from dp_budget_provider.ledger.queries import AccountFilter, reserve_cohorts
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.schema import (
     Account,
     Cohort,
     CohortMember,
-    HistoryEntry,
     ReservationKey,
 )
 from dp_budget_provider.ledger.spend import Spend
 from dp_budget_provider.ledger.spend_classes import SpendClass, every_class
 from dp_budget_provider.ledger.subject_rows import subjects_of
+from dp_budget_provider.ledger.windows import display_window
 
 REPORT_FORMAT = 1
 SCHEDULE_ACTIONS = ("reserve", "commit", "release", "reap", "correction", "rescope", "reset")
@@ -205,12 +205,12 @@ def mechanism_meaning(spec: Mapping[str, Any]) -> str:
 
 
 def key_label(key: Mapping[str, str] | LedgerKey | None) -> str:
-    """``tenant/subject/query_type/window``."""
+    """``tenant/subject/query_type/window``, the window as people read it."""
     if key is None:
         return "-"
     if isinstance(key, LedgerKey):
-        return str(key)
-    return f"{key['tenant']}/{key['subject']}/{key['query_type']}/{key['window']}"
+        key = key.as_dict()
+    return f"{key['tenant']}/{key['subject']}/{key['query_type']}/{display_window(key['window'])}"
 
 
 def _number(value: Any) -> str:
@@ -324,7 +324,8 @@ def entry_summary(record: Mapping[str, Any]) -> str:
         return text + (f", clause: {clause}" if clause else "")
     if action == "reset":
         return (
-            f"window {record.get('window')} reset, {record.get('accounts_dropped')} account(s) "
+            f"window {display_window(str(record.get('window')))} reset, "
+            f"{record.get('accounts_dropped')} account(s) "
             "dropped (history kept)"
         )
     parts = []
@@ -346,13 +347,16 @@ def entry_summary(record: Mapping[str, Any]) -> str:
 
 
 def entry_target(record: Mapping[str, Any]) -> str:
-    """The key an entry concerns, ``N keys`` for a multi-key one, ``-`` for none."""
+    """The key an entry concerns, ``N subjects`` for a multi-key one (``N keys`` before
+    spend classes, when each key was a subject), ``-`` for none."""
     if record.get("key"):
         return key_label(record["key"])
+    if record.get("subjects"):
+        return f"{record['subjects']:,} subjects"
     if record.get("key_count"):
         return f"{record['key_count']} keys"
     if record.get("window"):
-        return f"window {record['window']}"
+        return f"window {display_window(record['window'])}"
     return "-"
 
 
@@ -411,18 +415,7 @@ class SubjectNames:
             if cohorts is None and entry.get("reservation_id") and entry["action"] != "reserve":
                 wanted.add(entry["reservation_id"])
         with ledger.reading() as connection:
-            missing = sorted(wanted - self._cohorts.keys())
-            for start in range(0, len(missing), _CHUNK):
-                rows = connection.execute(
-                    select(HistoryEntry.reservation_id, HistoryEntry.payload).where(
-                        HistoryEntry.action == "reserve",
-                        HistoryEntry.reservation_id.in_(missing[start : start + _CHUNK]),
-                    )
-                )
-                for reservation_id, payload in rows:
-                    cohorts = json.loads(payload).get("cohorts")
-                    if cohorts is not None:
-                        self._cohorts[reservation_id] = cohorts
+            self._cohorts.update(reserve_cohorts(connection, wanted - self._cohorts.keys()))
             singles = [
                 cohort
                 for entry in entries
@@ -794,7 +787,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     accountant = report["accountant"]
     commit = f" (git commit {version['git_commit']})" if version.get("git_commit") else ""
     scope_text = (
-        ", ".join(f"{name} `{value}`" for name, value in scope.items() if value is not None)
+        ", ".join(
+            f"{name} `{display_window(value) if name == 'window' else value}`"
+            for name, value in scope.items()
+            if value is not None
+        )
         or "the whole ledger"
     )
     if verification["ok"]:
@@ -829,7 +826,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             ["tenant", "query type", "window", "subjects", "first subject", "epsilon", "cap",
              "held (open reservations charged)", "state", "releases", "class"],
             (
-                (c["tenant"], c["query_type"], c["window"], f"{c['subjects']:,}",
+                (c["tenant"], c["query_type"], display_window(c["window"]), f"{c['subjects']:,}",
                  c["first_subject"], _eps(c["epsilon"]), _eps(c["cap_epsilon"]),
                  _eps(c["held_epsilon"]), c["state"], c["releases"], c["id"])
                 for c in report["classes"]
@@ -868,7 +865,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                     a["tenant"],
                     a["subject"],
                     a["query_type"],
-                    a["window"],
+                    display_window(a["window"]),
                     _eps(a["epsilon"]),
                     _number(a["delta"]),
                     _eps(a["cap_epsilon"]),

@@ -44,7 +44,7 @@ from dp_budget_provider.ledger.schema import (
     Member,
 )
 from dp_budget_provider.ledger.schema import Window as WindowRow
-from dp_budget_provider.ledger.windows import is_closed, window_bounds
+from dp_budget_provider.ledger.windows import NEVER, is_closed, window_bounds
 
 
 class WindowRoom(LedgerCore):
@@ -73,11 +73,12 @@ class WindowRoom(LedgerCore):
         is refused), so dropping its accounts never refunds anything. Refuses a window
         that is open, within its grace period, not a calendar label at all (it can never
         be proven closed), or that still has open reservations (reap them first).
-        Resetting a sealed or never-charged window does nothing.
+        Resetting a sealed, or a closed never-charged, window does nothing; a window that
+        has not ended is refused whether or not anything was charged in it yet.
         """
         label = canonical_part("window", window)
         try:
-            window_bounds(label)
+            _, end = window_bounds(label)
         except ValueError as error:
             raise LedgerError(
                 f"window {label!r} is not a calendar window, so it can never be proven closed"
@@ -85,6 +86,13 @@ class WindowRoom(LedgerCore):
         with self._write() as connection:
             moment = clock.now()
             now = clock.stamp(moment)
+            if not is_closed(label, moment):
+                # Refused even where nothing is charged yet: "0 accounts dropped" would read
+                # as done, and the window's runs are still to come.
+                ends = "never ends" if end == NEVER else f"ends at {clock.stamp(end)}"
+                raise LedgerError(
+                    f"window {label!r} is open, it has not closed: it {ends} (now {now})"
+                )
             policy_of = policy_lookup(self._policy_store.read(connection))
             scopes = [
                 (row.tenant, row.query_type)

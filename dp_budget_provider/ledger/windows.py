@@ -151,6 +151,13 @@ class WindowCalendar:
         return {"kind": self.kind, "length_seconds": self.length_seconds}
 
 
+def display_window(label: str) -> str:
+    """A window label as people read it: a fixed window's start in ISO 8601's own letters
+    (``2026-12-03T01:12:00Z+60s``). Labels are stored casefolded like every key part, and
+    input in either case is accepted; everything shown to people goes through here."""
+    return f"{label[:10]}T{label[11:19]}Z{label[20:]}" if _FIXED.match(label) else label
+
+
 def window_bounds(label: str) -> tuple[datetime, datetime]:
     """[start, end) of a calendar window label; ValueError for labels that are not calendar ones.
 

@@ -50,6 +50,7 @@ from dp_budget_provider.ledger.report import (
     render_markdown,
     verification_record,
 )
+from dp_budget_provider.ledger.windows import display_window
 from dp_budget_provider.plugins import schemas
 from dp_budget_provider.plugins.auth import budget_reader
 from dp_budget_provider.plugins.chart import build_chart
@@ -133,7 +134,11 @@ class HookLedgerSource:
             if self._ledger is None:
                 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 
-                self._ledger = PrivacyBudgetLedger(url=DPBudgetHook().ledger_url())
+                hook = DPBudgetHook()
+                # A keyed ledger refuses to open without its key: every page would be a 503.
+                self._ledger = PrivacyBudgetLedger(
+                    url=hook.ledger_url(), chain_key=hook.chain_key()
+                )
             return self._ledger
 
 
@@ -333,7 +338,7 @@ def _history_record(
         source = key_label(names.subject_key(payload["from"]))
         note = f"carried from {source}" + (f": {note}" if note else "")
     elif entry["action"] == "reset":
-        note = f"window {payload.get('window')} reset"
+        note = f"window {display_window(str(payload.get('window')))} reset"
     return {
         **entry,
         "key": names.subject_key(entry["key"]),

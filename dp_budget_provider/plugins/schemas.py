@@ -120,7 +120,8 @@ class ReservationModel(BaseModel):
     state: str
     mechanism: dict[str, Any]
     count: int
-    key_count: int
+    key_count: int = Field(description="how many accounts (spend classes) it holds")
+    subjects: int = Field(description="how many subjects it covers")
     cost_epsilon: float = Field(description="epsilon of this release's cost on its own")
     prospective_epsilon: float
     actor: str

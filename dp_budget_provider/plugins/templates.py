@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from jinja2 import DictLoader, Environment, StrictUndefined
 
+from dp_budget_provider.ledger.windows import display_window
+
 _BASE = """<!doctype html>
 <html lang="en">
 <head>
@@ -185,7 +187,7 @@ _ACCOUNTS = """{% extends "base.html" %}
   <td class="key" title="{{ a.key.subject }}"><a href="{{ account_link(a.key) }}">
     {{- a.key.subject }}</a></td>
   <td class="key" title="{{ a.key.query_type }}">{{ a.key.query_type }}</td>
-  <td class="key" title="{{ a.key.window }}">{{ a.key.window }}</td>
+  <td class="key" title="{{ a.key.window | window }}">{{ a.key.window | window }}</td>
   {{ status_cells(a) }}
 </tr>
 {% else %}
@@ -222,7 +224,7 @@ matching subjects (and counts only those).</p>
 <tr>
   <td class="key" title="{{ a.key.tenant }}">{{ a.key.tenant }}</td>
   <td class="key" title="{{ a.key.query_type }}">{{ a.key.query_type }}</td>
-  <td class="key" title="{{ a.key.window }}">{{ a.key.window }}</td>
+  <td class="key" title="{{ a.key.window | window }}">{{ a.key.window | window }}</td>
   <td class="num subjects">{{ subjects(c.subjects) }}</td>
   <td class="key" title="{{ a.key.subject }}"><a href="{{ account_link(a.key) }}">
     {{- a.key.subject }}</a></td>
@@ -244,7 +246,7 @@ _MEMBERS = """{% extends "base.html" %}
 {% block body %}
 <p><a href="{{ classes_link }}">Spend classes</a> ›
   <span class="key" id="class-scope">{{ scope.tenant }} / {{ scope.query_type }} /
-  {{ scope.window }}</span> › class <code>{{ class_id }}</code></p>
+  {{ scope.window | window }}</span> › class <code>{{ class_id }}</code></p>
 {% if members %}
 {% set a = members[0] %}
 <p id="class-summary">{{ subjects(total) }}, ε {{ eps(a.epsilon) }} spent of
@@ -286,7 +288,7 @@ _ACCOUNT = """{% extends "base.html" %}
 {% block body %}
 <p><a href="{{ root }}/accounts">Accounts</a> ›
   <span class="key" id="account-key">{{ key.tenant }} / {{ key.subject }} /
-  {{ key.query_type }} / {{ key.window }}</span></p>
+  {{ key.query_type }} / {{ key.window | window }}</span></p>
 {% if account %}
 <div class="cards">
   <div class="card"><div class="label">ε spent</div>
@@ -418,7 +420,7 @@ nothing was refunded, so the line stays level.
   "reservations") }}
 <table id="reservations">
 <thead><tr><th>created</th><th>state</th><th>task attempt</th><th>mechanism</th>
-  <th class="num">count</th><th class="num">keys</th><th class="num">cost ε alone</th>
+  <th class="num">count</th><th class="num">subjects</th><th class="num">cost ε alone</th>
   <th class="num">prospective ε</th><th>actor</th><th>resolved</th></tr></thead>
 <tbody>
 {% for r in reservations.items %}
@@ -428,7 +430,7 @@ nothing was refunded, so the line stays level.
   <td class="attempt">{{ attempt(r.attempt_id) }}</td>
   <td><code>{{ describe(r.mechanism) }}</code></td>
   <td class="num">{{ r.count }}</td>
-  <td class="num">{{ r.key_count }}</td>
+  <td class="num">{{ '{:,}'.format(r.subjects) }}</td>
   <td class="num">{{ eps(r.cost_epsilon) }}</td>
   <td class="num">{{ eps(r.prospective_epsilon) }}</td>
   <td>{{ r.actor }}</td>
@@ -445,7 +447,7 @@ nothing was refunded, so the line stays level.
 <table id="history">
 <thead><tr><th class="num">#</th><th>time</th><th>action</th><th>task attempt</th>
   <th>mechanism</th><th class="num">count</th><th class="num">cost ε alone</th><th>actor</th>
-  <th>keys</th><th>note</th></tr></thead>
+  <th class="num">subjects</th><th>note</th></tr></thead>
 <tbody>
 {% for e in history.items %}
 <tr>
@@ -458,7 +460,7 @@ nothing was refunded, so the line stays level.
   <td class="num">{% if e.cost_epsilon is not none %}{{ eps(e.cost_epsilon) }}{% else %}—
     {%- endif %}</td>
   <td>{{ e.actor }}</td>
-  <td>{{ e.key_count }}</td>
+  <td class="num">{{ '{:,}'.format(e.subjects) if e.subjects is not none else '—' }}</td>
   <td>{{ e.note or '' }}</td>
 </tr>
 {% else %}
@@ -535,4 +537,5 @@ def environment() -> Environment:
     )
     env.filters["when"] = when
     env.filters["thousands"] = thousands
+    env.filters["window"] = display_window
     return env

@@ -19,9 +19,14 @@ def gaussian_delta(epsilon: float, mu: float) -> mp.mpf:
 
 
 def randomised_response_rdp(order: float, epsilon0: float) -> mp.mpf:
-    """Rényi divergence of binary randomised response, from its two-point definition."""
-    with mp.workdps(DIGITS):
-        a, e = mp.mpf(order), mp.mpf(epsilon0)
+    """Rényi divergence of binary randomised response, from its two-point definition.
+
+    Its sum is 1 + ~eps0^2, so the digits that excess lies below are added to the working
+    precision (down to eps0 = 5e-324).
+    """
+    a, e = mp.mpf(order), mp.mpf(epsilon0)
+    lost = max(0, int(-2 * mp.log10(e))) if e < 1 else 0
+    with mp.workdps(DIGITS + lost):
         p, not_p = 1 / (1 + mp.exp(-e)), 1 / (1 + mp.exp(e))  # not_p stays exact at e = 1e3
         return mp.log(p**a * not_p ** (1 - a) + not_p**a * p ** (1 - a)) / (a - 1)
 

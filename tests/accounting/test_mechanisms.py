@@ -15,6 +15,7 @@ from dp_budget_provider.accounting import (
     Mechanism,
     PoissonSubsampledGaussianMechanism,
     PureDPMechanism,
+    RDPAccountant,
     ZCDPMechanism,
 )
 from dp_budget_provider.accounting.conversion import CURVE_ROUNDING
@@ -277,3 +278,57 @@ def test_extreme_noise_multipliers_cost_a_bound_not_an_exception(z):
     assert mechanism.zcdp_rho >= inverse_square / 2 * (1 - CURVE_ROUNDING / 4)
     assert mechanism.mu_squared(3) >= 3 * inverse_square * (1 - CURVE_ROUNDING / 4)
     assert mechanism.zcdp_rho > 0.0
+
+
+# Mechanisms whose loss vanishes below the doubles, with their exact total-variation
+# distance (the smallest delta at which eps 0 would be true): randomised response's
+# tanh(eps0 / 2), and q times the Gaussian's 2 Phi(1 / (2 z)) - 1 for the subsampled one.
+VANISHING = [
+    (PureDPMechanism(1e-170), lambda: mp_oracles.mp.tanh(mp_oracles.mp.mpf(1e-170) / 2)),
+    (PureDPMechanism(1e-300), lambda: mp_oracles.mp.tanh(mp_oracles.mp.mpf(1e-300) / 2)),
+    (
+        PoissonSubsampledGaussianMechanism(1e200, 0.5),
+        lambda: mp_oracles.mp.mpf(0.5) * mp_oracles.mp.erf(1 / (2 * mp_oracles.mp.sqrt(2) * 1e200)),
+    ),
+    (
+        PoissonSubsampledGaussianMechanism(1e200, 1.0),
+        lambda: mp_oracles.mp.erf(1 / (2 * mp_oracles.mp.sqrt(2) * 1e200)),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "total_variation"), VANISHING, ids=[str(m) for m, _ in VANISHING]
+)
+def test_a_vanishing_loss_is_never_epsilon_zero(mechanism, total_variation):
+    """Its curve underflowed to all zeros, which reads as "nothing released" (eps 0) even at
+    a delta below the mechanism's total-variation distance: a false (0, delta) claim."""
+    curve = mechanism.rdp(DEFAULT_ORDERS)
+    assert (curve > 0.0).all()
+    accountant = RDPAccountant()
+    accountant.compose(mechanism)
+    with mp_oracles.mp.workdps(mp_oracles.DIGITS):
+        delta = float(total_variation() / 10)
+    assert delta > 0.0
+    assert accountant.get_epsilon(delta)[0] > 0.0
+
+
+@pytest.mark.parametrize("eps0", [1e-170, 1e-160, 1e-155, 5e-324])
+def test_a_vanishing_pure_dp_curve_bounds_the_exact_one(eps0):
+    """Below the normal range the curve keeps no relative precision; raised, it stays at or
+    above the exact randomised-response divergence at every order, near 1 too."""
+    orders = np.array([1.001, 1.1, 1.5, 2.0, 3.0, 32.0, 256.0, 1024.0])
+    for order, value in zip(orders, PureDPMechanism(eps0).rdp(orders), strict=True):
+        exact = mp_oracles.randomised_response_rdp(float(order), eps0)
+        assert value >= exact, (order, value, exact)
+
+
+@pytest.mark.parametrize(("z", "q"), [(1e200, 0.5), (1e160, 0.5), (1e156, 0.01), (1e155, 1.0)])
+def test_a_vanishing_subsampled_gaussian_curve_bounds_the_exact_one(z, q):
+    """z beyond ~1.3e154 made 2 z^2 overflow and the curve 0, though the exact one is up to
+    ~1e-308 there: at every integer order ours is at or above the exact binomial sum."""
+    orders = np.array([2.0, 3.0, 8.0, 64.0, 256.0])
+    curve = PoissonSubsampledGaussianMechanism(z, q).rdp(orders)
+    for order, value in zip(orders, curve, strict=True):
+        exact = mp_oracles.subsampled_gaussian_rdp_binomial(z, q, int(order))
+        assert value > 0.0 and value >= exact, (order, value, exact)

@@ -16,10 +16,11 @@ from tests.admin import ADMIN
 
 
 def ledger_connection(monkeypatch: Any, url: str, **extra: Any) -> None:
-    """Point the default dp_budget connection at ``url`` (the documented env-var contract),
-    pinning the tests' administrator key (``tests.admin``) unless ``extra`` says otherwise."""
+    """Point the default ledger connection at ``url`` (the documented env-var contract),
+    pinning the tests' administrator key (``tests.admin``) unless ``extra`` says otherwise
+    (``chain_key_secret=...`` keys it, ``admin_public_key=None`` pins nothing)."""
     extra = {"url": url, "admin_public_key": ADMIN.public.text, **extra}
-    value = json.dumps({"conn_type": "dp_budget", "extra": {k: v for k, v in extra.items() if v}})
+    value = json.dumps({"conn_type": "dpbudget", "extra": {k: v for k, v in extra.items() if v}})
     monkeypatch.setenv("AIRFLOW_CONN_DP_BUDGET_DEFAULT", value)
 
 

@@ -9,12 +9,12 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 
 from dp_budget_provider.hooks import dp_budget
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
-from dp_budget_provider.ledger import LedgerConfigMismatch
+from dp_budget_provider.ledger import BudgetCap, LedgerConfigMismatch, PrivacyBudgetLedger
 
 
 def conn(monkeypatch, conn_id, **fields):
     monkeypatch.setenv(
-        f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "dp_budget", **fields})
+        f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "dpbudget", **fields})
     )
 
 
@@ -193,3 +193,67 @@ def test_a_pinned_administrator_key_must_be_the_ledgers(monkeypatch, sqlite_url,
     DPBudgetHook().get_ledger()
     out, err = capfd.readouterr()
     assert "any task could record one and make itself its administrator" in caplog.text + out + err
+
+
+KEY = "hook-test-chain-key-0123456789abcdef"
+
+
+def api_extra(extra: dict) -> dict:
+    """``extra`` as Airflow's REST API shows a connection (GET /api/v2/connections/{id}):
+    through ConnectionResponse, whose validator redacts it with the secrets masker."""
+    from airflow.api_fastapi.core_api.datamodels.connections import ConnectionResponse
+
+    shown = ConnectionResponse(
+        connection_id="dp_budget_default",
+        conn_type="dpbudget",
+        description=None,
+        host=None,
+        login=None,
+        schema=None,
+        port=None,
+        password=None,
+        extra=json.dumps(extra),
+        team_name=None,
+    )
+    return json.loads(shown.extra)
+
+
+def test_the_chain_key_lives_under_a_name_airflow_masks(monkeypatch, sqlite_url):
+    """GET /api/v2/connections/... and `airflow connections` showed extra.chain_key in
+    clear text; whoever reads connections could then forge the history's links."""
+    extra = {"url": sqlite_url, dp_budget.CHAIN_KEY_FIELD: KEY}
+    assert api_extra(extra) == {"url": sqlite_url, dp_budget.CHAIN_KEY_FIELD: "***"}
+    conn(monkeypatch, "dp_budget_default", extra=extra)
+    assert DPBudgetHook().chain_key() == KEY
+
+
+def test_the_old_chain_key_name_still_works_with_a_warning(monkeypatch, sqlite_url, caplog, capfd):
+    conn(monkeypatch, "ledger_old", extra={"url": sqlite_url, "chain_key": KEY})
+    assert DPBudgetHook("ledger_old").chain_key() == KEY
+    out, err = capfd.readouterr()
+    assert "rename the field to chain_key_secret" in caplog.text + out + err
+
+
+def test_the_chain_key_is_masked_in_logs_once_read(monkeypatch, sqlite_url):
+    """Read from $DP_BUDGET_CHAIN_KEY (or an old name) Airflow knows nothing of it: the hook
+    masks it itself, so a task that logs it shows ***."""
+    from airflow.sdk.log import redact
+
+    key = "env-chain-key-that-no-log-may-show-42"
+    conn(monkeypatch, "ledger_env", extra={"url": sqlite_url})
+    monkeypatch.setenv("DP_BUDGET_CHAIN_KEY", key)
+    assert DPBudgetHook("ledger_env").chain_key() == key
+    assert key not in redact(f"the key is {key}")
+
+
+def test_the_ui_opens_a_keyed_ledger_with_the_connections_key(monkeypatch, sqlite_url):
+    """HookLedgerSource opened the ledger without its key, so every UI page was a 503."""
+    from dp_budget_provider.plugins.app import HookLedgerSource
+
+    PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=sqlite_url, chain_key=KEY).close()
+    conn(monkeypatch, "dp_budget_default", extra={"url": sqlite_url, "chain_key_secret": KEY})
+    ledger = HookLedgerSource()()
+    try:
+        assert ledger.chain_key.keyed and ledger.verify().ok
+    finally:
+        ledger.close()

@@ -1,10 +1,12 @@
 """Entry point of the older-code worker of ``test_revision_and_clock.py`` (spawned, a real
 OS process).
 
-The worker is last week's code: it patches this package's notion of its head revision to
-the revision before the head, opens the ledger while the database is still at that
-revision (and writes to it, as it may), and, once the parent has upgraded the database,
-tries every kind of write. It reports one plain dict through a queue and never raises.
+The worker runs this checkout's code unpatched, and is last week's code relative to the
+database: it opens the ledger (with the administrator's key the parent hands it, so the
+administrator's acts are refused only for their revision) while the database is at this
+code's head, and writes to it, as it may. The parent then upgrades the database to a
+newer release's revision, one this code does not know; the worker tries every kind of
+write. It reports one plain dict through a queue and never raises.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from dp_budget_provider.accounting import GaussianMechanism
-from dp_budget_provider.ledger import LedgerError, Policy, PrivacyBudgetLedger, database
+from dp_budget_provider.ledger import AdminKey, LedgerError, Policy, PrivacyBudgetLedger
 
 TIMEOUT = 120.0
+READY = "opened and wrote at its own revision"
 
 
 def writes(ledger: PrivacyBudgetLedger, handed: dict[str, Any]) -> dict[str, Any]:
@@ -51,17 +54,23 @@ def attempt_all(ledger: PrivacyBudgetLedger, handed: dict[str, Any]) -> dict[str
     return outcomes
 
 
-def older_code(url: str, previous: str, ready: Any, go: Any, results: Any) -> None:
-    """Open the ledger as code of revision ``previous``, then write after the upgrade."""
+def older_code(url: str, admin_pem: bytes, ready: Any, go: Any, results: Any) -> None:
+    """Open the ledger with the administrator's key ``admin_pem`` (the parent's: a key
+    generated here would not be the ledger's) and write; after the upgrade, try every
+    write. A failure before ``ready`` is put on ``ready`` too, so the parent sees it at
+    once instead of waiting out its timeout."""
     report: dict[str, Any] = {}
+    opened = False
     try:
-        database.head_revision = lambda: previous  # this process is last week's code
-        ledger = PrivacyBudgetLedger(url=url)
+        ledger = PrivacyBudgetLedger(url=url, admin=AdminKey.from_pem(admin_pem))
         ledger.set_policy(Policy(cap_epsilon=1.5, tenant="t", query_type="before"))
-        ready.put("opened and wrote at its own revision")
+        ready.put(READY)
+        opened = True
         handed = go.get(timeout=TIMEOUT)  # the database was upgraded meanwhile
         report["outcomes"] = attempt_all(ledger, handed)
         ledger.close()
     except BaseException as error:
         report["error"] = f"{type(error).__name__}: {error}"
+        if not opened:
+            ready.put(report["error"])
     results.put(report)

@@ -185,7 +185,7 @@ def test_windows_that_never_close_do_not_break_maintenance(ledger_url, ledger):
             w=label,
         )
     assert ledger.reset_closed() == {"2026-w45": 1}
-    with pytest.raises(LedgerError, match="grace period"):
+    with pytest.raises(LedgerError, match="is open, it has not closed"):
         ledger.reset("9999-12-31")
     with pytest.raises(LedgerError, match="not a calendar window"):
         ledger.reset("campaign-q3")

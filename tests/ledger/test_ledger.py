@@ -314,7 +314,7 @@ def test_bad_input_raises_and_writes_nothing(ledger_url, ledger, call, error):
 def test_reset_refuses_open_custom_and_busy_windows(ledger, monkeypatch):
     ledger.spend(KEY, GaussianMechanism(4.0))
     monkeypatch.setattr(ledger_clock, "now", lambda: datetime(2026, 7, 10, tzinfo=UTC))
-    with pytest.raises(LedgerError, match="open or within its grace"):
+    with pytest.raises(LedgerError, match="is open, it has not closed"):
         ledger.reset("2026-w28")
     # Ended (Monday 2026-07-13) but within the default 3-day grace period.
     monkeypatch.setattr(ledger_clock, "now", lambda: datetime(2026, 7, 15, tzinfo=UTC))

@@ -758,9 +758,12 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             clock.moment += timedelta(hours=hours, minutes=minutes)
 
         def reset_plan(self, label: str):
-            """What reset(label) does now: ("noop" | "reset" | "grace" | "busy" |
-            "grace, busy", the scopes it seals, the accounts it drops). A window is reset
-            once every unsealed scope charged in it is past its grace, with nothing open."""
+            """What reset(label) does now: ("open" | "noop" | "reset" | "grace" | "busy" |
+            "grace, busy", the scopes it seals, the accounts it drops). A window that has not
+            ended is refused, charged or not; one that has is reset once every unsealed scope
+            charged in it is past its grace, with nothing open."""
+            if clock.moment < iso_week_end(label):
+                return "open", [], []
             scopes = sorted(
                 (tenant, qt)
                 for (tenant, qt, w), sealed in self.windows.items()
@@ -796,7 +799,8 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             plan, scopes, dropped = self.reset_plan(label)
             event(f"reset: {plan}")
             if plan not in ("noop", "reset"):  # either reason may be named when both apply
-                match = plan.replace("grace", "grace period").replace("busy", "open reservations")
+                match = "has not closed" if plan == "open" else plan
+                match = match.replace("grace", "grace period").replace("busy", "open reservations")
                 with pytest.raises(LedgerError, match=match.replace(", ", "|")) as raised:
                     self.ledger.reset(label)
                 # The grace period is checked first; a closed window that is only busy
@@ -814,7 +818,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             expected, waiting = {}, []
             for label in labels:
                 plan, scopes, dropped = self.reset_plan(label)
-                if "grace" in plan:
+                if plan == "open" or "grace" in plan:
                     continue
                 if plan == "busy":
                     waiting.append(label)

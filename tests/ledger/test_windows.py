@@ -5,7 +5,9 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from dp_budget_provider.ledger import WindowCalendar, is_closed, window_bounds
+from dp_budget_provider.ledger.keys import canonical_part
 from dp_budget_provider.ledger.policy import Policy
+from dp_budget_provider.ledger.windows import display_window
 
 UTC = timezone.utc
 MOMENT = datetime(2026, 7, 14, 15, 30, tzinfo=UTC)
@@ -70,3 +72,13 @@ def test_policy_refuses_windows_shorter_than_its_minimum():
     with pytest.raises(ValueError, match="correlation horizon"):
         Policy(1.0, calendar=WindowCalendar("day"), min_window=timedelta(days=7))
     Policy(1.0, calendar=WindowCalendar("month"), min_window=timedelta(days=7))
+
+
+def test_a_fixed_window_is_shown_with_iso_8601_letters_and_read_in_either_case():
+    calendar = WindowCalendar("fixed", 60)
+    stored = calendar.window_of(datetime(2026, 12, 3, 1, 12, 30, tzinfo=timezone.utc))
+    assert stored == "2026-12-03t01:12:00z+60s"  # canonical: casefolded like every key part
+    assert display_window(stored) == "2026-12-03T01:12:00Z+60s"
+    assert canonical_part("window", display_window(stored)) == stored
+    for label in ("2026-w49", "2026-12", "2026-12-03"):
+        assert display_window(label) == label

@@ -239,7 +239,7 @@ def test_two_processes_racing_on_one_key_never_exceed_the_cap(ledger, ledger_url
     env = {
         **__import__("os").environ,
         "AIRFLOW_CONN_DP_BUDGET_DEFAULT": json.dumps(
-            {"conn_type": "dp_budget", "extra": {"url": ledger_url}}
+            {"conn_type": "dpbudget", "extra": {"url": ledger_url}}
         ),
     }
     procs = [

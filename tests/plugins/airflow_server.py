@@ -27,6 +27,16 @@ AIRFLOW = Path(sys.executable).with_name("airflow")
 START_TIMEOUT = 180
 STEP_TIMEOUT = 300
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # SimpleAuthManager writes it
+# The ledger is keyed, its key in the connection as the README's deployment has it. The
+# connection is in the environment (the seeding's DAG runs read it there) and, the same, in
+# the metadata database, where the connections API shows it.
+CHAIN_KEY = "ui-server-chain-key-0123456789abcdef"
+CONNECTION = {"conn_type": "dpbudget"}
+
+
+def extra(ledger_url: str) -> dict[str, str]:
+    return {"url": ledger_url, "chain_key_secret": CHAIN_KEY}
+
 
 SEED = """
 import importlib.util, json, sys
@@ -67,6 +77,7 @@ class Server:
     runs: list[dict[str, str]]
     window: str
     log: Path
+    added: str  # what `airflow connections add` printed
 
     def token(self) -> str:
         response = httpx.post(
@@ -104,9 +115,7 @@ def _environment(home: Path, port: int) -> dict[str, str]:
         AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}",
         AIRFLOW__API_AUTH__JWT_SECRET=os.urandom(48).hex(),
         AIRFLOW__LOGGING__LOGGING_LEVEL="WARNING",
-        AIRFLOW_CONN_DP_BUDGET_DEFAULT=json.dumps(
-            {"conn_type": "dp_budget", "extra": {"url": ledger_url}}
-        ),
+        AIRFLOW_CONN_DP_BUDGET_DEFAULT=json.dumps(CONNECTION | {"extra": extra(ledger_url)}),
     )
     return env
 
@@ -157,6 +166,13 @@ def airflow_api_server(home: Path) -> Iterator[Server]:
     dag_file = home / "dags" / "example_dp_heatmap.py"
     dag_file.write_text((ROOT / "dags" / "example_dp_heatmap.py").read_text())
     _run([str(AIRFLOW), "db", "migrate"], env, "airflow db migrate")
+    added = _run(
+        [str(AIRFLOW), "connections", "add", "dp_budget_default"]
+        + ["--conn-type", CONNECTION["conn_type"]]
+        + ["--conn-extra", json.dumps(extra(f"sqlite:///{home / 'dp_budget_ledger.db'}"))],
+        env,
+        "airflow connections add",
+    )
     seeded = json.loads(
         _run([sys.executable, "-c", SEED, str(home / "dags")], env, "seeding").splitlines()[-1]
     )
@@ -173,6 +189,6 @@ def airflow_api_server(home: Path) -> Iterator[Server]:
         url = f"http://127.0.0.1:{port}"
         _wait_until_healthy(process, url, log)
         password = json.loads((home / PASSWORDS_FILE).read_text())["admin"]
-        yield Server(url, home, password, seeded["runs"], seeded["window"], log)
+        yield Server(url, home, password, seeded["runs"], seeded["window"], log, added)
     finally:
         _stop(process)

@@ -11,6 +11,9 @@ from dp_budget_provider.ledger import BudgetCap, LedgerKey, Policy, PrivacyBudge
 from tests.admin import AdminLedger
 
 WINDOW = "2026-w28"
+# The UI's ledgers are keyed, as the README's deployment has them: a keyed ledger refuses to
+# open without its key, which the UI once forgot (every page a 503).
+CHAIN_KEY = "ui-test-chain-key-0123456789abcdef"
 XSS = "<script>alert(1)</script>"
 CLAUSE = "GDPR Art. 25 <b>data minimisation</b>: eps <= 2 per subject & week"
 
@@ -50,7 +53,7 @@ def seed(ledger: PrivacyBudgetLedger) -> Seeded:
 @pytest.fixture
 def seeded(ledger_url):
     """A seeded ledger on SQLite and on PostgreSQL (the test runs once on each)."""
-    ledger = AdminLedger(BudgetCap(3.0, 1e-5), url=ledger_url)
+    ledger = AdminLedger(BudgetCap(3.0, 1e-5), url=ledger_url, chain_key=CHAIN_KEY)
     try:
         yield seed(ledger)
     finally:

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger
-from tests.plugins.conftest import WINDOW, XSS, seed
+from tests.plugins.conftest import CHAIN_KEY, WINDOW, XSS, seed
 from tests.plugins.test_api import ROUTES
 
 NASTY_TEXT = [
@@ -144,7 +144,7 @@ def app_client(tmp_path_factory):
     from dp_budget_provider.plugins.auth import budget_reader
 
     path = tmp_path_factory.mktemp("ui-fuzz") / "ledger.db"
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=f"sqlite:///{path}")
+    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=f"sqlite:///{path}", chain_key=CHAIN_KEY)
     seed(ledger)
     app = create_app(lambda: ledger)
     app.dependency_overrides[budget_reader] = lambda: None  # authenticated, as anyone

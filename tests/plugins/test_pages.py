@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from html.parser import HTMLParser
 
 from dp_budget_provider.accounting import GaussianMechanism
-from dp_budget_provider.ledger import key_for
+from dp_budget_provider.ledger import Policy, WindowCalendar, key_for
 from tests.plugins.conftest import CLAUSE, WINDOW, XSS
 
 
@@ -178,7 +179,7 @@ def test_a_quarantined_ledger_says_so_on_every_page(client, seeded):
     for path in ("/accounts", "/classes", "/policies"):
         text = Page(client.get(path).text).plain
         assert "QUARANTINED since" in text and "test: an operator stopped releases" in text
-    assert "history NOT keyed" in Page(client.get("/accounts").text).plain
+    assert "history keyed" in Page(client.get("/accounts").text).plain  # the key is held
 
 
 def test_pages_show_what_open_reservations_hold(client, seeded):
@@ -290,3 +291,36 @@ def test_class_pages_render_the_script_subject_as_text(client, seeded):
     )
     assert stale.status_code == 404 and Page(stale.text).all("img") == []
     assert_no_injected_markup(stale)
+
+
+def test_a_reservation_shows_the_subjects_it_covers_not_its_accounts(client, seeded):
+    """A release over 100,000 new subjects holds one account (their class): "keys 1" said
+    nothing of what it holds. The page and the API count subjects."""
+    cohort = seeded.ledger.cohort([f"member-{i:06d}" for i in range(100_000)], tenant="big")
+    seeded.ledger.reserve(
+        cohort.in_window("heatmap", WINDOW), GaussianMechanism(8.0), attempt="big/release/1/-1/1"
+    )
+    member = key_for("member-004242", "heatmap", WINDOW, tenant="big")
+    (row,) = client.get("/api/account/reservations", params=member.as_dict()).json()["reservations"]
+    assert (row["key_count"], row["subjects"]) == (1, 100_000)
+    page = Page(client.get("/account", params=member.as_dict()).text)
+    assert "subjects" in page.plain and "100,000" in page.plain
+
+
+def test_pages_show_a_fixed_window_with_iso_8601_letters(client, seeded):
+    seeded.ledger.set_policy(
+        Policy(
+            3.0,
+            query_type="stream",
+            calendar=WindowCalendar("fixed", 60),
+            min_window=timedelta(seconds=60),
+        )
+    )
+    key = key_for("alice", "stream", "2026-12-03T01:12:00Z+60s")
+    seeded.ledger.spend(key, GaussianMechanism(4.0), attempt="stream/s/1/-1/1")
+    for page in (
+        client.get("/accounts", params={"query_type": "stream"}).text,
+        client.get("/classes", params={"query_type": "stream"}).text,
+        client.get("/account", params=key.as_dict()).text,
+    ):
+        assert "2026-12-03T01:12:00Z+60s" in page and "2026-12-03t01:12:00z" not in page

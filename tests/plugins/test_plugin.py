@@ -20,6 +20,7 @@ from dp_budget_provider.operators.release import RECEIPT_XCOM_KEY, DPReleaseOper
 from dp_budget_provider.plugins import links
 from dp_budget_provider.plugins.links import DPBudgetAccountLink
 from tests.airflow.dag_runner import ledger_connection, load_dag, stored_xcom, task_states
+from tests.plugins.conftest import CHAIN_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,13 +128,14 @@ def test_a_real_dag_run_fills_the_ui_and_links_its_task(
 
     from dp_budget_provider.plugins.app import create_app
 
-    ledger_connection(monkeypatch, sqlite_url, admin_public_key=None)  # the task creates it
+    # The task creates the ledger: not pinned.
+    ledger_connection(monkeypatch, sqlite_url, chain_key_secret=CHAIN_KEY, admin_public_key=None)
     dag = _load_example("example_dp_heatmap")
     runs = [dag.test(run_conf={"tenant": "acme"}) for _ in range(2)]
     assert [task_states(run) for run in runs] == [
         {"register_cohort": "success", "release_heatmap": "success"}
     ] * 2
-    ledger = PrivacyBudgetLedger(url=sqlite_url)
+    ledger = PrivacyBudgetLedger(url=sqlite_url, chain_key=CHAIN_KEY)
     try:
         with TestClient(create_app(lambda: ledger)) as client:
             client.headers["Authorization"] = f"Bearer {admin_token}"
