@@ -15,6 +15,7 @@ from dp_budget_provider import __version__
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
 from dp_budget_provider.cli import main, parse_duration
 from dp_budget_provider.ledger import (
+    AdminKey,
     BudgetCap,
     Policy,
     WindowCalendar,
@@ -1225,3 +1226,37 @@ def test_fixed_window_labels_read_as_iso_8601_everywhere_people_see_them(fixed_w
         assert FIXED_SHOWN in out and lowercase not in out, (command, out)
     code, out, _ = call(capsys, "--url", fixed_window, "status", "--json")
     assert json.loads(out)["accounts"][0]["window"] == lowercase  # machines: as stored
+
+
+def test_only_the_administrators_key_sets_a_policy_and_opens_a_refusal(
+    capsys, sqlite_url, tmp_path, monkeypatch
+):
+    """keygen writes a key only its owner reads; `admin init` records it once and prints
+    the connections' pin; without the key `policy set` and `quarantine clear` are refused
+    (exit 1, naming the administrator key), with it they are audited; `refusal` opens a
+    reference sealed to the key and nothing else."""
+    monkeypatch.delenv("DP_BUDGET_ADMIN_KEY_FILE")
+    path = tmp_path / "admin.key"
+    code, out, _ = call(capsys, "admin", "keygen", "--out", str(path))
+    assert code == 0 and (path.stat().st_mode & 0o777) == 0o600
+    public = out.split("public key: ", 1)[1].strip()
+    assert call(capsys, "admin", "keygen", "--out", str(path))[0] == 1  # never overwritten
+    assert call(capsys, "--url", sqlite_url, "init", "--epsilon", "3", "--delta", "1e-5")[0] == 0
+    code, _, err = call(capsys, "--url", sqlite_url, "policy", "set", "--epsilon", "9")
+    assert code == 1 and "no administrator key yet" in err
+    code, out, _ = call(capsys, "--url", sqlite_url, "--admin-key", str(path), "admin", "init")
+    assert code == 0 and json.loads(out.splitlines()[-1]) == {"admin_public_key": public}
+    code, _, err = call(capsys, "--url", sqlite_url, "policy", "set", "--epsilon", "9")
+    assert code == 1 and "administrator's act" in err and "--admin-key" in err
+    monkeypatch.setenv("DP_BUDGET_ADMIN_KEY_FILE", str(path))
+    assert call(capsys, "--url", sqlite_url, "policy", "set", "--epsilon", "9")[0] == 0
+    admin = AdminKey.load(path)
+    reference = admin.public.seal({"refusal": "BudgetExhausted", "account": "x"})
+    code, out, _ = call(capsys, "refusal", reference)
+    assert code == 0 and json.loads(out)["refusal"] == "BudgetExhausted"
+    other = AdminKey.generate().public.seal({"refusal": "BudgetExhausted"})
+    code, _, err = call(capsys, "refusal", other)
+    assert code == 2 and "not sealed to this admin key" in err
+    path.chmod(0o644)
+    code, _, err = call(capsys, "refusal", reference)
+    assert code == 2 and "chmod 600" in err
