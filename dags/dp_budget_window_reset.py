@@ -33,6 +33,9 @@ CONN_ID = DPBudgetHook.default_conn_name
     start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
     max_active_runs=1,
+    # Left paused (Airflow's default for new DAGs), crashed attempts would never be charged
+    # and windows never sealed: maintenance starts as soon as the DAG is deployed.
+    is_paused_upon_creation=False,
     tags=["dp-budget", "maintenance"],
     doc_md=__doc__,
 )

@@ -1,26 +1,36 @@
 """Every write proves its schema revision; on PostgreSQL the server's clock decides.
 
-* Code of another revision never writes: a real process running the previous revision's
-  code (its head patched to the revision before the head) is refused every kind of write
-  once the database is upgraded under it, and a revision changed under an open ledger
-  stops the next write. Nothing is written either time.
+* Code of another revision never writes: a real process running this checkout's code is
+  refused every kind of write once a newer release's ``dp-budget db upgrade`` has taken
+  the database past it, and a revision changed under an open ledger stops the next write.
+  Nothing is written either time.
 * A migration waits for the writes under way, and a write that begins after the
   migration's lock waits for it and then reads the new revision.
 * On PostgreSQL the ledger's time is the server's: stamps come from it, and a worker whose
   own clock is off by more than the bound is refused.
+
+"The previous revision's code" is this checkout's code facing a database one revision
+newer than its head: a test-only migration (:data:`NEWER`, written to a scratch folder as
+a newer release would ship it) applied on top of today's schema. Downgrading the database
+instead would leave today's models reading columns the older schema lacks; this way the
+schema is always the one the code was written for, whatever migrations come next, and
+only the revision differs.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import re
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
@@ -34,8 +44,8 @@ from dp_budget_provider.ledger import (
     database,
     key_for,
 )
+from tests.admin import ADMIN
 from tests.ledger import revision_workers
-from tests.ledger.test_pending_and_server_paths import migrate
 
 CAP = BudgetCap(epsilon=2.0, delta=1e-5)
 MECHANISM = GaussianMechanism(8.0)
@@ -52,6 +62,51 @@ def _previous() -> str:
 
 
 PREVIOUS = _previous()
+# The revision of a newer release than this code: test-only, shipped by no release (the
+# version table's column holds 32 characters).
+NEWER = f"newer_than_{HEAD}"[:32]
+assert NEWER not in (HEAD, PREVIOUS)
+
+_NEWER_MIGRATION = '''"""A newer release's migration, for the tests only: it follows {head!r}.
+
+What it changes is immaterial to the tests: a write proves the revision first thing, so
+code of the revisions before is refused before it reads any table.
+"""
+
+revision = {newer!r}
+down_revision = {head!r}
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    pass
+
+
+def downgrade() -> None:
+    pass
+'''
+
+
+def _upgrade_to_a_newer_release(engine: sa.Engine, folder: Path) -> str:
+    """``dp-budget db upgrade`` of a newer release, which ships one more migration
+    (:data:`NEWER`); returns the revision the database is at afterwards.
+
+    A real migration step, run as :func:`database.upgrade` runs it: in a
+    :func:`database.migrating` transaction, through the package's alembic environment
+    (``migrations/env.py``, which takes :func:`database.lock_revision` first thing), to
+    the head of the package's migrations plus the newer release's, from ``folder``.
+    """
+    (folder / f"{NEWER}.py").write_text(_NEWER_MIGRATION.format(head=HEAD, newer=NEWER))
+    with database.migrating(engine) as connection:
+        config = Config()
+        config.set_main_option("script_location", str(database.MIGRATIONS))
+        config.set_main_option("path_separator", "os")
+        shipped = database.MIGRATIONS / "versions"
+        config.set_main_option("version_locations", os.pathsep.join([str(shipped), str(folder)]))
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")
+        return database.current_revision(connection) or ""
 
 
 def _contents(url: str) -> dict[str, list[tuple[Any, ...]]]:
@@ -73,9 +128,12 @@ def _contents(url: str) -> dict[str, list[tuple[Any, ...]]]:
 
 
 def _set_revision(url: str, revision: str) -> None:
-    engine = sa.create_engine(url)
+    """Record ``revision`` as the database's, under the lock a migration takes (the schema
+    itself stays this code's)."""
+    engine = database.make_engine(url)
     try:
-        with engine.begin() as connection:
+        with database.migrating(engine) as connection:
+            database.lock_revision(connection)
             connection.execute(
                 sa.text(f"UPDATE {database.VERSION_TABLE} SET version_num = :revision"),
                 {"revision": revision},
@@ -99,27 +157,30 @@ def _handed(ledger: Any) -> dict[str, Any]:
 
 
 def test_code_of_the_previous_revision_is_refused_every_write_after_an_upgrade(
-    ledger_url, make_ledger
+    ledger_url, make_ledger, monkeypatch, tmp_path
 ):
-    """The rolling upgrade of issue 23: a worker opened the ledger at the old revision and
-    kept running after ``dp-budget db upgrade``. It is a real process; its writes are all
-    refused, and the database holds exactly what it held before they were tried."""
-    make_ledger(cap=CAP, url=ledger_url).close()
-    migrate(ledger_url, "downgrade", PREVIOUS)
+    """The rolling upgrade of issue 23: a worker opened the ledger at its own revision and
+    kept running after a newer release's ``dp-budget db upgrade``. It is a real process
+    (this checkout's code, unpatched: the previous revision's code to the upgraded
+    database); its writes are all refused, and the database holds exactly what it held
+    before they were tried."""
+    make_ledger(cap=CAP, url=ledger_url, admin=ADMIN).close()
     spawn = multiprocessing.get_context("spawn")
     ready, go, results = spawn.Queue(), spawn.Queue(), spawn.Queue()
     worker = spawn.Process(
-        target=revision_workers.older_code, args=(ledger_url, PREVIOUS, ready, go, results)
+        target=revision_workers.older_code,
+        args=(ledger_url, ADMIN.to_pem(), ready, go, results),
     )
     worker.start()
     try:
-        assert ready.get(timeout=revision_workers.TIMEOUT) == "opened and wrote at its own revision"
+        assert ready.get(timeout=revision_workers.TIMEOUT) == revision_workers.READY
         engine = database.make_engine(ledger_url)
         try:
-            assert database.upgrade(engine) == HEAD  # what `dp-budget db upgrade` runs
+            assert _upgrade_to_a_newer_release(engine, tmp_path) == NEWER
         finally:
             engine.dispose()
-        ledger = make_ledger(url=ledger_url)
+        monkeypatch.setattr(database, "head_revision", lambda: NEWER)  # this is the newer code
+        ledger = make_ledger(url=ledger_url, admin=ADMIN)
         handed = _handed(ledger)
         before = _contents(ledger_url)
         go.put(handed)
@@ -133,21 +194,21 @@ def test_code_of_the_previous_revision_is_refused_every_write_after_an_upgrade(
     assert len(outcomes) == 13
     for name, outcome in outcomes.items():
         assert outcome.startswith("LedgerSchemaError: "), (name, outcome)
-        assert f"revision {HEAD!r}" in outcome and f"revision {PREVIOUS!r}" in outcome, outcome
+        assert f"revision {NEWER!r}" in outcome and f"revision {HEAD!r}" in outcome, outcome
     assert _contents(ledger_url) == before
-    # The current code's reservation was left as it was, and the current code writes.
+    # The newer code's reservation was left as it was, and the current code writes.
     assert ledger.commit(handed["reservation"])[0].epsilon > 0
     assert ledger.verify().ok
 
 
-@pytest.mark.parametrize("revision", ["0010_from_a_newer_release", PREVIOUS])
+@pytest.mark.parametrize("revision", [NEWER, PREVIOUS])
 def test_a_revision_changed_under_an_open_ledger_stops_its_next_write(
     ledger_url, make_ledger, revision
 ):
     """The revision is proven by every write, not when the ledger was opened: changed
     under an open ledger (upgraded past it, or taken back), the next write fails closed
     and writes nothing; put back, the same ledger writes again."""
-    ledger = make_ledger(cap=CAP, url=ledger_url)
+    ledger = make_ledger(cap=CAP, url=ledger_url, admin=ADMIN)
     handed = _handed(ledger)
     _set_revision(ledger_url, revision)
     before = _contents(ledger_url)
@@ -207,22 +268,24 @@ class _Run(threading.Thread):
 
 
 def test_an_upgrade_waits_for_the_write_under_way_and_later_writes_see_its_revision(
-    ledger_url, make_ledger, monkeypatch
+    ledger_url, make_ledger, tmp_path
 ):
     """A write under way holds the migration off until it commits (both backends: the
     two can never interleave). On PostgreSQL a write that begins while the migration
     holds its lock waits for the migration's commit and then reads the new revision, so
-    code of the old revision is refused."""
-    make_ledger(cap=CAP, url=ledger_url).close()
-    migrate(ledger_url, "downgrade", PREVIOUS)
-    monkeypatch.setattr(database, "head_revision", lambda: PREVIOUS)  # the older code
-    ledger = make_ledger(url=ledger_url)
+    code of the old revision is refused.
+
+    The migration is a real one (a newer release's :data:`NEWER`, through the package's
+    alembic environment and so its ``lock_revision``), not the version bumped by hand:
+    what is tested is that every migration takes the lock the writes prove under; this
+    checkout's code is the older code."""
+    ledger = make_ledger(cap=CAP, url=ledger_url, admin=ADMIN)
     engine = database.make_engine(ledger_url)
     postgresql = engine.dialect.name == "postgresql"
     try:
-        upgrade = _Run(lambda: database.upgrade(engine))
+        upgrade = _Run(lambda: _upgrade_to_a_newer_release(engine, tmp_path))
         later = _Run(lambda: ledger.set_policy(Policy(cap_epsilon=50.0, tenant="t")))
-        with ledger._write():  # a write under way, proven at the older revision
+        with ledger._write():  # a write under way, proven at this code's revision
             upgrade.start()
             if postgresql:
                 assert _until(lambda: _waiting_on_a_lock(ledger_url, "LOCK TABLE"))
@@ -232,11 +295,11 @@ def test_an_upgrade_waits_for_the_write_under_way_and_later_writes_see_its_revis
                 time.sleep(1.0)
             assert upgrade.is_alive()  # waiting for this write
         upgrade.join(timeout=60)
-        assert upgrade.error is None and upgrade.result == HEAD
+        assert upgrade.error is None and upgrade.result == NEWER
         if postgresql:
             later.join(timeout=60)
             assert isinstance(later.error, LedgerSchemaError), later.error
-            assert f"revision {HEAD!r}" in str(later.error)
+            assert f"revision {NEWER!r}" in str(later.error)
     finally:
         engine.dispose()
 
@@ -257,11 +320,12 @@ def _skewed(monkeypatch, by: timedelta) -> None:
 def test_a_worker_whose_clock_is_off_is_refused_on_postgresql(
     postgres_url, make_ledger, monkeypatch
 ):
-    ledger = make_ledger(cap=CAP, url=postgres_url)
+    ledger = make_ledger(cap=CAP, url=postgres_url, admin=ADMIN)
     handed = _handed(ledger)
     before = _contents(postgres_url)
     _skewed(monkeypatch, timedelta(minutes=-10))
     outcomes = revision_workers.attempt_all(ledger, handed)
+    assert len(outcomes) == 13
     for name, outcome in outcomes.items():
         assert outcome.startswith("ClockSkew: "), (name, outcome)
         assert "disagree by more than 5 s" in outcome
@@ -280,10 +344,10 @@ def test_a_worker_whose_clock_is_off_is_refused_on_postgresql(
 
 def test_the_bound_on_a_workers_clock_is_the_ledgers_own(postgres_url, make_ledger, monkeypatch):
     """3 s off passes the default bound (5 s), not a bound of 1 s."""
-    make_ledger(cap=CAP, url=postgres_url).close()
+    make_ledger(cap=CAP, url=postgres_url, admin=ADMIN).close()
     _skewed(monkeypatch, timedelta(seconds=3))
-    make_ledger(url=postgres_url).set_policy(Policy(cap_epsilon=3.0, tenant="t"))
-    strict = make_ledger(url=postgres_url, clock_skew=timedelta(seconds=1))
+    make_ledger(url=postgres_url, admin=ADMIN).set_policy(Policy(cap_epsilon=3.0, tenant="t"))
+    strict = make_ledger(url=postgres_url, clock_skew=timedelta(seconds=1), admin=ADMIN)
     with pytest.raises(ClockSkew, match="more than 1 s"):
         strict.set_policy(Policy(cap_epsilon=3.0, tenant="u"))
     for bound in (timedelta(0), timedelta(hours=2), 5):
