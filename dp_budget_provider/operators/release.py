@@ -250,7 +250,16 @@ class DPReleaseOperator(BaseOperator):
         if self.window:
             windows = [self.window]
         else:
-            windows = ledger.windows_for(self.tenant, self.query_type, *data_interval(context))
+            start, end = data_interval(context)
+            if start == end:
+                self.log.warning(
+                    "the run's data interval is empty (%s): the release is charged to the one "
+                    "window holding that moment. A release over a period's data needs a data "
+                    "interval covering it (CronDataIntervalTimetable, or [scheduler] "
+                    "create_cron_data_intervals = True for cron schedules) or window=",
+                    start.isoformat(),
+                )
+            windows = ledger.windows_for(self.tenant, self.query_type, start, end)
         subjects = [self.subject] if self.subject is not None else self.subjects
         return covered_by(subjects, self.query_type, windows, self.tenant)
 

@@ -222,3 +222,11 @@ def test_every_shipped_dag_parses_without_import_errors(airflow_db, tmp_path):
         check=False,
     )
     assert "dp_budget" not in errors.stdout, errors.stdout
+
+
+def test_the_maintenance_dags_ship_unpaused():
+    """Airflow pauses new DAGs: left so, crashed attempts are never charged and windows
+    never sealed."""
+    for path in (RESET_DAG, REAP_DAG):
+        dag = load_dag(path.read_text().replace(f'"{path.stem}"', '"DAG_ID"'))
+        assert dag.is_paused_upon_creation is False, path.name

@@ -356,3 +356,31 @@ def test_unsafe_float_noise_is_charged_as_the_continuous_gaussian(ledger, tmp_pa
     assert result["receipt"]["mechanism"] == {"kind": "gaussian", "noise_multiplier": 4.0}
     assert result["receipt"]["granularity"] is None
     assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(GaussianMechanism(4.0)))
+
+
+def test_a_run_with_an_empty_data_interval_and_no_window_is_warned_about(ledger, capsys):
+    """Airflow 3's @weekly gives a zero-length data interval: a release over last week's
+    data would be charged to the run's moment's window only, so the task log says so."""
+    from datetime import datetime, timezone
+
+    from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+    from dp_budget_provider.operators.release import DPReleaseOperator
+
+    operator = DPReleaseOperator(
+        task_id="release",
+        python_callable=lambda: 1.0,
+        mechanism={"kind": "gaussian", "noise_multiplier": 4.0},
+        l2_sensitivity=1.0,
+        subject="alice",
+        query_type="heatmap",
+    )
+    gate = DPBudgetHook().get_ledger()
+    moment = datetime(2026, 7, 13, tzinfo=timezone.utc)
+    context = {"data_interval_start": moment, "data_interval_end": moment}
+    capsys.readouterr()
+    operator._keys(gate, context)
+    logged = "".join(capsys.readouterr())
+    assert "data interval is empty" in logged and "CronDataIntervalTimetable" in logged
+    context["data_interval_end"] = datetime(2026, 7, 20, tzinfo=timezone.utc)
+    operator._keys(gate, context)
+    assert "data interval is empty" not in "".join(capsys.readouterr())
