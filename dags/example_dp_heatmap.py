@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 from airflow.sdk import DAG, task
+from airflow.timetables.interval import CronDataIntervalTimetable
 
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 from dp_budget_provider.operators.release import DPReleaseOperator
@@ -43,7 +44,7 @@ def weekly_heatmap() -> list[list[int]]:
 
 with DAG(
     dag_id="example_dp_heatmap",
-    schedule="@weekly",
+    schedule=CronDataIntervalTimetable("0 0 * * 1", timezone="UTC"),  # each run: last week
     start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
     params={"tenant": "acme"},

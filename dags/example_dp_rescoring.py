@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow.sdk import DAG, XComArg, task
+from airflow.timetables.interval import CronDataIntervalTimetable
 
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 from dp_budget_provider.ledger import key_for
@@ -25,7 +26,7 @@ TRAJECTORY_L2 = 2.0
 
 with DAG(
     dag_id="example_dp_rescoring",
-    schedule="@weekly",
+    schedule=CronDataIntervalTimetable("0 0 * * 1", timezone="UTC"),  # each run: last week
     start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
     tags=["dp-budget", "example"],
