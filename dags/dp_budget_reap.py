@@ -36,9 +36,9 @@ CONN_ID = DPBudgetHook.default_conn_name
 )
 def dp_budget_reap() -> None:
     @task
-    def reap_abandoned_reservations() -> list[str]:
+    def reap_abandoned_reservations() -> int:
         reaped = DPBudgetHook(CONN_ID).reap()
-        print(f"reaped {len(reaped)} abandoned reservation(s) (charged, never refunded)")
+        print(f"reaped {reaped} abandoned reservation(s) (charged, never refunded)")
         return reaped
 
     reap_abandoned_reservations()

@@ -114,11 +114,14 @@ def parse_duration(text: str) -> timedelta:
             f"invalid duration {text!r}: use a number and a unit s, m, h, d or w (e.g. 2h, 30m)"
         )
     seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(compact))
-    if not seconds <= timedelta.max.total_seconds():
+    try:
+        # total_seconds() of timedelta.max rounds up to a float timedelta cannot hold,
+        # so the bound is checked by building it.
+        return timedelta(seconds=seconds)
+    except (OverflowError, ValueError):
         raise argparse.ArgumentTypeError(
             f"duration {text!r} is too long: at most {timedelta.max.days} days"
-        )
-    return timedelta(seconds=seconds)
+        ) from None
 
 
 def _count(text: str) -> int:

@@ -241,10 +241,10 @@ class DPBudgetHook(BaseHook):
             return CheckpointFile(path)
         return VariableCheckpoints(f"dp_budget_checkpoint.{self.dp_budget_conn_id}")
 
-    def reap(self) -> list[str]:
+    def reap(self) -> int:
         """Charge the reservations abandoned by dead workers (their lease ran out, or they
-        are older than ``[dp_budget] reap_after``); the ids reaped."""
-        return self.ledger.reap(reap_after())
+        are older than ``[dp_budget] reap_after``); how many (a task's XCom: not whose)."""
+        return self.get_ledger().reap(reap_after())
 
     def verify(self) -> VerifyReport:
         """Verify the ledger against its last checkpoint and checkpoint it if it passes; a

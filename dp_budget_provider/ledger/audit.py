@@ -73,7 +73,7 @@ from dp_budget_provider.ledger.checkpoints import Checkpoint
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.policy import ANY, DEFAULT_GRACE, Policy
-from dp_budget_provider.ledger.policy_store import policy_lookup, policy_of_scope
+from dp_budget_provider.ledger.policy_store import policy_lookup, policy_of_scope, set_records
 from dp_budget_provider.ledger.records import VerifyReport
 from dp_budget_provider.ledger.schema import (
     Account,
@@ -926,6 +926,15 @@ def _check_config(connection: Connection, replay: _Replay, problems: list[str]) 
                 f"dp_ledger_config.{column}: {getattr(row, column)!r} differs from the "
                 f"history's {value!r} (written without the administrator's authority?)"
             )
+    whole = {"policies": set_records(replay.policies.values())}
+    signed = replay.admin is None or replay.admin.signed(
+        authority.message(replay.identity, "policy-set", whole), row.policy_set
+    )
+    if not signed or (replay.admin is None and row.policy_set is not None):
+        problems.append(
+            "dp_ledger_config.policy_set: not the administrator's signature over the policies "
+            "the history sets"
+        )
     if connection.dialect.name == "postgresql":
         triggers = connection.exec_driver_sql(
             "SELECT count(*) FROM pg_trigger WHERE tgname = 'dp_policies_version' "

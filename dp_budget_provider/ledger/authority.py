@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import stat
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +50,15 @@ REFERENCE_PREFIX = "dpb-ref-1."
 ADMIN_KEY_ENV = "DP_BUDGET_ADMIN_KEY_FILE"
 _SEALING_INFO = b"dp-budget admin sealing key"
 _REFERENCE_INFO = b"dp-budget sealed reference"
+# The size of every sealed reference's plaintext (JSON, padded with spaces).
+SEALED_SIZE = 2048
 _NONCE = bytes(12)  # each sealing key is used once (a fresh ephemeral key per reference)
 # What each act signed by an administrator is, in messages.
 ACTS = {
     "policy": "setting a policy",
     "clear-quarantine": "clearing a quarantine",
     "adopt-key": "keying the history",
+    "policy-set": "setting a policy",
 }
 
 
@@ -125,11 +127,20 @@ class AdminPublicKey:
         return True
 
     def seal(self, facts: dict[str, Any]) -> str:
-        """``facts`` encrypted so that only the administrator can read them (a reference)."""
+        """``facts`` encrypted so that only the administrator can read them (a reference).
+
+        Every reference has the same length: the facts are padded to
+        :data:`SEALED_SIZE` bytes, never compressed (a length that varied with the
+        refusal's kind, a subject's name or an eps would tell them). Facts longer than
+        that are refused: the caller keeps them short.
+        """
         ephemeral = X25519PrivateKey.generate()
         mine = ephemeral.public_key().public_bytes_raw()
         shared = ephemeral.exchange(X25519PublicKey.from_public_bytes(self._sealing))
-        plain = zlib.compress(history.canonical_json(facts).encode("utf-8"), 9)
+        text = history.canonical_json(facts).encode("utf-8")
+        if len(text) > SEALED_SIZE:
+            raise ValueError(f"sealed facts are at most {SEALED_SIZE} bytes, got {len(text)}")
+        plain = text + b" " * (SEALED_SIZE - len(text))
         sealed = _reference_cipher(shared, mine, self._sealing).encrypt(_NONCE, plain, None)
         return REFERENCE_PREFIX + _b64(mine + sealed)
 
@@ -211,8 +222,8 @@ class AdminKey:
             shared = self._opener.exchange(X25519PublicKey.from_public_bytes(ephemeral))
             mine = self._opener.public_key().public_bytes_raw()
             plain = _reference_cipher(shared, ephemeral, mine).decrypt(_NONCE, sealed, None)
-            return dict(json.loads(zlib.decompress(plain)))
-        except (InvalidTag, binascii.Error, ValueError, zlib.error) as error:
+            return dict(json.loads(plain))
+        except (InvalidTag, binascii.Error, ValueError) as error:
             raise ValueError(
                 "the reference was not sealed to this admin key, or is damaged "
                 f"({type(error).__name__})"
@@ -253,6 +264,16 @@ class LedgerAuthority:
         """Whether a stored policy may be applied: signed by the administrator, or the
         ledger has none (then no policy was ever changed: see :meth:`sign`)."""
         return self.trusted is None or self._signed("policy", record, signature)
+
+    def policy_set_honoured(self, records: list[dict[str, Any]], signature: object) -> bool:
+        """Whether the set of policies is the one the administrator signed last (or the
+        ledger has none): a row deleted so that a looser policy applies, or one added, is
+        not."""
+        return self.trusted is None or self._signed("policy-set", {"policies": records}, signature)
+
+    def sign_policy_set(self, records: list[dict[str, Any]]) -> str:
+        """The signature over the whole set of policies, kept in ``dp_ledger_config``."""
+        return self.sign("policy-set", {"policies": records})
 
     def cleared(self, epoch: int, clearance: object) -> bool:
         """Whether the ledger's ``epoch``-th quarantine was lifted by the administrator

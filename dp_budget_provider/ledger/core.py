@@ -20,6 +20,7 @@ from sqlalchemy import (
     Engine,
     func,
     select,
+    text,
     tuple_,
     update,
 )
@@ -520,14 +521,28 @@ class LedgerCore:
                 )
 
     def _refuse_quarantined(
-        self, since: str | None, epoch: int, clearance: str | None, *, reason: Callable[[], str]
+        self,
+        since: str | None,
+        epoch: int,
+        clearance: str | None,
+        quarantines: int,
+        *,
+        reason: Callable[[], str],
     ) -> None:
         """Refuse to charge a quarantined ledger, or one whose last quarantine was lifted
-        without its administrator's signature (by SQL, or by code without the key).
+        without its administrator's signature (by SQL, by code without the key, or by
+        rolling the counter back to an earlier quarantine's clearing: ``epoch`` below the
+        ``quarantines`` the history records).
 
         The one decision of whether the ledger may charge: every write that adds spend
-        reads the three columns under its lock and asks here.
+        reads these columns under its lock and asks here.
         """
+        if epoch < quarantines:
+            raise LedgerQuarantined(
+                f"the ledger's quarantine counter ({epoch}) is below the {quarantines} "
+                f"quarantine(s) its history records: rolled back in its database, so its "
+                f"last quarantine is still in force{_CLEAR}"
+            )
         if since is not None:
             raise LedgerQuarantined(f"the ledger is quarantined since {since} ({reason()}){_CLEAR}")
         if not self._authority.cleared(epoch, clearance):
@@ -552,10 +567,11 @@ class LedgerCore:
                 LedgerConfig.quarantined_at,
                 LedgerConfig.quarantine_epoch,
                 LedgerConfig.clearance,
+                text(f"({statements.QUARANTINES})"),
                 LedgerConfig.quarantine_reason,
             )
         ).one()
-        self._refuse_quarantined(*config[:3], reason=lambda: config.quarantine_reason)
+        self._refuse_quarantined(*config[:4], reason=lambda: config.quarantine_reason)
         scope_keys = {(key.tenant, key.query_type, key.window): key for key in keys}
         scope = (WindowRow.tenant, WindowRow.query_type, WindowRow.window)
         for chunk in _chunks(sorted(scope_keys)):

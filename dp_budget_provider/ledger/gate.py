@@ -11,7 +11,7 @@ needs, and each answer depends only on the release itself:
 * ``reserve`` grants, or refuses with one uniform :class:`ReleaseRefused` for every
   reason (the cap, a sealed window, a quarantine, a corrupt ledger): its message is the
   same words and a *reference*, the facts sealed to the administrator's key
-  (:mod:`authority`), which only an administrator opens (``dp-budget refusal``, the UI);
+  (:mod:`authority`), which only an administrator opens (``dp-budget refusal``);
 * ``commit`` returns a :class:`ReleaseReceipt`: the release's own cost, mechanism, cap
   and size, never an account's spend;
 * ``fits`` is the one bit a sensor needs (the refused-or-granted bit: it still leaks
@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from dp_budget_provider.accounting import Conversion, Mechanism
+from dp_budget_provider.ledger import history
+from dp_budget_provider.ledger.authority import SEALED_SIZE
 from dp_budget_provider.ledger.classes import Cohort, subjects_in
 from dp_budget_provider.ledger.core import Covered
 from dp_budget_provider.ledger.errors import BudgetExhausted, LedgerError, LedgerUnavailable
@@ -44,6 +46,7 @@ from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.policy import Policy
 from dp_budget_provider.ledger.records import Reservation, SpendReceipt
 
+T = TypeVar("T")
 UNIFORM_REFUSAL = "the privacy budget ledger refused this release; nothing was released or charged"
 
 
@@ -63,7 +66,7 @@ class ReleaseRefused(LedgerError):
         elif reference is not None:
             text = (
                 f"{UNIFORM_REFUSAL}. Reference for an administrator (`dp-budget refusal "
-                f"REFERENCE`, or the budget UI): {reference}"
+                f"REFERENCE`): {reference}"
             )
         else:
             text = (
@@ -128,6 +131,20 @@ class ReleaseReceipt:
         return document
 
 
+def _fitting(facts: dict[str, Any]) -> dict[str, Any]:
+    """``facts`` cut to fit a sealed reference's fixed size: the reason is shortened first
+    (the account and eps are whole in their own fields), the account last."""
+
+    def size() -> int:
+        return len(history.canonical_json(facts).encode("utf-8"))
+
+    while size() > SEALED_SIZE and facts["reason"]:
+        facts["reason"] = facts["reason"][: len(facts["reason"]) // 2]
+    if size() > SEALED_SIZE:
+        facts.pop("account", None)
+    return facts
+
+
 def _subjects(keys: Covered) -> int:
     """How many (subject, window) pairs a release covers: its own input, not its classes
     (how the ledger splits them into classes depends on other releases)."""
@@ -176,16 +193,23 @@ class ReleaseGate:
         return self._ledger.epsilon_alone(mechanism, count)
 
     def fits(self, keys: Covered, mechanism: Mechanism, count: int = 1) -> bool:
-        """Whether the release would be granted now: one bit, nothing about why."""
-        with self._refusals():
+        """Whether the release would be granted now: one bit, nothing about why (a sealed
+        window, a re-scoped subject or a quarantine answer False like a full cap: told
+        apart, they would say something about other DAGs' subjects)."""
+        try:
             return not self._ledger.budget_check(keys, mechanism, count).exceeds
+        except LedgerUnavailable:
+            raise
+        except LedgerError:
+            return False
 
     def reserve(
         self, keys: Covered, mechanism: Mechanism, count: int = 1, *, attempt: str
     ) -> GrantedRelease:
         """Reserve the release's cost on ``keys``, or raise :class:`ReleaseRefused`."""
-        with self._refusals():
-            reservation = self._ledger.reserve(keys, mechanism, count, attempt=attempt)
+        reservation = self._refusing(
+            lambda: self._ledger.reserve(keys, mechanism, count, attempt=attempt)
+        )
         return GrantedRelease(
             reservation.id,
             _subjects(keys),
@@ -198,8 +222,7 @@ class ReleaseGate:
 
     def commit(self, granted: GrantedRelease) -> ReleaseReceipt:
         """Charge the release (it happened); the receipt describes the release alone."""
-        with self._refusals():
-            receipts = self._ledger.commit(granted._reservation)
+        receipts = self._refusing(lambda: self._ledger.commit(granted._reservation))
         policy = self._ledger.policy_for(receipts[0].key)
         named = None
         if self.exposed:
@@ -232,26 +255,33 @@ class ReleaseGate:
     def rescope(self, old: LedgerKey, new: LedgerKey, reason: str = "") -> None:
         """Move an account's spend to another query type (it carries all of it, and the
         old key is sealed); nothing about the spend moved is returned."""
-        with self._refusals():
-            self._ledger.rescope(old, new, reason)
+        self._refusing(lambda: self._ledger.rescope(old, new, reason))
 
-    def reap(self, older_than: timedelta | None = None) -> list[str]:
-        """Charge abandoned reservations (only ever charges)."""
-        return self._ledger.reap(older_than)
+    def reap(self, older_than: timedelta | None = None) -> int:
+        """Charge abandoned reservations (only ever charges); how many (not whose)."""
+        return len(self._ledger.reap(older_than))
 
-    def reset_closed(self) -> dict[str, int]:
-        """Seal and reset the windows past their grace period (never refunds)."""
-        return self._ledger.reset_closed()
+    def reset_closed(self) -> list[str]:
+        """Seal and reset the windows past their grace period (never refunds); which
+        windows (not how many accounts other DAGs held there)."""
+        return sorted(self._ledger.reset_closed())
 
-    @contextlib.contextmanager
-    def _refusals(self) -> Iterator[None]:
-        """Every refusal leaves as one :class:`ReleaseRefused`; its facts are sealed."""
+    def _refusing(self, action: Callable[[], T]) -> T:
+        """``action()``; every refusal leaves as one :class:`ReleaseRefused`, its facts
+        sealed.
+
+        It is raised after the ``except`` block has ended (not from a context manager's
+        exit either, which runs while the error is handled): raised while the ledger's
+        own error (naming the subject and its spend) is handled, Python keeps that error
+        as its ``__context__``, which any code holding the exception can read.
+        """
         try:
-            yield
+            return action()
         except LedgerUnavailable:
             raise  # the database, not the budget: says nothing about anyone's data
         except LedgerError as error:
-            raise self._refused(error) from None
+            refused = self._refused(error)
+        raise refused
 
     def _refused(self, error: LedgerError) -> ReleaseRefused:
         facts: dict[str, Any] = {"refusal": type(error).__name__, "reason": str(error)}
@@ -262,5 +292,5 @@ class ReleaseGate:
                 cap_epsilon=error.cap_epsilon,
             )
         trusted = self._ledger.admin_public_key
-        reference = trusted.seal(facts) if trusted is not None else None
+        reference = trusted.seal(_fitting(facts)) if trusted is not None else None
         return ReleaseRefused(reference, str(error) if self.exposed else None)

@@ -14,8 +14,9 @@ rows for every release cost more than the release's own writes, so:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import Connection, insert, update
 
@@ -24,7 +25,7 @@ from dp_budget_provider.ledger.authority import LedgerAuthority
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.policy import ANY, Policy, lookup_order
-from dp_budget_provider.ledger.schema import PolicyRow
+from dp_budget_provider.ledger.schema import LedgerConfig, PolicyRow
 from dp_budget_provider.ledger.windows import WindowCalendar
 
 Policies = dict[tuple[str, str], Policy]
@@ -54,36 +55,37 @@ class PolicyStore:
         else:
             rows = source.exec_driver_sql(statements.POLICY_ROWS).all()
         policies = {}
+        policy_set = None
         for row in rows:
             values = tuple(row)
+            policy_set = values[-1]
             policy = self._built.get(values)
             if policy is None:
-                tenant, query_type, cap, warn, calendar, length, min_window, clause, grace, _ = (
-                    values
-                )
-                policy = Policy(
-                    cap_epsilon=cap,
-                    warn_fraction=warn,
-                    tenant=tenant,
-                    query_type=query_type,
-                    calendar=WindowCalendar(calendar, length),
-                    min_window=timedelta(seconds=min_window),
-                    compliance_clause=clause,
-                    grace=timedelta(seconds=grace),
-                )
+                policy = policy_of_row(values)
                 if honoured:
-                    self._check_signed(policy, values[-1])
+                    self._check_signed(policy, values[-2])
                     self._built[values] = policy
             policies[(values[0], values[1])] = policy
         if (ANY, ANY) not in policies:
             raise LedgerCorrupt("the ledger has no default policy")
+        if honoured and not self._authority().policy_set_honoured(
+            set_records(policies.values()), policy_set
+        ):
+            raise LedgerCorrupt(
+                "the ledger's set of policies is not the one its administrator signed (a "
+                "policy deleted, added or swapped for another in its database): it is not "
+                "honoured, and nothing is released until the administrator sets a policy "
+                "again (`dp-budget policy set`) and `dp-budget verify` is run"
+            )
         return policies
 
-    def _check_signed(self, policy: Policy, signature: object) -> None:
-        authority = self.authority
-        if authority is None:
+    def _authority(self) -> LedgerAuthority:
+        if self.authority is None:
             raise LedgerCorrupt("the ledger's policies were read before its authority")
-        if not authority.policy_honoured(policy.as_record(), signature):
+        return self.authority
+
+    def _check_signed(self, policy: Policy, signature: object) -> None:
+        if not self._authority().policy_honoured(policy.as_record(), signature):
             raise LedgerCorrupt(
                 f"the policy of tenant {policy.tenant!r}, query type {policy.query_type!r} "
                 f"(cap eps {policy.cap_epsilon!r}) is not signed by the ledger's administrator: "
@@ -117,6 +119,26 @@ class PolicyStore:
         if version is not None:
             self.snapshot = (version, policies)
         return policies
+
+
+def policy_of_row(values: tuple[Any, ...]) -> Policy:
+    """A policy as :data:`statements.POLICY_ROWS` reads its row."""
+    tenant, query_type, cap, warn, calendar, length, min_window, clause, grace = values[:9]
+    return Policy(
+        cap_epsilon=cap,
+        warn_fraction=warn,
+        tenant=tenant,
+        query_type=query_type,
+        calendar=WindowCalendar(calendar, length),
+        min_window=timedelta(seconds=min_window),
+        compliance_clause=clause,
+        grace=timedelta(seconds=grace),
+    )
+
+
+def set_records(policies: Iterable[Policy]) -> list[dict[str, object]]:
+    """The whole set of policies as the administrator signs it: records in scope order."""
+    return [policy.as_record() for policy in sorted(policies, key=lambda p: p.scope)]
 
 
 def policy_of_scope(
@@ -170,6 +192,14 @@ def write_policy(
     if updated.rowcount == 0:
         connection.execute(
             insert(PolicyRow).values(tenant=policy.tenant, query_type=policy.query_type, **values)
+        )
+    if authority.trusted is not None:
+        stored = connection.exec_driver_sql(statements.POLICY_ROWS).all()
+        whole = set_records(policy_of_row(tuple(row)) for row in stored)
+        connection.execute(
+            update(LedgerConfig)
+            .where(LedgerConfig.id == 1)
+            .values(policy_set=authority.sign_policy_set(whole))
         )
     history.append(
         connection,

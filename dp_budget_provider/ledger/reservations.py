@@ -25,6 +25,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    text,
     update,
 )
 
@@ -508,11 +509,12 @@ class ReservationRoom(LedgerCore):
                     LedgerConfig.quarantined_at,
                     LedgerConfig.quarantine_epoch,
                     LedgerConfig.clearance,
+                    text(f"({statements.QUARANTINES})"),
                     LedgerConfig.quarantine_reason,
                 ).where(LedgerConfig.id == 1)
             ).one()
             try:
-                self._refuse_quarantined(*config[:3], reason=lambda: config.quarantine_reason)
+                self._refuse_quarantined(*config[:4], reason=lambda: config.quarantine_reason)
             except LedgerQuarantined as refusal:
                 raise LedgerQuarantined(
                     f"reservation {row.id} is not committed and its release must not be "

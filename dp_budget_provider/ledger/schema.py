@@ -42,6 +42,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -80,6 +81,9 @@ class LedgerConfig(Base):
     admin_key: Mapped[str | None] = mapped_column(Text, nullable=True)
     quarantine_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     clearance: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # The administrator's signature over the whole set of policies (a row deleted, added or
+    # swapped for another signed one breaks it).
+    policy_set: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class PolicyRow(Base):
@@ -279,7 +283,17 @@ class HistoryEntry(Base):
     """
 
     __tablename__ = "dp_history"
-    __table_args__ = (Index("ix_dp_history_key", "tenant", "subject", "query_type", "window"),)
+    __table_args__ = (
+        Index("ix_dp_history_key", "tenant", "subject", "query_type", "window"),
+        # The quarantine entries alone: every charge counts them, so that a quarantine
+        # counter rolled back in dp_ledger_config is refused (revision 0010).
+        Index(
+            "ix_dp_history_quarantines",
+            "seq",
+            postgresql_where=text("action = 'quarantine'"),
+            sqlite_where=text("action = 'quarantine'"),
+        ),
+    )
 
     seq: Mapped[int] = mapped_column(BIG, primary_key=True, autoincrement=False)
     chain: Mapped[int] = mapped_column(Integer, default=1, server_default="1")

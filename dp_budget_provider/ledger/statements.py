@@ -107,6 +107,10 @@ VALUES (%(id)s, %(attempt_id)s, %(token_hash)s, %(state)s, %(mechanism)s, %(coun
     %(prospective_epsilon)s, %(actor)s, %(created_at)s, %(lease_expires_at)s)
 """
 
+# How many quarantines the history records (a partial index holds exactly those entries):
+# every charge compares it with dp_ledger_config.quarantine_epoch.
+QUARANTINES = "SELECT count(*) FROM dp_history WHERE action = 'quarantine'"
+
 # PostgreSQL: create the window rows a charge touches (sorted, so two charges never
 # wait on each other's new rows in opposite orders), then lock all of them, in that
 # order, exclusively: a charge may refine the window's classes (see ``classes``), which
@@ -120,7 +124,7 @@ FROM unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(query_types)s
             string_to_array(%(windows)s, E'\n')) AS u(t, q, x)
 ON CONFLICT DO NOTHING;
 SELECT w.tenant, w.query_type, w."window", w.sealed_at,
-    c.quarantined_at, c.quarantine_epoch, c.clearance
+    c.quarantined_at, c.quarantine_epoch, c.clearance, ({quarantines})
 FROM dp_windows w
 CROSS JOIN dp_ledger_config c
 JOIN unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(query_types)s, E'\n'),
@@ -129,7 +133,7 @@ JOIN unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(query_types)s
 WHERE c.id = 1
 ORDER BY w.tenant COLLATE "C", w.query_type COLLATE "C", w."window" COLLATE "C"
 FOR UPDATE OF w
-"""
+""".replace("{quarantines}", QUARANTINES)
 
 SQLITE_NEW_WINDOW = (
     'INSERT OR IGNORE INTO dp_windows (tenant, query_type, "window", created_at) '
@@ -137,7 +141,8 @@ SQLITE_NEW_WINDOW = (
 )
 SQLITE_WINDOW = (
     'SELECT w.tenant, w.query_type, w."window", w.sealed_at, '
-    "c.quarantined_at, c.quarantine_epoch, c.clearance FROM dp_windows w, dp_ledger_config c "
+    f"c.quarantined_at, c.quarantine_epoch, c.clearance, ({QUARANTINES}) "
+    "FROM dp_windows w, dp_ledger_config c "
     "WHERE c.id = 1 AND w.tenant = %(tenant)s AND w.query_type = %(query_type)s "
     'AND w."window" = %(window)s'
 )
@@ -146,7 +151,8 @@ QUARANTINE_REASON = "SELECT quarantine_reason FROM dp_ledger_config WHERE id = 1
 
 POLICY_ROWS = (
     "SELECT tenant, query_type, cap_epsilon, warn_fraction, calendar, calendar_length_seconds, "
-    "min_window_seconds, compliance_clause, grace_seconds, signature FROM dp_policies"
+    "min_window_seconds, compliance_clause, grace_seconds, signature, "
+    "(SELECT policy_set FROM dp_ledger_config WHERE id = 1) FROM dp_policies"
 )
 
 

@@ -137,7 +137,9 @@ class HookLedgerSource:
                 hook = DPBudgetHook()
                 # A keyed ledger refuses to open without its key: every page would be a 503.
                 self._ledger = PrivacyBudgetLedger(
-                    url=hook.ledger_url(), chain_key=hook.chain_key()
+                    url=hook.ledger_url(),
+                    chain_key=hook.chain_key(),
+                    admin_public_key=hook.admin_public_key(),
                 )
             return self._ledger
 

@@ -175,3 +175,87 @@ def test_the_administrator_key_is_recorded_once_and_a_swapped_key_is_refused(led
     assert history_key == public
     task.close()
     admin.close()
+
+
+def test_a_quarantine_counter_rolled_back_with_an_earlier_clearing_is_refused(ledgers, ledger_url):
+    """Both halves rolled back together (the epoch and its clearing, or epoch 0 and none):
+    the history's count of quarantines still says the last one is in force."""
+    admin, task = ledgers
+    admin.quarantine("first")
+    admin.clear_quarantine("first investigated")
+    first = scalar(ledger_url, "SELECT clearance FROM dp_ledger_config")
+    admin.quarantine("second")
+    for epoch, clearance in ((1, first), (0, None)):
+        execute(
+            ledger_url,
+            "UPDATE dp_ledger_config SET quarantined_at = NULL, quarantine_reason = NULL, "
+            "quarantine_epoch = :e, clearance = :c",
+            e=epoch,
+            c=clearance,
+        )
+        with pytest.raises(LedgerQuarantined, match="rolled back"):
+            task.reserve([KEY], RELEASE, attempt=f"a{epoch}")
+        with pytest.raises(LedgerQuarantined, match="rolled back"):
+            task.budget_check([KEY], RELEASE)
+
+
+def test_a_policy_deleted_or_replaced_by_an_earlier_signed_one_is_refused(ledgers, ledger_url):
+    """Each row is signed, and so is the whole set: deleting acme's row (the looser default
+    would apply) or writing back acme's earlier signed row is refused."""
+    admin, task = ledgers
+    earlier = [
+        tuple(row)
+        for row in sa.create_engine(ledger_url)
+        .connect()
+        .execute(sa.text("SELECT cap_epsilon, signature FROM dp_policies WHERE tenant = 'acme'"))
+    ]
+    admin.set_policy(Policy(1.6, tenant="acme", compliance_clause="GDPR Art. 25"))
+    (cap, signature) = earlier[0]
+    execute(
+        ledger_url,
+        "UPDATE dp_policies SET cap_epsilon = :c, signature = :s WHERE tenant = 'acme'",
+        c=cap,
+        s=signature,
+    )
+    with pytest.raises(LedgerCorrupt, match="set of policies"):
+        task.reserve([KEY], RELEASE, attempt="a1")
+    execute(ledger_url, "DELETE FROM dp_policies WHERE tenant = 'acme'")
+    with pytest.raises(LedgerCorrupt, match="set of policies"):
+        task.reserve([KEY], RELEASE, attempt="a2")
+    problems = admin.verify(quarantine=False).problems
+    assert any("policy ('acme', '*'): in the history but its row is missing" in p for p in problems)
+
+
+def test_what_a_task_holds_of_a_refusal_is_the_same_whatever_the_reason(ledgers, ledger_url):
+    """The gate's refusal carries no context (the ledger's own error names the subject and
+    its spend), the same words for every reason, and a reference of one fixed length."""
+    from dp_budget_provider.ledger.gate import UNIFORM_REFUSAL, ReleaseGate, ReleaseRefused
+
+    admin, task = ledgers
+    gate = ReleaseGate(task)
+    long_name = key_for("christopher-" + "x" * 200, "heatmap", KEY.window, tenant="acme")
+    refusals = []
+    admin.spend(KEY, RELEASE)
+    admin.spend(long_name, RELEASE)
+    for attempt, key in (("b1", KEY), ("b2", long_name)):
+        with pytest.raises(ReleaseRefused) as refused:
+            gate.reserve([key], RELEASE, attempt=attempt)
+        refusals.append(refused.value)
+    admin.quarantine("investigating")
+    with pytest.raises(ReleaseRefused) as refused:
+        gate.reserve([KEY], RELEASE, attempt="b3")
+    refusals.append(refused.value)
+    assert not gate.fits([KEY], RELEASE)  # one bit, not an error naming the reason
+    texts = {str(r).rsplit(" ", 1)[0] for r in refusals}  # all but the reference
+    assert len(texts) == 1 and texts.pop().startswith(UNIFORM_REFUSAL)
+    assert len({len(r.reference) for r in refusals}) == 1
+    for refusal in refusals:
+        assert refusal.__context__ is None and refusal.__cause__ is None
+        assert "alice" not in str(refusal) and "christopher" not in str(refusal)
+    facts = [ADMIN.open(r.reference) for r in refusals]
+    assert [f["refusal"] for f in facts] == [
+        "BudgetExhausted",
+        "BudgetExhausted",
+        "LedgerQuarantined",
+    ]
+    assert facts[0]["account"] == KEY.as_dict()

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from tests.admin import ADMIN, admin_key_file
+
 ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW = Path(sys.executable).with_name("airflow")
 START_TIMEOUT = 180
@@ -35,7 +37,12 @@ CONNECTION = {"conn_type": "dpbudget"}
 
 
 def extra(ledger_url: str) -> dict[str, str]:
-    return {"url": ledger_url, "chain_key_secret": CHAIN_KEY}
+    """The connection's extra: the ledger, its chain key and the administrator key it pins."""
+    return {
+        "url": ledger_url,
+        "chain_key_secret": CHAIN_KEY,
+        "admin_public_key": ADMIN.public.text,
+    }
 
 
 SEED = """
@@ -48,10 +55,15 @@ module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 
 from dp_budget_provider.accounting import GaussianMechanism
-from dp_budget_provider.hooks.dp_budget import DPBudgetHook
-from dp_budget_provider.ledger import Policy, key_for
+from dp_budget_provider.hooks.dp_budget import DPBudgetHook, default_cap
+from dp_budget_provider.ledger import AdminKey, Policy, PrivacyBudgetLedger, key_for
 
-ledger = DPBudgetHook().get_ledger()
+# The administrator creates the ledger with its key (README, Deploying step 4).
+hook = DPBudgetHook()
+ledger = PrivacyBudgetLedger(
+    default_cap(), url=hook.ledger_url(), chain_key=hook.chain_key(),
+    admin=AdminKey.load(sys.argv[2]),
+)
 ledger.set_policy(Policy(2.0, tenant="acme", compliance_clause="GDPR Art. 25 (data "
                   "minimisation): at most eps = 2 per subject and week"))
 runs = []
@@ -174,7 +186,11 @@ def airflow_api_server(home: Path) -> Iterator[Server]:
         "airflow connections add",
     )
     seeded = json.loads(
-        _run([sys.executable, "-c", SEED, str(home / "dags")], env, "seeding").splitlines()[-1]
+        _run(
+            [sys.executable, "-c", SEED, str(home / "dags"), str(admin_key_file())],
+            env,
+            "seeding",
+        ).splitlines()[-1]
     )
     log = home / "api-server.log"
     with log.open("w") as output:

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger
+from tests.admin import ADMIN
 from tests.plugins.conftest import CHAIN_KEY, WINDOW, XSS, seed
 from tests.plugins.test_api import ROUTES
 
@@ -144,7 +145,9 @@ def app_client(tmp_path_factory):
     from dp_budget_provider.plugins.auth import budget_reader
 
     path = tmp_path_factory.mktemp("ui-fuzz") / "ledger.db"
-    ledger = PrivacyBudgetLedger(BudgetCap(3.0, 1e-5), url=f"sqlite:///{path}", chain_key=CHAIN_KEY)
+    ledger = PrivacyBudgetLedger(
+        BudgetCap(3.0, 1e-5), url=f"sqlite:///{path}", chain_key=CHAIN_KEY, admin=ADMIN
+    )
     seed(ledger)
     app = create_app(lambda: ledger)
     app.dependency_overrides[budget_reader] = lambda: None  # authenticated, as anyone

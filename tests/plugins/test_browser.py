@@ -115,12 +115,14 @@ def test_token_api_openapi_and_the_task_link(server):
         headers=headers,
     ).json()["extra_links"]
     url = links["DP budget account"]
-    assert url.startswith(f"{server.url}/plugin/dp-budget/dp-budget/account?tenant=acme&subject=")
+    # The receipt names no account (it would tell the DAG about other DAGs' spend): the
+    # link opens the accounts of the release's scope.
+    assert url == f"{server.url}/plugin/dp-budget/dp-budget/accounts?tenant=acme&query_type=heatmap"
     framed = url.replace("/plugin/dp-budget", "", 1)  # the page the UI's iframe loads
     assert httpx.get(framed, headers=headers).status_code == 200
 
 
-def test_the_task_link_opens_the_account_inside_the_airflow_ui(page, server):
+def test_the_task_link_opens_its_scopes_accounts_inside_the_airflow_ui(page, server):
     headers = {"Authorization": f"Bearer {server.token()}"}
     run_id = quote(server.runs[0]["run_id"], safe="")
     url = httpx.get(
@@ -128,14 +130,13 @@ def test_the_task_link_opens_the_account_inside_the_airflow_ui(page, server):
         "/taskInstances/release_heatmap/links",
         headers=headers,
     ).json()["extra_links"]["DP budget account"]
-    subject = parse_qs(urlsplit(url).query)["subject"][0]
+    assert parse_qs(urlsplit(url).query) == {"tenant": ["acme"], "query_type": ["heatmap"]}
     log_in(page, server)
     page.goto(url)
     page.get_by_role("button", name="Browse").wait_for()  # Airflow's own navigation
     frame = page.frame_locator("iframe")
-    frame.locator("svg#spend-chart").wait_for()
-    assert subject in frame.locator("#account-key").inner_text()
-    assert page.url == url  # the UI keeps the account in its address
+    frame.locator("table#accounts tbody tr").first.wait_for()
+    assert page.url == url  # the UI keeps the page in its address
 
 
 def test_the_browser_without_a_session_gets_no_data(page, server):

@@ -144,10 +144,16 @@ def test_a_real_dag_run_fills_the_ui_and_links_its_task(
             assert {a["releases"] for a in accounts["accounts"]} == {2}
             url = _link_xcom(runs[-1], "release_heatmap")
             parts = urlsplit(url)
-            assert parts.path == "/plugin/dp-budget/dp-budget/account"  # the UI's framed page
-            page = client.get("/account?" + parts.query)
+            # The link opens the release's scope (its receipt names no account).
+            assert parts.path == "/plugin/dp-budget/dp-budget/accounts"  # the UI's framed page
+            assert client.get("/accounts?" + parts.query).status_code == 200
+            account = accounts["accounts"][0]
+            key = {name: account[name] for name in ("tenant", "subject", "query_type", "window")}
+            query = "&".join(f"{name}={value}" for name, value in key.items())
+            page = client.get("/account?" + query)
             assert page.status_code == 200
             assert "release_heatmap" in page.text and "spend-chart" in page.text
+            parts = urlsplit("?" + query)
             detail = client.get("/api/account?" + parts.query).json()
             assert detail["account"]["tenant"] == "acme"
             assert detail["series"]["events"] == 2

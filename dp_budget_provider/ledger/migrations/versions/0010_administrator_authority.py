@@ -9,7 +9,12 @@
   entries the history holds.
 * ``dp_ledger_config.clearance``: the administrator's signature lifting the current
   epoch's quarantine.
+* ``dp_ledger_config.policy_set``: the administrator's signature over the whole set of
+  policies, so that a row deleted (a looser default then applies), added or swapped for
+  another signed row is refused.
 * ``dp_policies.signature``: the administrator's signature over the policy row.
+* ``ix_dp_history_quarantines``: the quarantine entries, which every charge counts (a
+  quarantine counter rolled back below them is refused).
 
 Revision ID: 0010
 Revises: 0009
@@ -34,7 +39,15 @@ def upgrade() -> None:
         sa.Column("quarantine_epoch", sa.Integer(), nullable=False, server_default="0"),
     )
     op.add_column("dp_ledger_config", sa.Column("clearance", sa.Text(), nullable=True))
+    op.add_column("dp_ledger_config", sa.Column("policy_set", sa.Text(), nullable=True))
     op.add_column("dp_policies", sa.Column("signature", sa.Text(), nullable=True))
+    op.create_index(
+        "ix_dp_history_quarantines",
+        "dp_history",
+        ["seq"],
+        postgresql_where=sa.text("action = 'quarantine'"),
+        sqlite_where=sa.text("action = 'quarantine'"),
+    )
     op.execute(
         "UPDATE dp_ledger_config SET quarantine_epoch = "
         "(SELECT count(*) FROM dp_history WHERE action = 'quarantine')"
@@ -51,8 +64,10 @@ def downgrade() -> None:
             "cannot downgrade below revision 0010: the ledger has an administrator key, and "
             "revision 0009 would honour policies and clearings nobody signed"
         )
+    op.drop_index("ix_dp_history_quarantines", table_name="dp_history")
     for table, column in (
         ("dp_policies", "signature"),
+        ("dp_ledger_config", "policy_set"),
         ("dp_ledger_config", "clearance"),
         ("dp_ledger_config", "quarantine_epoch"),
         ("dp_ledger_config", "admin_key"),
