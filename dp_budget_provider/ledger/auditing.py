@@ -88,6 +88,16 @@ class AuditRoom(LedgerCore):
                 report.problems.append(f"the ledger could not be quarantined: {error}")
         return report
 
+    def _verified(self, act: str) -> VerifyReport:
+        """A passing verify, before an act that builds on the history as it stands."""
+        report = self.verify()
+        if not report.ok:
+            raise LedgerCorrupt(
+                f"refusing to {act} a history that does not verify ({len(report.problems)} "
+                f"problem(s), the first: {report.problems[0]})"
+            )
+        return report
+
     def checkpoint(self, report: VerifyReport) -> Checkpoint:
         """A checkpoint of what ``report`` verified: keep it outside the ledger database.
 
@@ -225,12 +235,7 @@ class AuditRoom(LedgerCore):
             raise LedgerError(
                 f"this ledger has administrator key {self._authority.trusted.key_id} already"
             )
-        report = self.verify()
-        if not report.ok:
-            raise LedgerCorrupt(
-                f"refusing to give an administrator to a history that does not verify "
-                f"({len(report.problems)} problem(s), the first: {report.problems[0]})"
-            )
+        self._verified("give an administrator to")
         with self._write() as connection:
             now = clock.stamp(clock.now())
             config = connection.execute(
@@ -269,12 +274,7 @@ class AuditRoom(LedgerCore):
         signature = self._authority.sign("adopt-key", {"chain_key_id": key.key_id})
         if self._key.keyed:
             raise LedgerError("this ledger's history is keyed already")
-        report = self.verify()
-        if not report.ok:
-            raise LedgerCorrupt(
-                f"refusing to key a history that does not verify ({len(report.problems)} "
-                f"problem(s), the first: {report.problems[0]})"
-            )
+        report = self._verified("key")
         with self._write() as connection:
             now = clock.stamp(clock.now())
             heads = connection.execute(

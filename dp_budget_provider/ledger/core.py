@@ -552,6 +552,19 @@ class LedgerCore:
                 f"in force{_CLEAR}"
             )
 
+    def _refuse_if_quarantined(self, connection: Connection) -> None:
+        """:meth:`_refuse_quarantined` on the state ``connection``'s transaction reads."""
+        config = connection.execute(
+            select(
+                LedgerConfig.quarantined_at,
+                LedgerConfig.quarantine_epoch,
+                LedgerConfig.clearance,
+                text(f"({statements.QUARANTINES})"),
+                LedgerConfig.quarantine_reason,
+            ).where(LedgerConfig.id == 1)
+        ).one()
+        self._refuse_quarantined(*config[:4], reason=lambda: config.quarantine_reason)
+
     def _refuse_unchargeable(
         self,
         connection: Connection,
@@ -562,16 +575,7 @@ class LedgerCore:
         """Raise what :meth:`_lock_chargeable` raises whatever the budget, in its order,
         reading without locking or creating anything: a quarantined ledger, a sealed
         window, a label that is not its calendar's or has not begun, a re-scoped key."""
-        config = connection.execute(
-            select(
-                LedgerConfig.quarantined_at,
-                LedgerConfig.quarantine_epoch,
-                LedgerConfig.clearance,
-                text(f"({statements.QUARANTINES})"),
-                LedgerConfig.quarantine_reason,
-            )
-        ).one()
-        self._refuse_quarantined(*config[:4], reason=lambda: config.quarantine_reason)
+        self._refuse_if_quarantined(connection)
         scope_keys = {(key.tenant, key.query_type, key.window): key for key in keys}
         scope = (WindowRow.tenant, WindowRow.query_type, WindowRow.window)
         for chunk in _chunks(sorted(scope_keys)):

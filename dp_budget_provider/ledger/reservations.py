@@ -25,7 +25,6 @@ from sqlalchemy import (
     insert,
     or_,
     select,
-    text,
     update,
 )
 
@@ -77,7 +76,6 @@ from dp_budget_provider.ledger.records import (
 )
 from dp_budget_provider.ledger.schema import (
     Account,
-    LedgerConfig,
     ReservationKey,
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
@@ -504,17 +502,8 @@ class ReservationRoom(LedgerCore):
         """
         with self._write() as connection:
             row = self._owned_row(connection, reservation, "commit")
-            config = connection.execute(
-                select(
-                    LedgerConfig.quarantined_at,
-                    LedgerConfig.quarantine_epoch,
-                    LedgerConfig.clearance,
-                    text(f"({statements.QUARANTINES})"),
-                    LedgerConfig.quarantine_reason,
-                ).where(LedgerConfig.id == 1)
-            ).one()
             try:
-                self._refuse_quarantined(*config[:4], reason=lambda: config.quarantine_reason)
+                self._refuse_if_quarantined(connection)
             except LedgerQuarantined as refusal:
                 raise LedgerQuarantined(
                     f"reservation {row.id} is not committed and its release must not be "
