@@ -213,6 +213,7 @@ def assert_legacy_accounts_are_classes_of_one(
             "admin_key",
             "quarantine_epoch",
             "clearance",
+            "policy_set",
         ],
         "dp_policies": [*schema["dp_policies"], "signature"],
         "dp_members": ["tenant", "query_type", "window", "subject", "account"],
