@@ -47,7 +47,9 @@ with DAG(
     schedule=CronDataIntervalTimetable("0 0 * * 1", timezone="UTC"),  # each run: last week
     start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
-    params={"tenant": "acme"},
+    # window: empty charges the windows of the run's data interval (last week); a label
+    # charges that one window of the tenant's calendar (the demo's 60-second windows).
+    params={"tenant": "acme", "window": ""},
     tags=["dp-budget", "example"],
     doc_md=__doc__,
 ) as dag:
@@ -71,6 +73,7 @@ with DAG(
         subjects=register_cohort(),
         query_type="heatmap",
         tenant="{{ params.tenant }}",
+        window="{{ params.window }}",
     )
 
 

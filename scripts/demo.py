@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,6 +101,7 @@ def main() -> None:
     # Imported only now: Airflow reads AIRFLOW_HOME at import time.
     from dp_budget_provider.hooks.dp_budget import DPBudgetHook
     from dp_budget_provider.ledger import AdminKey, Policy, PrivacyBudgetLedger, WindowCalendar
+    from dp_budget_provider.ledger.windows import display_window
 
     with task_log("setup"):
         url = DPBudgetHook().ledger.url  # the embedded default, created as a task creates it
@@ -133,22 +135,24 @@ def main() -> None:
         time.sleep(left + 0.5)
 
     heatmap = load("example_dp_heatmap")
+    # The runs read this 60-second window's data (a weekly schedule's interval would span
+    # ten thousand of them).
+    window = calendar.window_of(datetime.now(timezone.utc))
     for number in range(1, 6):
         with task_log(f"heatmap-run-{number}") as log:
-            state = str(heatmap.test(run_conf={"tenant": TENANT}).state)
+            state = str(heatmap.test(run_conf={"tenant": TENANT, "window": window}).state)
         account = max(ledger.accounts(tenant=TENANT), key=lambda a: a.epsilon)
         if state == "success":
             flag = _STATE_NOTES.get(account.state, "")
             say(
                 f"heatmap run {number}: released over 50 subjects; each now at eps "
                 f"{account.epsilon:.4f} of {account.cap_epsilon} in window "
-                f"{account.key.window}{flag}"
+                f"{display_window(account.key.window)}{flag}"
             )
         else:
             lines = log.read_text().splitlines()
             refusal = next((line for line in lines if "no release:" in line), "")
-            reference = refusal.rsplit(" ", 1)[-1]
-            why = admin.open(reference)
+            why = admin.open(re.search(r"dpb-ref-1\.[A-Za-z0-9_-]+", refusal).group())
             say(
                 f"heatmap run {number}: REFUSED, no release and the ledger untouched at eps "
                 f"{account.epsilon:.4f} ({account.state}); the task is told only:\n         "
@@ -175,7 +179,7 @@ def main() -> None:
     latest = sorted(ledger.accounts(tenant=TENANT), key=lambda a: a.key.window)[-1]
     say(
         f"gated run: {state} after {time.monotonic() - started:.0f}s; released in window "
-        f"{latest.key.window} at eps {latest.epsilon:.4f} (task log: {shown(log)})"
+        f"{display_window(latest.key.window)} at eps {latest.epsilon:.4f} (task log: {shown(log)})"
     )
     print(flush=True)
     dp_budget = str(Path(sys.executable).with_name("dp-budget"))
