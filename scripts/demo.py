@@ -99,18 +99,19 @@ def shown(path: Path) -> str:
 def main() -> None:
     prepare_airflow_home()
     # Imported only now: Airflow reads AIRFLOW_HOME at import time.
-    from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+    from dp_budget_provider.hooks.dp_budget import default_cap, embedded_ledger_url
     from dp_budget_provider.ledger import AdminKey, Policy, PrivacyBudgetLedger, WindowCalendar
     from dp_budget_provider.ledger.windows import display_window
 
-    with task_log("setup"):
-        url = DPBudgetHook().ledger.url  # the embedded default, created as a task creates it
-    # The administrator: a key no task holds signs the policy; the workers pin its public
-    # half ([dp_budget] admin_public_key), so no task can raise the cap.
+    # The administrator creates the embedded ledger with a key no task holds, which signs
+    # the policy; the workers pin its public half ([dp_budget] admin_public_key), so no task
+    # can raise the cap (nor open an unpinned ledger).
     admin = AdminKey.generate()
     admin.write(ADMIN_KEY)
-    ledger = PrivacyBudgetLedger(url=url, admin=admin, actor="demo-admin")
-    os.environ["AIRFLOW__DP_BUDGET__ADMIN_PUBLIC_KEY"] = ledger.record_admin_key()
+    ledger = PrivacyBudgetLedger(
+        default_cap(), url=embedded_ledger_url(), admin=admin, actor="demo-admin"
+    )
+    os.environ["AIRFLOW__DP_BUDGET__ADMIN_PUBLIC_KEY"] = admin.public.text
     say(
         f"ledger: {ledger.url} (embedded SQLite default, delta={ledger.delta}; its history is "
         "not keyed, as a demo's may be: see docs/ledger.md for the chain key); administrator "

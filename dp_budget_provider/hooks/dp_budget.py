@@ -268,6 +268,17 @@ class DPBudgetHook(BaseHook):
             )
         cap = default_cap()
         pin = self.admin_public_key()
+        if pin is None and not conf.getboolean("dp_budget", "allow_unpinned", fallback=False):
+            # Fail closed: unpinned, a task could record its own administrator key on a ledger
+            # that has none, or be handed one an insider swapped in, and raise the caps.
+            raise LedgerConfigMismatch(
+                f"connection {self.dp_budget_conn_id!r} pins no administrator key (extra "
+                "admin_public_key, or [dp_budget] admin_public_key): any task could make "
+                "itself the ledger's administrator and raise its caps. Create the ledger and "
+                "record the key with `dp-budget init --admin-key FILE` (or `dp-budget admin "
+                "init`), then pin the public key it prints; [dp_budget] allow_unpinned = True "
+                "accepts an unpinned ledger on a one-user development machine"
+            )
         try:
             ledger = PrivacyBudgetLedger(
                 url=url,
@@ -284,7 +295,7 @@ class DPBudgetHook(BaseHook):
                 f"[dp_budget] delta = {cap.delta!r}, the connection's {CHAIN_KEY_FIELD} and "
                 "admin_public_key)"
             ) from error
-        if pin is None and url not in _announced_unadministered:
+        if pin is None and url not in _announced_unadministered:  # allow_unpinned
             _announced_unadministered.add(url)
             self.log.warning(
                 "The budget ledger's administrator key is not pinned (connection extra "

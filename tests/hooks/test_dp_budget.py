@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from airflow.sdk.exceptions import AirflowNotFoundException
@@ -10,6 +11,13 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from dp_budget_provider.hooks import dp_budget
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 from dp_budget_provider.ledger import BudgetCap, LedgerConfigMismatch, PrivacyBudgetLedger
+
+
+@pytest.fixture(autouse=True)
+def unpinned_allowed(monkeypatch):
+    """These tests open ledgers through connections that pin no administrator key (what
+    they test is elsewhere); the refusal without the opt-in is tested below."""
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__ALLOW_UNPINNED", "True")
 
 
 def conn(monkeypatch, conn_id, **fields):
@@ -191,6 +199,11 @@ def test_a_pinned_administrator_key_must_be_the_ledgers(monkeypatch, sqlite_url,
     assert DPBudgetHook().get_ledger().delta == 1e-5
     other = sqlite_url.replace(".db", "-unadministered.db")
     conn(monkeypatch, "dp_budget_default", extra={"url": other})
+    monkeypatch.delenv("AIRFLOW__DP_BUDGET__ALLOW_UNPINNED")
+    with pytest.raises(LedgerConfigMismatch, match="pins no administrator key"):
+        DPBudgetHook().get_ledger()  # fail closed: a task could become administrator
+    assert not Path(other.removeprefix("sqlite:///")).exists()  # and nothing was created
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__ALLOW_UNPINNED", "True")
     DPBudgetHook().get_ledger()
     out, err = capfd.readouterr()
     assert "any task could record one and make itself its administrator" in caplog.text + out + err

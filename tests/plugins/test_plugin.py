@@ -130,6 +130,7 @@ def test_a_real_dag_run_fills_the_ui_and_links_its_task(
 
     # The task creates the ledger: not pinned.
     ledger_connection(monkeypatch, sqlite_url, chain_key_secret=CHAIN_KEY, admin_public_key=None)
+    monkeypatch.setenv("AIRFLOW__DP_BUDGET__ALLOW_UNPINNED", "True")  # (a development ledger)
     dag = _load_example("example_dp_heatmap")
     runs = [dag.test(run_conf={"tenant": "acme"}) for _ in range(2)]
     assert [task_states(run) for run in runs] == [
