@@ -180,6 +180,32 @@ def get_provider_info() -> dict[str, Any]:
                         None,
                         "/var/lib/airflow/dp_budget_checkpoints.jsonl",
                     ),
+                    "admin_public_key": _option(
+                        "The administrator key the ledger must have (dpb-admin-1:..., printed "
+                        "by `dp-budget admin init`); the connection's extra admin_public_key "
+                        "takes precedence. Without one no task opens the ledger.",
+                        "string",
+                        None,
+                        "dpb-admin-1:...",
+                    ),
+                    "allow_unpinned": _option(
+                        "Let tasks open a ledger whose administrator key no connection pins "
+                        "(and create one without an administrator): any task could then make "
+                        "itself administrator. Only for a one-user development machine.",
+                        "boolean",
+                        "False",
+                        "True",
+                    ),
+                    "expose_budget_state": _option(
+                        "Tasks see the budget state of the accounts their releases touch "
+                        "(refusals name the account and its eps, receipts carry each "
+                        "account's eps after the release, warnings reach notifiers): this "
+                        "tells one DAG who is in another DAG's data. Only where every DAG "
+                        "author may see all budget state.",
+                        "boolean",
+                        "False",
+                        "True",
+                    ),
                 },
             }
         },

@@ -161,7 +161,12 @@ def test_reset_dag_checkpoints_a_keyed_ledger_and_catches_a_rollback(
 
     key = "dag-test-chain-key-0123456789"
     database = make_url(postgres_url).database
-    value = json.dumps({"conn_type": "dpbudget", "extra": {"url": postgres_url, "chain_key": key}})
+    value = json.dumps(
+        {
+            "conn_type": "dpbudget",
+            "extra": {"url": postgres_url, "chain_key": key, "admin_public_key": ADMIN.public.text},
+        }
+    )
     monkeypatch.setenv("AIRFLOW_CONN_DP_BUDGET_DEFAULT", value)
     current = WindowCalendar("iso_week").window_of(datetime.now(timezone.utc))
     carol = key_for("carol", "heatmap", current)

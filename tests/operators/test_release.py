@@ -239,7 +239,10 @@ def test_two_processes_racing_on_one_key_never_exceed_the_cap(ledger, ledger_url
     env = {
         **__import__("os").environ,
         "AIRFLOW_CONN_DP_BUDGET_DEFAULT": json.dumps(
-            {"conn_type": "dpbudget", "extra": {"url": ledger_url}}
+            {
+                "conn_type": "dpbudget",
+                "extra": {"url": ledger_url, "admin_public_key": ADMIN.public.text},
+            }
         ),
     }
     procs = [
