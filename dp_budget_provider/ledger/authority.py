@@ -67,7 +67,13 @@ def _b64(data: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    """The bytes of ``text``, which must be their one canonical encoding: base64 lets
+    several texts (differing in a last character's unused bits) decode alike, and a stored
+    signature or key edited that way must read as edited, not as the same value."""
+    data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    if _b64(data) != text:
+        raise ValueError("not a canonical base64 encoding")
+    return data
 
 
 def _sealing_key(seed: bytes) -> X25519PrivateKey:

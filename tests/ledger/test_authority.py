@@ -18,6 +18,7 @@ from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import (
     AdminAuthorityError,
     AdminKey,
+    AdminPublicKey,
     BudgetCap,
     LedgerConfigMismatch,
     LedgerCorrupt,
@@ -259,3 +260,21 @@ def test_what_a_task_holds_of_a_refusal_is_the_same_whatever_the_reason(ledgers,
         "LedgerQuarantined",
     ]
     assert facts[0]["account"] == KEY.as_dict()
+
+
+
+def _twin(text: str) -> str:
+    """``text`` with its last character's lowest bit flipped: 64 bytes encode to 86
+    characters whose last 4 bits carry no data, so plain base64 decodes both alike."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    return text[:-1] + alphabet[alphabet.index(text[-1]) ^ 1]
+
+
+def test_a_signature_or_key_re_encoded_with_other_spare_bits_is_not_the_same_value():
+    """An edited stored signature or pinned key reads as edited, whatever key the session
+    drew (a forgiving decoder let such an edit pass verify for some keys)."""
+    signature = ADMIN.sign(b"a policy")
+    assert ADMIN.public.signed(b"a policy", signature)
+    assert not ADMIN.public.signed(b"a policy", _twin(signature))
+    with pytest.raises(ValueError, match="admin public key"):
+        AdminPublicKey(_twin(ADMIN.public.text))
