@@ -43,7 +43,6 @@ from dp_budget_provider.ledger.records import (
     SpendReceipt,
 )
 from dp_budget_provider.ledger.schema import (
-    Account,
     HistoryEntry,
     SealedAccount,
 )
@@ -141,8 +140,10 @@ class ReadingRoom(LedgerCore):
                 return None
             if classes.is_label(key.subject):
                 return key
+            live = key in self._held_in(connection, [key], LIVE)
+            accounts = LIVE.accounts if live else SEALED.accounts
             label = connection.execute(
-                select(Account.subject).where(Account.id == held.id)
+                select(accounts.subject).where(accounts.id == held.id)
             ).scalar_one()
         return LedgerKey.from_canonical(key.tenant, label, key.query_type, key.window)
 

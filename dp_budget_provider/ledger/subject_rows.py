@@ -117,6 +117,6 @@ def on(entity: Any, columns: tuple[Any, ...]) -> tuple[Any, ...]:
 def subjects_of(entity: Any) -> ColumnElement[Any]:
     """How many subjects the rows of ``entity`` in a group hold: one per per-subject row,
     ``size`` per account."""
-    if entity is Account:
-        return func.coalesce(func.sum(Account.size), 0)
+    if entity in (Account, SealedAccount):
+        return func.coalesce(func.sum(entity.size), 0)
     return func.count()
