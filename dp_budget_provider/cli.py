@@ -136,6 +136,17 @@ def _count(text: str) -> int:
     return value
 
 
+def _page_number(text: str) -> int:
+    """A page number: a whole number from 1."""
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"pages are numbered from 1, got {text!r}")
+    return value
+
+
+_SEALED_HELP = "include sealed windows' final spend (state SEALED); a named --window does"
+
+
 def _number(text: str) -> float:
     try:
         value = float(text)
@@ -552,12 +563,15 @@ def _standing(status: AccountStatus) -> tuple[Any, ...]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Every live account: spend, cap, headroom, reservations, state."""
+    """Every live account: spend, cap, headroom, reservations, state; a window named (or
+    ``--sealed``) includes sealed windows' final spend, state SEALED."""
     window, tenant = _filters(args)
     limit = None if args.limit == 0 else args.limit
     with _ledger(args) as ledger:
-        statuses = ledger.accounts(window=window, tenant=tenant, limit=limit, offset=args.offset)
-        total = report.count_accounts(ledger, window=window, tenant=tenant)
+        statuses = ledger.accounts(
+            window=window, tenant=tenant, limit=limit, offset=args.offset, sealed=args.sealed
+        )
+        total = report.count_accounts(ledger, window=window, tenant=tenant, sealed=args.sealed)
         if args.json:
             document = {
                 "ledger": {
@@ -565,7 +579,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "delta": ledger.delta,
                     "conversion": ledger.conversion,
                 },
-                "filters": {"window": window, "tenant": tenant},
+                "filters": {"window": window, "tenant": tenant, "sealed": args.sealed},
                 "total": total,
                 "offset": args.offset,
                 "limit": limit,
@@ -624,7 +638,7 @@ def cmd_classes(args: argparse.Namespace) -> int:
             return _class_members(args, ledger)
         filters = queries.AccountFilter(
             tenant=args.tenant, query_type=args.query_type, window=args.window,
-            subject=args.subject, state=args.state,
+            subject=args.subject, state=args.state, sealed=args.sealed,
         )  # fmt: skip
         every = spend_classes.every_class(ledger, filters)  # grouped once, then sliced
         total = len(every)
@@ -1020,7 +1034,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     """The privacy report (JSON for machines, Markdown for people)."""
     window, tenant = _filters(args)
     with _ledger(args) as ledger:
-        document = report.build_report(ledger, window=window, tenant=tenant)
+        document = report.build_report(
+            ledger,
+            window=window,
+            tenant=tenant,
+            subjects=args.subjects,
+            page=args.page,
+            page_size=args.page_size,
+        )
     if args.format == "json":
         _print_json(document)
     else:
@@ -1119,6 +1140,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = command(commands, "status", cmd_status, "spend and headroom of every account")
     status.add_argument("--window", type=_window_label, help=f"only this window ({WINDOW_LABELS})")
     status.add_argument("--tenant", help="only this tenant")
+    status.add_argument("--sealed", action="store_true", help=_SEALED_HELP)
     _table_options(status)
 
     classes = command(
@@ -1129,6 +1151,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Search for one person with --subject; list a class's subjects with --members.",
     )
     classes.add_argument("--tenant", help="only this tenant")
+    classes.add_argument("--sealed", action="store_true", help=_SEALED_HELP)
     classes.add_argument("--query-type", dest="query_type", help="only this query type")
     classes.add_argument(
         "--window", type=_window_filter, help=f"only this window ({WINDOW_LABELS}; * for any text)"
@@ -1288,6 +1311,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     privacy_report.add_argument("--window", type=_window_label, help="only this window")
     privacy_report.add_argument("--tenant", help="only this tenant")
+    privacy_report.add_argument(
+        "--subjects",
+        action="store_true",
+        help="list every subject's guarantee too, one page of them (default: per class only)",
+    )
+    privacy_report.add_argument(
+        "--page", type=_page_number, default=1, help="which page of subjects, from 1 (default 1)"
+    )
+    privacy_report.add_argument(
+        "--page-size",
+        dest="page_size",
+        type=_page_number,
+        default=report.SUBJECTS_PAGE_SIZE,
+        help=f"subjects per page (default {report.SUBJECTS_PAGE_SIZE})",
+    )
     return parser
 
 

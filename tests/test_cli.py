@@ -1066,7 +1066,7 @@ def test_policy_set_fixed_calendar(seeded, capsys):
 
 
 def test_report_json(seeded_any):
-    result = run("report", "--format", "json", url=seeded_any)
+    result = run("report", "--format", "json", "--subjects", url=seeded_any)
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     ledger = open_ledger(seeded_any)
@@ -1099,14 +1099,16 @@ def test_report_markdown(seeded_any):
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith("# Privacy report")
-    for heading in ("## Guarantee per account", "## Release schedule", "## Corrections"):
+    for heading in ("## Guarantee per spend class", "## Release schedule", "## Corrections"):
         assert heading in out
     assert "**Verification: OK**" in out
     assert "missed release" in out and CLAUSE in out
 
 
 def test_report_filters_and_reports_failed_verification(seeded, capsys):
-    code, out, _ = call(capsys, "--url", seeded, "report", "--format", "json", "--tenant", "acme")
+    code, out, _ = call(
+        capsys, "--url", seeded, "report", "--format", "json", "--tenant", "acme", "--subjects"
+    )
     assert code == 0
     document = json.loads(out)
     assert [a["subject"] for a in document["accounts"]] == ["dave"]
@@ -1260,3 +1262,39 @@ def test_only_the_administrators_key_sets_a_policy_and_opens_a_refusal(
     path.chmod(0o644)
     code, _, err = call(capsys, "refusal", reference)
     assert code == 2 and "chmod 600" in err
+
+
+def test_a_sealed_windows_final_spend_in_status_classes_and_report(ledger_url, capsys, monkeypatch):
+    """After the reset, status, classes and report of the sealed week read each subject's
+    final spend, state SEALED (not "no accounts"); the report lists subjects on request,
+    one page at a time."""
+    monkeypatch.setattr(ledger_clock, "now", lambda: datetime(2026, 7, 8, tzinfo=timezone.utc))
+    ledger = AdminLedger(BudgetCap(3.0, DELTA), url=ledger_url)
+    cohort = ledger.cohort([f"u{i:03d}" for i in range(300)], tenant="acme")
+    ledger.commit(ledger.reserve(cohort.in_window("heatmap", "2026-w28"), GaussianMechanism(3.0)))
+    final = ledger.epsilon_of(key_for("u007", "heatmap", "2026-w28", tenant="acme"))
+    monkeypatch.setattr(ledger_clock, "now", lambda: datetime(2026, 8, 8, tzinfo=timezone.utc))
+    ledger.reset("2026-w28")
+    ledger.close()
+    code, out, _ = call(capsys, "--url", ledger_url, "status", "--json")
+    assert code == 0 and json.loads(out)["accounts"] == []
+    code, out, _ = call(capsys, "--url", ledger_url, "status", "--window", "2026-W28", "--json")
+    document = json.loads(out)
+    assert code == 0 and document["total"] == 300
+    assert {a["state"] for a in document["accounts"]} == {"SEALED"}
+    assert document["accounts"][7]["epsilon"] == final
+    code, out, _ = call(capsys, "--url", ledger_url, "status", "--sealed", "--limit", "1")
+    assert code == 0 and "SEALED" in out and "showing 1-1 of 300" in out
+    code, out, _ = call(capsys, "--url", ledger_url, "classes", "--window", "2026-W28", "--json")
+    assert [(c["subjects"], c["state"]) for c in json.loads(out)["classes"]] == [(300, "SEALED")]
+    code, out, _ = call(capsys, "--url", ledger_url, "report", "--window", "2026-W28")
+    assert code == 0 and "No live accounts" not in out and "SEALED" in out
+    assert "Not listed: each of the 300 subjects" in out
+    code, out, _ = call(
+        capsys, "--url", ledger_url, "report", "--window", "2026-W28", "--subjects",
+        "--page", "2", "--page-size", "100",
+    )  # fmt: skip
+    assert code == 0 and "Page 2 of 3" in out and "| u100 |" in out and "| u099 |" not in out
+    code, _, err = call(capsys, "--url", ledger_url, "report", "--subjects", "--page", "4",
+                        "--page-size", "100")  # fmt: skip
+    assert code != 0 and "page 4 does not exist" in err

@@ -34,8 +34,10 @@ and compares every stored row, column by column, with what the replay says:
   charged before classes) holds only its own subject, and each account has as many
   members as its size. A class that refers to its cohort (``memberships``) refers to the
   one the replay made it of, has no ``dp_members`` row, and is counted against the
-  window's other listed cohorts over its cohort's members. A reset drops the window's
-  accounts, members and listings (its cohorts stay);
+  window's other listed cohorts over its cohort's members. A reset moves the window's
+  accounts to ``dp_sealed_accounts``, each proven like a live one and sealed when the
+  reset sealed it, and keeps its members and listings, proven as before (a reset of an
+  earlier version dropped all three; its cohorts stay);
 
 and proves the cap: no key's lifetime spend in a window (across resets, re-scopes and
 corrections) plus what was in flight ever passed the cap in force when a reservation was
@@ -88,6 +90,7 @@ from dp_budget_provider.ledger.schema import (
     PolicyRow,
     Reservation,
     ReservationKey,
+    SealedAccount,
     Window,
 )
 from dp_budget_provider.ledger.spend import Pending, Spend
@@ -154,6 +157,7 @@ class _KeyState:
     updated_at: str = ""
     rescoped_to: str | None = None
     dropped: bool = False  # its window was reset: the account is gone, the key sealed
+    kept: bool = False  # ... and its final spend moved to dp_sealed_accounts (revision 0011)
     # What re-priced entries (committed or in flight) cost beyond what they recorded.
     repriced: np.ndarray | None = None
     size: int = 1  # how many subjects the class holds (a legacy key: itself alone)
@@ -191,6 +195,7 @@ class _Scope:
 
     first_at: str
     sealed_at: str | None = None
+    kept: bool = False  # sealed by a reset that kept its final spend, members and listings
     # dp_cohort_accounts as the replay makes it: cohort digest -> the labels partitioning
     # it here, and the reverse (label -> the cohorts listing it), which a split follows.
     listings: dict[str, set[str]] = field(default_factory=dict)
@@ -509,10 +514,11 @@ class _Replay:
                 self.problems.append(f"reservation {reservation_id}: {_NOT_CARRIED}")
 
     def sizes(self) -> dict[tuple[str, str, str], dict[str, _KeyState]]:
-        """Each live scope's accounts, by label."""
+        """Each scope's accounts whose members are stored (live, or sealed and kept), by
+        label."""
         found: dict[tuple[str, str, str], dict[str, _KeyState]] = {}
         for key, state in self.keys.items():
-            if not state.dropped:
+            if not state.dropped or state.kept:
                 found.setdefault((key.tenant, key.query_type, key.window), {})[key.subject] = state
         return found
 
@@ -753,6 +759,10 @@ class _Replay:
         scopes = None if sealed is None else {tuple(scope) for scope in sealed}
         if scopes is None:
             self.legacy_resets.setdefault(window, entry.at)
+        kept = payload.get("kept", False)
+        if kept not in (False, True) or (kept and scopes is None):
+            self._problem(entry, f"kept is {kept!r}, which no reset writes")
+            kept = False
         dropped = 0
         for key, state in self.keys.items():
             if key.window != window or state.dropped:
@@ -764,10 +774,13 @@ class _Replay:
                 if scopes is None:  # before seals, a reset let the key start again from zero
                     self.keys[key] = _KeyState(lifetime=state.lifetime)
                 else:
-                    state.dropped = True
+                    state.dropped, state.kept = True, kept
         for (tenant, query_type, label), scope in self.scopes.items():
             if label == window and (scopes is None or (tenant, query_type) in scopes):
-                scope.drop_classes()
+                if kept:
+                    scope.kept = True  # its listings and members stay, sealed
+                else:
+                    scope.drop_classes()
         for tenant, query_type in sorted(scopes or ()):
             scope = self.scopes.get((tenant, query_type, window))
             if scope is None:
@@ -1075,16 +1088,30 @@ def _check_reservations(
 
 
 def _check_accounts(connection: Connection, replay: _Replay, problems: list[str]) -> int:
+    """dp_accounts against the live accounts of the replay, and dp_sealed_accounts against
+    the final spend of those a reset sealed and kept (then also sealed when it says)."""
+    count = _check_store(connection, replay, problems, Account)
+    _check_store(connection, replay, problems, SealedAccount)
+    return count
+
+
+def _check_store(connection: Connection, replay: _Replay, problems: list[str], table: Any) -> int:
     size = replay.size
+    sealed = table is SealedAccount
     cohort_ids = _referred_ids(connection, replay)
     seen: set[LedgerKey] = set()
     count = 0
-    for row in connection.execution_options(yield_per=_BATCH).execute(select(Account)):
+    for row in connection.execution_options(yield_per=_BATCH).execute(select(table)):
         count += 1
         key = _key_of(row)
         seen.add(key)
         state = replay.keys.get(key)
-        if state is None or state.dropped:
+        if sealed and (state is None or not state.kept):
+            problems.append(
+                f"sealed account {key}: no reset of the history sealed it with its final spend"
+            )
+            continue
+        if not sealed and (state is None or state.dropped):
             problems.append(f"account {key}: no history entry charged it (or its window was reset)")
             continue
         try:
@@ -1108,15 +1135,21 @@ def _check_accounts(connection: Connection, replay: _Replay, problems: list[str]
                 row.cohort_id == cohort_ids.get((key.tenant, state.refers)),
             ),
         ]
+        if sealed:
+            scope = replay.scopes.get((key.tenant, key.query_type, key.window))
+            checks.append(("sealed_at", scope is not None and row.sealed_at == scope.sealed_at))
         wrong = [what for what, fine in checks if not fine]
         if wrong:
-            name = _account_name(connection, key)
-            problems += [f"account {name}: {what} differs from the history's" for what in wrong]
+            name = (
+                f"sealed account {key}" if sealed else f"account {_account_name(connection, key)}"
+            )
+            problems += [f"{name}: {what} differs from the history's" for what in wrong]
     for key, state in replay.keys.items():
-        if key in seen or state.dropped:
+        if key in seen or state.dropped != sealed or (sealed and not state.kept):
             continue
         if state.required:
-            problems.append(f"account {key}: charged or held in the history but missing")
+            where = "sealed with its final spend" if sealed else "charged or held"
+            problems.append(f"account {key}: {where} in the history but missing")
     return count
 
 
@@ -1128,7 +1161,7 @@ def _referred_ids(connection: Connection, replay: _Replay) -> dict[tuple[str, st
         {
             (key.tenant, state.refers)
             for key, state in replay.keys.items()
-            if state.refers and not state.dropped
+            if state.refers and (not state.dropped or state.kept)
         }
     )
     ids: dict[tuple[str, str | None], int] = {}
@@ -1434,7 +1467,7 @@ def _check_members(connection: Connection, replay: _Replay, problems: list[str])
         tenant, query_type, window = scope
         known = replay.scopes.get(scope)
         expected = sizes.pop(scope, {})
-        if known is None or known.sealed_at is not None:
+        if known is None or (known.sealed_at is not None and not known.kept):
             problems.append(
                 f"dp_members: members of window {window} of ({tenant}, {query_type}), which "
                 "the history never charged or has reset"
@@ -1446,7 +1479,7 @@ def _check_members(connection: Connection, replay: _Replay, problems: list[str])
     for scope, expected in sizes.items():
         known = replay.scopes.get(scope)
         _check_sizes(scope, {}, expected, {} if known is None else known.listed_in, problems)
-        if known is not None and known.sealed_at is None:
+        if known is not None and (known.sealed_at is None or known.kept):
             problems += _check_referring(connection, scope, known, expected)
     _check_legacy_members(connection, problems)
 
@@ -1594,21 +1627,22 @@ def _check_referring(
     # ``+ 0`` keeps a planner from reaching those cohorts through the listing instead (each
     # listed cohort probed for each member: quadratic in the window's small classes).
     counted: dict[tuple[str, str], int] = {}
+    accounts = SealedAccount if known.kept else Account
     for label, cohort_id, n in connection.execute(
-        select(Account.subject, theirs.c.cohort_id, func.count())
-        .select_from(Account)
-        .join(mine, mine.c.cohort_id == Account.cohort_id)
+        select(accounts.subject, theirs.c.cohort_id, func.count())
+        .select_from(accounts)
+        .join(mine, mine.c.cohort_id == accounts.cohort_id)
         .join(
             theirs,
             and_(theirs.c.subject == mine.c.subject, theirs.c.cohort_id != mine.c.cohort_id),
         )
         .where(
-            Account.tenant == tenant,
-            Account.query_type == query_type,
-            Account.window == window,
+            accounts.tenant == tenant,
+            accounts.query_type == query_type,
+            accounts.window == window,
             (theirs.c.cohort_id + 0).in_(listed_here),
         )
-        .group_by(Account.subject, theirs.c.cohort_id)
+        .group_by(accounts.subject, theirs.c.cohort_id)
     ):
         if cohort_id in digests:  # (a cohort of another tenant shares the window's name)
             counted[(label, digests[cohort_id])] = n

@@ -46,52 +46,69 @@ _REFERRED = aliased(CohortMember, name="referred_member")
 
 @dataclass(frozen=True)
 class Arm:
-    """The columns of one arm: a membership's key parts and its account's label."""
+    """The columns of one arm: a membership's key parts and its account's label, and
+    ``accounts``, the table of its accounts (live or sealed) for the rest of their columns."""
 
     tenant: Any
     query_type: Any
     window: Any
     subject: Any
     account: Any
+    accounts: Any = Account
 
 
-LISTED = Arm(Member.tenant, Member.query_type, Member.window, Member.subject, Member.account)
-# The label as a column of no lineage (type_coerce renders as the bare column): an entity
-# aliased onto these rows by column correspondence (``subject_rows``) must map the
-# account's ``subject`` to the member, never to the label.
-REFERRED = Arm(
-    Account.tenant,
-    Account.query_type,
-    Account.window,
-    _REFERRED.subject,
-    type_coerce(Account.subject, Account.subject.type),
-)
-
-
-def member_account() -> ColumnElement[bool]:
-    """The join of a ``dp_members`` row to its account."""
+def member_account(accounts: Any = Account) -> ColumnElement[bool]:
+    """The join of a ``dp_members`` row to its account (live, or sealed: ``accounts``)."""
     return and_(
-        Account.tenant == Member.tenant,
-        Account.query_type == Member.query_type,
-        Account.window == Member.window,
-        Account.subject == Member.account,
+        accounts.tenant == Member.tenant,
+        accounts.query_type == Member.query_type,
+        accounts.window == Member.window,
+        accounts.subject == Member.account,
     )
+
+
+def arms(accounts: Any = Account) -> tuple[Arm, Arm]:
+    """The two arms over ``accounts``: ``Account`` (the live windows) or ``SealedAccount``
+    (the final spend of sealed ones, whose members a reset keeps where they were)."""
+    listed = Arm(
+        Member.tenant, Member.query_type, Member.window, Member.subject, Member.account, accounts
+    )
+    # The label as a column of no lineage (type_coerce renders as the bare column): an
+    # entity aliased onto these rows by column correspondence (``subject_rows``) must map
+    # the account's ``subject`` to the member, never to the label.
+    referred = Arm(
+        accounts.tenant,
+        accounts.query_type,
+        accounts.window,
+        _REFERRED.subject,
+        type_coerce(accounts.subject, accounts.subject.type),
+        accounts,
+    )
+    return listed, referred
+
+
+LISTED, REFERRED = arms()
 
 
 def memberships(
     columns: Callable[[Arm], list[Any]],
     where: Callable[[Arm], list[ColumnElement[bool]]] = lambda arm: [],
+    accounts: Any = Account,
 ) -> CompoundSelect:
-    """Rows of ``columns(arm)`` (an arm's columns and ``Account``'s), one per membership
-    for which every ``where(arm)`` holds, from both arms (``UNION ALL``: no membership
-    is in both)."""
-    listed = select(*columns(LISTED)).select_from(Member).join(Account, member_account())
-    referred = (
-        select(*columns(REFERRED))
-        .select_from(Account)
-        .join(_REFERRED, _REFERRED.cohort_id == Account.cohort_id)
+    """Rows of ``columns(arm)`` (an arm's columns and its ``accounts``'), one per
+    membership for which every ``where(arm)`` holds, from both arms (``UNION ALL``: no
+    membership is in both), over the live accounts or (``accounts=SealedAccount``) the
+    sealed ones."""
+    listed_arm, referred_arm = arms(accounts)
+    listed = (
+        select(*columns(listed_arm)).select_from(Member).join(accounts, member_account(accounts))
     )
-    return union_all(listed.where(*where(LISTED)), referred.where(*where(REFERRED)))
+    referred = (
+        select(*columns(referred_arm))
+        .select_from(accounts)
+        .join(_REFERRED, _REFERRED.cohort_id == accounts.cohort_id)
+    )
+    return union_all(listed.where(*where(listed_arm)), referred.where(*where(referred_arm)))
 
 
 def in_scope(tenant: Any, query_type: Any, window: Any) -> Callable[[Arm], list[Any]]:
@@ -99,19 +116,19 @@ def in_scope(tenant: Any, query_type: Any, window: Any) -> Callable[[Arm], list[
     return lambda arm: [arm.tenant == tenant, arm.query_type == query_type, arm.window == window]
 
 
-def least_member() -> Any:
-    """The least subject of the account of the enclosing ``Account`` row (correlated):
+def least_member(accounts: Any = Account) -> Any:
+    """The least subject of the account of the enclosing ``accounts`` row (correlated):
     its cohort's least member when it refers to one, else its least ``dp_members`` row."""
     listed = (
         select(func.min(Member.subject))
-        .where(member_account())
-        .correlate(Account)
+        .where(member_account(accounts))
+        .correlate(accounts)
         .scalar_subquery()
     )
     referred = (
         select(func.min(_REFERRED.subject))
-        .where(_REFERRED.cohort_id == Account.cohort_id)
-        .correlate(Account)
+        .where(_REFERRED.cohort_id == accounts.cohort_id)
+        .correlate(accounts)
         .scalar_subquery()
     )
-    return case((Account.cohort_id.is_(None), listed), else_=referred)
+    return case((accounts.cohort_id.is_(None), listed), else_=referred)

@@ -136,6 +136,7 @@ class Policy:
 
 STATE_OK, STATE_WARNING, STATE_EXHAUSTED = "ok", "WARNING", "EXHAUSTED"
 STATE_RESCOPED = "RESCOPED"
+STATE_SEALED = "SEALED"  # the window is sealed: the final spend, never charged again
 
 
 def lookup_order(tenant: str, query_type: str) -> list[tuple[str, str]]:

@@ -59,13 +59,21 @@ from dp_budget_provider.ledger.policy import (
 from dp_budget_provider.ledger.policy_store import policy_of_scope
 from dp_budget_provider.ledger.records import COMMITTED, OPEN, REAPED, RELEASED, AccountStatus
 from dp_budget_provider.ledger.schema import (
-    Account,
     HistoryEntry,
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.spend import Spend
 from dp_budget_provider.ledger.standing import SPEND_COLUMNS, Standing, Standings, stored_values
-from dp_budget_provider.ledger.subject_rows import SubjectRow, on, subject_rows, subjects_of
+from dp_budget_provider.ledger.subject_rows import (
+    LIVE,
+    SEALED,
+    STORES,
+    Store,
+    SubjectRow,
+    on,
+    subject_rows,
+    subjects_of,
+)
 
 T = TypeVar("T")
 
@@ -104,6 +112,7 @@ class AccountFilter:
     query_type: str | None = None
     window: str | None = None
     state: str | None = None
+    sealed: bool = False  # include the sealed windows' final spend (state SEALED)
 
     def __post_init__(self) -> None:
         for name in KEY_FIELDS:
@@ -121,6 +130,15 @@ class AccountFilter:
             if match is None:
                 raise ValueError(f"state must be one of {', '.join(STATES)}; got {self.state!r}")
             object.__setattr__(self, "state", match)
+        if not isinstance(self.sealed, bool):
+            raise ValueError(f"sealed must be True or False, got {self.sealed!r}")
+
+    @property
+    def stores(self) -> tuple[Store, ...]:
+        """The stores these filters read: the live accounts, and the sealed ones when asked
+        for (``sealed``) or when one window is named (its final spend, if it is sealed)."""
+        one_window = self.window not in (None, "") and WILDCARD not in self.window
+        return STORES if self.sealed or one_window else (LIVE,)
 
 
 @dataclass(frozen=True)
@@ -191,13 +209,14 @@ def filtered(query: Select[Any], filters: AccountFilter, entity: Any = SubjectRo
     return query
 
 
-def grouped_source(filters: AccountFilter) -> Any:
-    """What a grouped read of the subjects matching ``filters`` reads: the accounts, each
-    counting the ``size`` subjects of its class (one row per class), unless the subjects
-    are filtered, which only the per-subject rows can do (one row per subject)."""
+def grouped_source(filters: AccountFilter, store: Store = LIVE) -> Any:
+    """What a grouped read of the subjects matching ``filters`` reads in ``store``: the
+    accounts, each counting the ``size`` subjects of its class (one row per class), unless
+    the subjects are filtered, which only the per-subject rows can do (one row per
+    subject)."""
     if _condition("subject", filters.subject, SubjectRow.subject) is None:
-        return Account
-    return SubjectRow
+        return store.accounts
+    return store.rows
 
 
 def page_bounds(limit: int, offset: int) -> tuple[int, int]:
@@ -498,14 +517,19 @@ def count_subjects(connection: Connection, filters: AccountFilter) -> int:
 
 def account_status(ledger: PrivacyBudgetLedger, key: LedgerKey) -> AccountStatus | None:
     """The status of subject key ``key`` (its account's), or of account key ``key`` (a
-    class label: the account's own, for its ``size`` subjects); None when it has none."""
-    if classes.is_label(key.subject):
-        rows = select(Account, Account.subject.label("account"))
-        query = rows.where(_key_match(_account_columns(Account), key))
-    else:
-        query = subject_rows().where(_key_match(_account_columns(), key))
+    class label: the account's own, for its ``size`` subjects); None when it has none.
+    A key of a sealed window reads its final spend there (state SEALED)."""
     with ledger.reading() as connection:
-        row = connection.execute(query).one_or_none()
+        row = None
+        for store in (LIVE, SEALED):
+            if classes.is_label(key.subject):
+                rows = store.account_rows()
+                query = rows.where(_key_match(_account_columns(store.accounts), key))
+            else:
+                query = store.subject_rows().where(_key_match(_account_columns(store.rows), key))
+            row = connection.execute(query).one_or_none()
+            if row is not None:
+                break
     if row is None:
         return None
     return AccountStatus.of(row, Standings(ledger).of_row(row), ledger.policy_for(key))

@@ -7,8 +7,10 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    func,
     select,
     tuple_,
+    union_all,
 )
 
 from dp_budget_provider.ledger import (
@@ -24,6 +26,7 @@ from dp_budget_provider.ledger.core import (
     _chunks,
     _key_of,
 )
+from dp_budget_provider.ledger.errors import LedgerError
 from dp_budget_provider.ledger.keys import (
     LedgerKey,
     canonical_part,
@@ -40,13 +43,14 @@ from dp_budget_provider.ledger.records import (
     SpendReceipt,
 )
 from dp_budget_provider.ledger.schema import (
-    Account,
     HistoryEntry,
+    SealedAccount,
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
+from dp_budget_provider.ledger.schema import Window as WindowRow
 from dp_budget_provider.ledger.spend import Pending, Spend
 from dp_budget_provider.ledger.standing import Standings
-from dp_budget_provider.ledger.subject_rows import SubjectRow, on, subject_rows
+from dp_budget_provider.ledger.subject_rows import LIVE, SEALED, STORES, Store, on
 
 
 class ReadingRoom(LedgerCore):
@@ -58,15 +62,34 @@ class ReadingRoom(LedgerCore):
         self, connection: Connection, keys: Sequence[LedgerKey]
     ) -> dict[LedgerKey, statements.LockedAccount]:
         """The account each key is charged to (read, not locked): an account key's own, a
-        subject key's through its membership; nothing for a subject never charged."""
+        subject key's through its membership, live or, for a sealed window, its final
+        one; nothing for a subject never charged.
+
+        Refuses (:class:`LedgerError`) a key of a window sealed before final spends were
+        kept (revision 0011): its spend is not stored, and zero would be a lie."""
+        found = self._held_in(connection, keys, LIVE)
+        missing = [key for key in keys if key not in found]
+        if missing:
+            found.update(self._held_in(connection, missing, SEALED))
+            _refuse_unkept(connection, [key for key in missing if key not in found])
+        return found
+
+    def _held_in(
+        self, connection: Connection, keys: Sequence[LedgerKey], store: Store
+    ) -> dict[LedgerKey, statements.LockedAccount]:
+        """:meth:`_held` in one store (the live accounts or the sealed ones)."""
         found: dict[LedgerKey, statements.LockedAccount] = {}
         size = self._orders.size
+        accounts = store.accounts
+        row_columns = on(accounts, statements.ACCOUNT_COLUMNS)
         labelled = [key for key in keys if classes.is_label(key.subject)]
         subjects = [key for key in keys if not classes.is_label(key.subject)]
         for chunk in _chunks(labelled):
             rows = connection.execute(
-                select(*statements.ACCOUNT_COLUMNS).where(
-                    tuple_(*_KEY_COLUMNS).in_([statements.key_tuple(k) for k in chunk])
+                select(*row_columns).where(
+                    tuple_(*on(accounts, _KEY_COLUMNS)).in_(
+                        [statements.key_tuple(k) for k in chunk]
+                    )
                 )
             )
             found.update(statements.accounts_by_key(rows, chunk, size))
@@ -76,7 +99,7 @@ class ReadingRoom(LedgerCore):
 
         def columns(arm: Arm) -> list[Any]:
             key = (arm.tenant, arm.subject, arm.query_type, arm.window)
-            return [Account.id, *key, *statements.ACCOUNT_COLUMNS[5:]]
+            return [accounts.id, *key, *row_columns[5:]]
 
         for scope, scoped in by_scope.items():
             for chunk in _chunks(scoped):
@@ -85,7 +108,7 @@ class ReadingRoom(LedgerCore):
                 def named(arm: Arm, scope: Scope = scope, listed: list[str] = listed) -> list[Any]:
                     return [*in_scope(*scope)(arm), arm.subject.in_(listed)]
 
-                rows = connection.execute(memberships(columns, named))
+                rows = connection.execute(memberships(columns, named, accounts))
                 found.update(statements.accounts_by_key(rows, chunk, size))
         return found
 
@@ -117,8 +140,10 @@ class ReadingRoom(LedgerCore):
                 return None
             if classes.is_label(key.subject):
                 return key
+            live = key in self._held_in(connection, [key], LIVE)
+            accounts = LIVE.accounts if live else SEALED.accounts
             label = connection.execute(
-                select(Account.subject).where(Account.id == held.id)
+                select(accounts.subject).where(accounts.id == held.id)
             ).scalar_one()
         return LedgerKey.from_canonical(key.tenant, label, key.query_type, key.window)
 
@@ -150,17 +175,34 @@ class ReadingRoom(LedgerCore):
         tenant: str | None = None,
         limit: int | None = None,
         offset: int = 0,
+        sealed: bool = False,
     ) -> list[AccountStatus]:
         """Every subject of a live account in key order (subject keys), optionally filtered,
         with its status (committed and held spend, state:
         :mod:`~dp_budget_provider.ledger.standing`): its account's, which its whole class
-        shares."""
-        keys = on(SubjectRow, statements.KEY_COLUMNS)
-        query = subject_rows().order_by(*keys).offset(whole_number("offset", offset))
+        shares.
+
+        A window asked for by name, or ``sealed=True``, includes the sealed windows too:
+        each subject's final spend there, state SEALED (its account's ``sealed_at`` set).
+        """
+        if not isinstance(sealed, bool):
+            raise ValueError(f"sealed must be True or False, got {sealed!r}")
+        wanted = []
         if window is not None:
-            query = query.where(SubjectRow.window == canonical_part("window", window))
+            wanted.append(("window", canonical_part("window", window)))
         if tenant is not None:
-            query = query.where(SubjectRow.tenant == canonical_part("tenant", tenant))
+            wanted.append(("tenant", canonical_part("tenant", tenant)))
+        stores = STORES if sealed or window is not None else (LIVE,)
+        parts = [
+            store.subject_rows().where(*(getattr(store.rows, n) == v for n, v in wanted))
+            for store in stores
+        ]
+        rows_of = union_all(*parts).subquery("rows") if len(parts) > 1 else parts[0].subquery()
+        query = (
+            select(rows_of)
+            .order_by(*(rows_of.c[column.key] for column in statements.KEY_COLUMNS))
+            .offset(whole_number("offset", offset))
+        )
         if limit is not None:
             query = query.limit(whole_number("limit", limit))
         with self.reading() as connection:
@@ -224,3 +266,33 @@ class ReadingRoom(LedgerCore):
                 self._reservation_from_row(row, tuple(self._reservation_keys(connection, row.id)))
                 for row in rows
             ]
+
+
+def _refuse_unkept(connection: Connection, keys: Sequence[LedgerKey]) -> None:
+    """Refuse keys (found in no account) of a window sealed before final spends were kept
+    (revision 0011): the reset deleted their accounts, so whether and how much they were
+    charged is only in the history, and reading them as untouched would answer zero."""
+    scopes = sorted({(key.tenant, key.query_type, key.window) for key in keys})
+    for chunk in _chunks(scopes):
+        sealed = tuple_(WindowRow.tenant, WindowRow.query_type, WindowRow.window)
+        kept = (
+            select(func.count())
+            .where(
+                SealedAccount.tenant == WindowRow.tenant,
+                SealedAccount.query_type == WindowRow.query_type,
+                SealedAccount.window == WindowRow.window,
+            )
+            .scalar_subquery()
+        )
+        unkept = connection.execute(
+            select(WindowRow.tenant, WindowRow.query_type, WindowRow.window, WindowRow.sealed_at)
+            .where(sealed.in_(chunk), WindowRow.sealed_at.is_not(None), kept == 0)
+            .limit(1)
+        ).first()
+        if unkept is not None:
+            tenant, query_type, window, at = unkept
+            raise LedgerError(
+                f"window {window!r} of tenant {tenant!r}, query type {query_type!r} was sealed "
+                f"at {at} by a version that did not keep final spends: its accounts are gone "
+                "and its spend is only in the history (dp-budget history)"
+            )

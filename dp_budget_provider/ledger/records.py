@@ -11,6 +11,7 @@ from dp_budget_provider.ledger.policy import (
     STATE_EXHAUSTED,
     STATE_OK,
     STATE_RESCOPED,
+    STATE_SEALED,
     STATE_WARNING,
     Policy,
 )
@@ -116,13 +117,18 @@ class AccountStatus:
     rescoped_to: str | None = None  # sealed: its spend moved to this query type
     account: str | None = None
     subjects: int = 1
+    # When a reset sealed the window: the spend is final, never charged again.
+    sealed_at: str | None = None
 
     @property
     def state(self) -> str:
-        """``ok``, ``WARNING``, ``EXHAUSTED`` (:meth:`Policy.state_at`) or ``RESCOPED``
-        (sealed: its spend moved to another query type)."""
+        """``ok``, ``WARNING``, ``EXHAUSTED`` (:meth:`Policy.state_at`), ``RESCOPED``
+        (sealed: its spend moved to another query type) or ``SEALED`` (its window is
+        sealed: the final spend)."""
         if self.rescoped_to is not None:
             return STATE_RESCOPED
+        if self.sealed_at is not None:
+            return STATE_SEALED
         if self.exhausted:
             return STATE_EXHAUSTED
         return STATE_WARNING if self.warned else STATE_OK
@@ -149,6 +155,7 @@ class AccountStatus:
             rescoped_to=row.rescoped_to,
             account=row.account,
             subjects=int(row.size),
+            sealed_at=getattr(row, "sealed_at", None),
         )
 
 

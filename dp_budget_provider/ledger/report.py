@@ -32,23 +32,24 @@ from sqlalchemy import select, tuple_
 import dp_budget_provider
 from dp_budget_provider.ledger.checkpoints import CheckpointStore, verify_and_checkpoint
 from dp_budget_provider.ledger.errors import LedgerUnavailable
-from dp_budget_provider.ledger.keys import LedgerKey, canonical_part
+from dp_budget_provider.ledger.keys import LedgerKey, canonical_part, whole_number
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.policy import ANY, lookup_order
 from dp_budget_provider.ledger.queries import AccountFilter, reserve_cohorts
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.schema import (
-    Account,
     Cohort,
     CohortMember,
     ReservationKey,
 )
 from dp_budget_provider.ledger.spend import Spend
 from dp_budget_provider.ledger.spend_classes import SpendClass, every_class
-from dp_budget_provider.ledger.subject_rows import subjects_of
+from dp_budget_provider.ledger.subject_rows import LIVE, STORES, subjects_of
 from dp_budget_provider.ledger.windows import display_window
 
-REPORT_FORMAT = 1
+REPORT_FORMAT = 2  # 2: classes by default; the per-subject listing opt-in and paged
+SUBJECTS_PAGE_SIZE = 1000  # subjects per page of the per-subject listing, by default
+MAX_SUBJECTS_PAGE_SIZE = 100_000
 SCHEDULE_ACTIONS = ("reserve", "commit", "release", "reap", "correction", "rescope", "reset")
 _CHUNK = 1000
 
@@ -170,6 +171,7 @@ def account_record(status: AccountStatus, delta: float) -> dict[str, Any]:
         "method": status.method,
         "updated_at": status.updated_at,
         "rescoped_to": status.rescoped_to,
+        "sealed_at": status.sealed_at,
         "account": status.account,
         "subjects": status.subjects,
     }
@@ -373,17 +375,27 @@ def mechanisms_by_reservation(entries: Iterable[Mapping[str, Any]]) -> dict[str,
 
 
 def count_accounts(
-    ledger: PrivacyBudgetLedger, *, window: str | None = None, tenant: str | None = None
+    ledger: PrivacyBudgetLedger,
+    *,
+    window: str | None = None,
+    tenant: str | None = None,
+    sealed: bool = False,
 ) -> int:
-    """How many subjects of live accounts match (``status`` says how many it did not
-    show), counted by class: one row read per account."""
-    query = select(subjects_of(Account)).select_from(Account)
-    if window is not None:
-        query = query.where(Account.window == canonical_part("window", window))
-    if tenant is not None:
-        query = query.where(Account.tenant == canonical_part("tenant", tenant))
+    """How many subjects match (``status`` says how many it did not show): of live
+    accounts, and of sealed ones as :meth:`accounts` includes them (a window named, or
+    ``sealed``), counted by class: one row read per account."""
+    stores = STORES if sealed or window is not None else (LIVE,)
+    total = 0
     with ledger.reading() as connection:
-        return int(connection.execute(query).scalar_one())
+        for store in stores:
+            accounts = store.accounts
+            query = select(subjects_of(accounts)).select_from(accounts)
+            if window is not None:
+                query = query.where(accounts.window == canonical_part("window", window))
+            if tenant is not None:
+                query = query.where(accounts.tenant == canonical_part("tenant", tenant))
+            total += int(connection.execute(query).scalar_one())
+    return total
 
 
 KeyParts = tuple[str, str, str, str]
@@ -597,26 +609,65 @@ def _matches(key: Mapping[str, str], window: str | None, tenant: str | None) -> 
     )
 
 
+def _page_size(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"page size must be a whole number, got {value!r}")
+    if not 1 <= value <= MAX_SUBJECTS_PAGE_SIZE:
+        raise ValueError(f"page size must be between 1 and {MAX_SUBJECTS_PAGE_SIZE}, got {value}")
+    return value
+
+
 def build_report(
     ledger: PrivacyBudgetLedger,
     *,
     window: str | None = None,
     tenant: str | None = None,
     now: datetime | None = None,
+    subjects: bool = False,
+    page: int = 1,
+    page_size: int = SUBJECTS_PAGE_SIZE,
 ) -> dict[str, Any]:
     """The privacy report of ``ledger`` (optionally one window and/or tenant) as one dict.
+
+    Guarantees are stated per spend class, live and sealed (every member's guarantee is
+    its class's): one row per class, whatever the population. The per-subject listing
+    (``subjects``) is one page of ``page_size`` subjects in key order, page ``page``
+    counted from 1; the report says which page of how many it holds.
 
     Everything in it is plain JSON (``json.dumps`` works on it). Verification always
     covers the whole ledger: a chain cannot be checked in part.
     """
     window = _canonical("window", window)
     tenant = _canonical("tenant", tenant)
+    if not isinstance(subjects, bool):
+        raise ValueError(f"subjects must be True or False, got {subjects!r}")
+    page_size = _page_size(page_size)
+    page = whole_number("page", page)
     generated = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     delta = ledger.delta
     policies = ledger.policies()
     scopes = {policy.scope: policy for policy in policies}
+    classes = [
+        class_record(c, delta)
+        for c in every_class(ledger, AccountFilter(tenant=tenant, window=window, sealed=True))
+    ]
+    total = sum(c["subjects"] for c in classes)
+    pages = max(1, -(-total // page_size))
+    if not 1 <= page <= pages:
+        raise ValueError(f"page {page} does not exist: the listing has {pages} page(s)")
     accounts = []
-    for status in ledger.accounts(window=window, tenant=tenant):
+    listed = (
+        ledger.accounts(
+            window=window,
+            tenant=tenant,
+            limit=page_size,
+            offset=(page - 1) * page_size,
+            sealed=True,
+        )
+        if subjects
+        else []
+    )
+    for status in listed:
         record = account_record(status, delta)
         scope = next(
             s for s in lookup_order(status.key.tenant, status.key.query_type) if s in scopes
@@ -624,11 +675,6 @@ def build_report(
         record["policy_scope"] = {"tenant": scope[0], "query_type": scope[1]}
         record["compliance_clause"] = scopes[scope].compliance_clause
         accounts.append(record)
-
-    classes = [
-        class_record(c, delta)
-        for c in every_class(ledger, AccountFilter(tenant=tenant, window=window))
-    ]
 
     entries = ledger.history()
     mechanisms = mechanisms_by_reservation(entries)
@@ -714,6 +760,13 @@ def build_report(
         "conversion": CONVERSIONS[ledger.conversion],
         "orders": orders,
         "classes": classes,
+        "subjects": {
+            "listed": subjects,
+            "total": total,
+            "page": page,
+            "pages": pages,
+            "page_size": page_size,
+        },
         "accounts": accounts,
         "schedule": schedule,
         "corrections": corrections,
@@ -815,10 +868,12 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"- Code: {version['package']} {version['version']}{commit}",
         f"- {verified}",
         "",
-        "## Spend classes",
+        "## Guarantee per spend class",
         "",
         "The subjects of a window that hold the same spend (the same releases covered them), "
-        "one row each: every member's guarantee is the row's.",
+        f"one row each: every member's guarantee is the row's, an (epsilon, delta)-DP "
+        f"statement at delta = {_number(report['delta'])}. A sealed window's classes hold "
+        "their final spend (state SEALED).",
         "",
     ]
     if report["classes"]:
@@ -833,15 +888,23 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             ),
         )  # fmt: skip
     else:
-        out.append("No live accounts in scope.")
-    out += [
-        "",
-        "## Guarantee per account",
-        "",
-        f"Each row is an (epsilon, delta)-DP statement at delta = {_number(report['delta'])} "
-        "for the releases charged to that key, with respect to the privacy unit below.",
-        "",
-    ]
+        out.append("No accounts in scope.")
+    listing = report["subjects"]
+    out += ["", "## Guarantee per subject", ""]
+    if not listing["listed"]:
+        out.append(
+            f"Not listed: each of the {listing['total']:,} subjects in scope holds its class's "
+            "guarantee above. `dp-budget report --subjects` lists them, "
+            f"{listing['page_size']:,} per page (`--page N`, `--page-size M`)."
+        )
+    else:
+        out += [
+            f"Page {listing['page']} of {listing['pages']} ({listing['page_size']:,} subjects "
+            f"per page, {listing['total']:,} in scope), in key order. Each row is an "
+            f"(epsilon, delta)-DP statement at delta = {_number(report['delta'])} for the "
+            "releases charged to that key, with respect to the privacy unit below.",
+            "",
+        ]
     if report["accounts"]:
         out += _table(
             [
@@ -880,8 +943,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                 for a in report["accounts"]
             ),
         )
-    else:
-        out.append("No live accounts in scope.")
+    elif listing["listed"]:
+        out.append("No accounts in scope.")
     out += [
         "",
         "## Privacy unit (adjacency)",

@@ -108,15 +108,9 @@ class PolicyRow(Base):
     signature: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
-class Account(Base):
-    """Committed spend of one (tenant, subject, query_type, window)."""
-
-    __tablename__ = "dp_accounts"
-    __table_args__ = (
-        UniqueConstraint("tenant", "subject", "query_type", "window", name="uq_dp_accounts_key"),
-        Index("ix_dp_accounts_window", "window"),
-        Index("ix_dp_accounts_cohort", "cohort_id"),
-    )
+class _AccountColumns:
+    """The columns of an account: a live one (``dp_accounts``) and a sealed one
+    (``dp_sealed_accounts``) are the same row, so every read of one reads the other."""
 
     id: Mapped[int] = mapped_column(BIG, primary_key=True, autoincrement=True)
     tenant: Mapped[str] = mapped_column(String(KEY_LENGTH))
@@ -141,6 +135,41 @@ class Account(Base):
     # Set while the class's members are exactly this cohort's (revision 0009): a class a
     # cohort new to its window made, whose members are then never copied to dp_members.
     cohort_id: Mapped[int | None] = mapped_column(BIG, nullable=True)
+
+
+class Account(_AccountColumns, Base):
+    """Committed spend of one (tenant, subject, query_type, window)."""
+
+    __tablename__ = "dp_accounts"
+    __table_args__ = (
+        UniqueConstraint("tenant", "subject", "query_type", "window", name="uq_dp_accounts_key"),
+        Index("ix_dp_accounts_window", "window"),
+        Index("ix_dp_accounts_cohort", "cohort_id"),
+    )
+
+
+class SealedAccount(_AccountColumns, Base):
+    """The final spend of an account of a sealed window (revision 0011).
+
+    A reset moves its window's accounts here, in the reset's transaction, so that what
+    reservations lock and scan (``dp_accounts``) holds live windows only, while each
+    subject's final spend stays readable: one row per class, as it was live (a class
+    whose members are its cohort's keeps referring to it; other members keep their
+    ``dp_members`` rows, under the window no release can charge again). No release,
+    commit or reap touches it; ``verify`` proves every row from the history.
+    """
+
+    __tablename__ = "dp_sealed_accounts"
+    __table_args__ = (
+        UniqueConstraint(
+            "tenant", "subject", "query_type", "window", name="uq_dp_sealed_accounts_key"
+        ),
+        Index("ix_dp_sealed_accounts_window", "window"),
+        Index("ix_dp_sealed_accounts_cohort", "cohort_id"),
+    )
+
+    # When the reset sealed the window (its dp_windows.sealed_at).
+    sealed_at: Mapped[str] = mapped_column(String(40))
 
 
 class Member(Base):

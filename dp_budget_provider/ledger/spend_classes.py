@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, literal, select
+from sqlalchemy import ColumnElement, and_, func, literal, null, select
 
 from dp_budget_provider.ledger.keys import canonical_part
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
@@ -36,7 +36,7 @@ from dp_budget_provider.ledger.queries import (
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.schema import Account
 from dp_budget_provider.ledger.standing import SPEND_COLUMNS, Standings
-from dp_budget_provider.ledger.subject_rows import SubjectRow, on, subject_rows, subjects_of
+from dp_budget_provider.ledger.subject_rows import LIVE, STORES, Store, on, subjects_of
 
 # What the members of a class share: their window, and everything their status reads.
 SHARED = (
@@ -71,13 +71,15 @@ def _class_id(row: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _grouped(filters: AccountFilter) -> Any:
-    """The classes of the subjects matching ``filters``: the rows of
+def _grouped(filters: AccountFilter, store: Store = LIVE) -> Any:
+    """The classes of the subjects matching ``filters`` in ``store``: the rows of
     :func:`~queries.grouped_source` grouped by what they share, with their subject count
-    and least subject (of an account: its least member, from its memberships)."""
-    entity = grouped_source(filters)
+    and least subject (of an account: its least member, from its memberships), and when
+    their window was sealed (NULL while it is live)."""
+    entity = grouped_source(filters, store)
     shared = on(entity, SHARED)
-    first = least_member() if entity is Account else entity.subject
+    first = least_member(entity) if entity is store.accounts else entity.subject
+    sealed_at = entity.sealed_at if store.sealed else null()
     return filtered(
         select(
             *shared,
@@ -85,6 +87,7 @@ def _grouped(filters: AccountFilter) -> Any:
             func.min(first).label("subject"),
             func.max(entity.updated_at).label("updated_at"),
             literal(None).label("account"),  # a class may span several accounts
+            func.max(sealed_at).label("sealed_at"),
         ),
         filters,
         entity,
@@ -93,7 +96,9 @@ def _grouped(filters: AccountFilter) -> Any:
 
 def _classes(ledger: PrivacyBudgetLedger, filters: AccountFilter) -> list[SpendClass]:
     with ledger.reading() as connection:
-        rows = list(connection.execute(_grouped(filters)))
+        rows = [
+            row for store in filters.stores for row in connection.execute(_grouped(filters, store))
+        ]
     policies = PolicyCache(ledger)
     classes = [
         SpendClass(
@@ -165,16 +170,21 @@ def class_members(
     if not isinstance(class_id, str) or not class_id:
         raise ValueError(f"class id must be a non-empty string, got {class_id!r}")
     with ledger.reading() as connection:
-        shared = next(
-            (row for row in connection.execute(_grouped(scope)) if _class_id(row) == class_id),
-            None,
+        shared, store = next(
+            (
+                (row, store)
+                for store in STORES
+                for row in connection.execute(_grouped(scope, store))
+                if _class_id(row) == class_id
+            ),
+            (None, LIVE),
         )
         if shared is None:
             return None
         members = (
-            subject_rows()
-            .where(_same(shared))
-            .order_by(SubjectRow.subject)
+            store.subject_rows()
+            .where(_same(shared, store.rows))
+            .order_by(store.rows.subject)
             .offset(offset)
             .limit(limit)
         )
@@ -187,6 +197,7 @@ def class_members(
     return Page(total=int(shared.size), offset=offset, limit=limit, items=items)
 
 
-def _same(shared: Any) -> ColumnElement[bool]:
-    """The subjects whose accounts hold exactly what ``shared`` (a grouped row) holds."""
-    return and_(*(holds(column, getattr(shared, column.key)) for column in on(SubjectRow, SHARED)))
+def _same(shared: Any, rows: Any) -> ColumnElement[bool]:
+    """The subjects (``rows``: a store's per-subject rows) whose accounts hold exactly
+    what ``shared`` (a grouped row) holds."""
+    return and_(*(holds(column, getattr(shared, column.key)) for column in on(rows, SHARED)))

@@ -8,6 +8,8 @@ from typing import Any
 
 from sqlalchemy import (
     delete,
+    insert,
+    literal,
     select,
     tuple_,
     update,
@@ -39,9 +41,7 @@ from dp_budget_provider.ledger.records import (
 )
 from dp_budget_provider.ledger.schema import (
     Account,
-    Cohort,
-    CohortAccount,
-    Member,
+    SealedAccount,
 )
 from dp_budget_provider.ledger.schema import Window as WindowRow
 from dp_budget_provider.ledger.windows import NEVER, is_closed, window_bounds
@@ -64,13 +64,17 @@ class WindowRoom(LedgerCore):
         return calendar.windows_overlapping(start, start if end is None else end)
 
     def reset(self, window: str) -> int:
-        """Seal a closed window and drop its live accounts; returns how many subjects they
-        held. History is kept.
+        """Seal a closed window and move its accounts out of the live ones; returns how
+        many subjects they held. History is kept, and so is each subject's final spend.
 
         A window may be reset once it has ended and every scope charged in it is past
         its policy's grace period, by the ledger's own clock. Sealing comes first and is
         final: a sealed window is never charged again (a late, retried or backfilled run
-        is refused), so dropping its accounts never refunds anything. Refuses a window
+        is refused), so moving its accounts out never refunds anything. They move, one row
+        per class, to ``dp_sealed_accounts`` with their members left where they are (a
+        class's cohort, or its ``dp_members`` rows and its cohorts' listings), so the final
+        spend of every subject stays readable, state SEALED, while what reservations lock
+        and scan holds the live windows only. Refuses a window
         that is open, within its grace period, not a calendar label at all (it can never
         be proven closed), or that still has open reservations (reap them first).
         Resetting a sealed, or a closed never-charged, window does nothing; a window that
@@ -135,25 +139,17 @@ class WindowRoom(LedgerCore):
                 )
                 .values(sealed_at=now)
             )
+            moved = [column.key for column in Account.__table__.columns if column.key != "id"]
             for chunk in _chunks([row.id for row in rows]):
-                connection.execute(delete(Account).where(Account.id.in_(chunk)))
-            for tenant, query_type in scopes:
                 connection.execute(
-                    delete(Member).where(
-                        Member.tenant == tenant,
-                        Member.query_type == query_type,
-                        Member.window == label,
-                    )
-                )
-                connection.execute(
-                    delete(CohortAccount).where(
-                        CohortAccount.query_type == query_type,
-                        CohortAccount.window == label,
-                        CohortAccount.cohort_id.in_(
-                            select(Cohort.id).where(Cohort.tenant == tenant)
+                    insert(SealedAccount).from_select(
+                        [*moved, "sealed_at"],
+                        select(*(getattr(Account, key) for key in moved), literal(now)).where(
+                            Account.id.in_(chunk)
                         ),
                     )
                 )
+                connection.execute(delete(Account).where(Account.id.in_(chunk)))
             self._log_keyless(
                 connection,
                 "reset",
@@ -163,6 +159,7 @@ class WindowRoom(LedgerCore):
                     "accounts": len(rows),
                     "subjects": sum(row.size for row in rows),
                     "sealed": [list(scope) for scope in scopes],
+                    "kept": True,  # the final spend moved to dp_sealed_accounts
                 },
             )
         return sum(row.size for row in rows)

@@ -42,6 +42,7 @@ from dp_budget_provider.ledger import (
 from dp_budget_provider.ledger.keys import MAX_STORED_INT, canonical_part
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.report import (
+    SUBJECTS_PAGE_SIZE,
     EpsilonAlone,
     SubjectNames,
     build_report,
@@ -851,10 +852,22 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         window: str | None = None,
         tenant: str | None = None,
         format: Literal["json", "md"] = "json",
+        subjects: bool = False,
+        page: int = 1,
+        page_size: int = SUBJECTS_PAGE_SIZE,
     ) -> Any:
-        """The privacy report (JSON, or Markdown with ``format=md``) of the ledger or a scope."""
+        """The privacy report (JSON, or Markdown with ``format=md``) of the ledger or a scope:
+        per spend class, and with ``subjects=true`` one page (``page``, ``page_size``) of
+        the per-subject listing, as ``dp-budget report`` takes them."""
         try:
-            report = build_report(ledger, window=window or None, tenant=tenant or None)
+            report = build_report(
+                ledger,
+                window=window or None,
+                tenant=tenant or None,
+                subjects=subjects,
+                page=page,
+                page_size=page_size,
+            )
         except ValueError as error:
             raise HTTPException(status_code=422, detail=str(error)) from error
         if format == "md":

@@ -52,7 +52,7 @@ def ledger(ledger_url):
 
 
 def test_report_states_everything_seed_000_asks_for(ledger):
-    document = report.build_report(ledger)
+    document = report.build_report(ledger, subjects=True)
     # One JSON object, strictly valid (no NaN/inf), that round-trips.
     assert json.loads(json.dumps(document, allow_nan=False)) == document
     assert document["delta"] == DELTA
@@ -84,15 +84,17 @@ def test_report_states_everything_seed_000_asks_for(ledger):
 
 
 def test_accounts_carry_the_ledgers_epsilon_delta_and_clause(ledger):
-    document = report.build_report(ledger)
+    document = report.build_report(ledger, subjects=True)
     accounts = {(a["tenant"], a["subject"], a["query_type"]): a for a in document["accounts"]}
     assert set(accounts) == {
         ("default", "alice", "heatmap"),
         ("default", "bob", "heatmap"),  # re-scoped: kept, sealed
         ("default", "bob", "trajectory"),
+        ("default", "carol", "heatmap"),  # its window reset: the final spend, sealed
         ("acme", "dave", "count"),
     }
     assert accounts[("default", "bob", "heatmap")]["rescoped_to"] == "trajectory"
+    assert accounts[("default", "carol", "heatmap")]["state"] == "SEALED"
     for status in ledger.accounts():
         record = accounts[(status.key.tenant, status.key.subject, status.key.query_type)]
         assert record["epsilon"] == ledger.receipt(status.key).epsilon
@@ -106,7 +108,7 @@ def test_accounts_carry_the_ledgers_epsilon_delta_and_clause(ledger):
 
 
 def test_schedule_is_every_spend_entry_with_mechanism_count_cost_and_attempt(ledger):
-    document = report.build_report(ledger)
+    document = report.build_report(ledger, subjects=True)
     history = ledger.history()
     expected = [e["seq"] for e in history if e["action"] in report.SCHEDULE_ACTIONS]
     assert [r["seq"] for r in document["schedule"]] == expected
@@ -134,7 +136,7 @@ def test_schedule_is_every_spend_entry_with_mechanism_count_cost_and_attempt(led
 
 
 def test_epsilon_alone_is_the_accountants_epsilon_of_that_cost(ledger):
-    document = report.build_report(ledger)
+    document = report.build_report(ledger, subjects=True)
     first = next(r for r in document["schedule"] if r["action"] == "commit")
     accountant = RDPAccountant()
     accountant.compose(GaussianMechanism(4.0), 3)
@@ -142,7 +144,7 @@ def test_epsilon_alone_is_the_accountants_epsilon_of_that_cost(ledger):
 
 
 def test_corrections_are_listed_separately_with_their_reason(ledger):
-    document = report.build_report(ledger)
+    document = report.build_report(ledger, subjects=True)
     corrections = document["corrections"]
     assert [c["seq"] for c in corrections] == [
         e["seq"] for e in ledger.history() if e["action"] == "correction"
@@ -153,7 +155,7 @@ def test_corrections_are_listed_separately_with_their_reason(ledger):
 
 
 def test_contribution_bounds_list_every_charged_mechanism(ledger):
-    uses = report.build_report(ledger)["contribution_bounds"]["mechanisms"]
+    uses = report.build_report(ledger, subjects=True)["contribution_bounds"]["mechanisms"]
     by_spec = {json.dumps(u["mechanism"], sort_keys=True): u for u in uses}
     gaussian4 = by_spec[json.dumps({"kind": "gaussian", "noise_multiplier": 4.0}, sort_keys=True)]
     assert gaussian4["invocations_charged"] == 3
@@ -165,7 +167,7 @@ def test_contribution_bounds_list_every_charged_mechanism(ledger):
 
 
 def test_policies_and_policy_changes_carry_compliance_clauses(ledger):
-    document = report.build_report(ledger)
+    document = report.build_report(ledger, subjects=True)
     assert {(p["tenant"], p["compliance_clause"]) for p in document["policies"]} == {
         ("*", ""),
         ("acme", CLAUSE),
@@ -174,27 +176,28 @@ def test_policies_and_policy_changes_carry_compliance_clauses(ledger):
 
 
 def test_tenant_and_window_filters(ledger):
-    acme = report.build_report(ledger, tenant="ACME ")  # canonicalised like keys
+    acme = report.build_report(ledger, subjects=True, tenant="ACME ")  # canonicalised like keys
     assert [a["subject"] for a in acme["accounts"]] == ["dave"]
     assert all(r["key"] is None or r["key"]["tenant"] == "acme" for r in acme["schedule"])
     assert all(r["key"] is not None or r["action"] == "reset" for r in acme["schedule"])
     assert [p["tenant"] for p in acme["policies"]] == ["*", "acme"]
 
-    week = report.build_report(ledger, window="2020-W01", tenant="default")
+    week = report.build_report(ledger, subjects=True, window="2020-W01", tenant="default")
     assert {a["subject"] for a in week["accounts"]} == {"alice", "bob"}
     pair = [r for r in week["schedule"] if r["key"] is None and r["action"] == "commit"]
     assert len(pair) == 1 and pair[0]["keys_in_scope"] == 2
     assert not any(r["action"] == "reset" for r in week["schedule"])  # 2020-w02's reset
 
-    closed = report.build_report(ledger, window="2020-w02")
-    assert closed["accounts"] == []  # reset, but its history stays in the report
+    closed = report.build_report(ledger, subjects=True, window="2020-w02")
+    # Reset: carol's final spend, sealed, and its history stay in the report.
+    assert [(a["subject"], a["state"]) for a in closed["accounts"]] == [("carol", "SEALED")]
     assert [r["action"] for r in closed["schedule"]] == ["reserve", "commit", "reset"]
 
 
 def test_classic_ledger_reports_mironovs_conversion(ledger_url):
     ledger = AdminLedger(BudgetCap(10.0, DELTA), url=ledger_url, conversion="classic")
     ledger.spend(ALICE, GaussianMechanism(4.0), count=20)
-    document = report.build_report(ledger)
+    document = report.build_report(ledger, subjects=True)
     ledger.close()
     assert document["conversion"]["name"] == "classic"
     assert document["conversion"]["formula"].endswith("log(1/delta) / (a - 1)")
@@ -209,7 +212,7 @@ def test_negative_controls_change_the_claimed_guarantee():
         ledger = AdminLedger(BudgetCap(30.0, DELTA))
         for _ in range(releases):
             ledger.spend(ALICE, GaussianMechanism(multiplier))
-        return report.build_report(ledger)["accounts"][0]["epsilon"]
+        return report.build_report(ledger, subjects=True)["accounts"][0]["epsilon"]
 
     full = epsilon(5, 4.0)
     assert epsilon(4, 4.0) < full  # one release omitted
@@ -225,7 +228,7 @@ def test_tampered_history_makes_the_report_say_failed(sqlite_url):
             sa.text("UPDATE dp_history SET actor = 'someone else' WHERE seq = 3"),
         )
     engine.dispose()
-    document = report.build_report(ledger)
+    document = report.build_report(ledger, subjects=True)
     ledger.close()
     assert document["verification"]["ok"] is False
     assert any(p.startswith("entry 3:") for p in document["verification"]["problems"])
@@ -248,11 +251,11 @@ def test_verification_that_cannot_complete_is_a_failure_not_a_pass(sqlite_url):
 
 
 def test_markdown_is_the_same_report_for_people(ledger):
-    document = report.build_report(ledger)
+    document = report.build_report(ledger, subjects=True)
     text = report.render_markdown(document)
     for heading in (
         "# Privacy report",
-        "## Guarantee per account",
+        "## Guarantee per subject",
         "## Privacy unit (adjacency)",
         "## Contribution bounds and sensitivity",
         "## Accountant",
@@ -332,7 +335,7 @@ def test_report_groups_a_cohort_into_its_spend_classes(ledger):
     cohort = [key_for(f"user-{i:02d}", "heatmap", "2020-w03") for i in range(30)]
     ledger.commit(ledger.reserve(cohort, GaussianMechanism(5.0)))
     ledger.commit(ledger.reserve(cohort[:12], GaussianMechanism(5.0)))
-    document = report.build_report(ledger, window="2020-w03")
+    document = report.build_report(ledger, subjects=True, window="2020-w03")
     classes = [(c["subjects"], c["first_subject"], c["releases"]) for c in document["classes"]]
     assert classes == [(18, "user-12", 1), (12, "user-00", 2)]
     assert sum(c["subjects"] for c in document["classes"]) == len(document["accounts"]) == 30
@@ -340,4 +343,4 @@ def test_report_groups_a_cohort_into_its_spend_classes(ledger):
     for spend_class in document["classes"]:
         assert (spend_class["first_subject"], spend_class["epsilon"]) in every
     text = report.render_markdown(document)
-    assert "## Spend classes" in text and "| 18 | user-12 |" in text
+    assert "## Guarantee per spend class" in text and "| 18 | user-12 |" in text

@@ -322,7 +322,12 @@ def test_policies_report_and_verification(client, seeded):
     assert [(p["tenant"], p["query_type"]) for p in policies] == [("*", "*"), ("acme", "heatmap")]
     assert policies[1]["compliance_clause"] == CLAUSE
     report = client.get("/api/report", params={"tenant": "acme"}).json()
-    assert len(report["accounts"]) == 30 and report["verification"]["ok"]
+    assert report["accounts"] == [] and report["verification"]["ok"]  # by class by default
+    assert sum(c["subjects"] for c in report["classes"]) == 30
+    paged = client.get(
+        "/api/report", params={"tenant": "acme", "subjects": "true", "page": 2, "page_size": 20}
+    ).json()
+    assert len(paged["accounts"]) == 10 and paged["subjects"]["pages"] == 2
     markdown = client.get("/api/report", params={"format": "md"})
     assert markdown.headers["content-type"].startswith("text/markdown")
     assert markdown.text.startswith("# Privacy report")
