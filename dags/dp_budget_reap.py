@@ -15,16 +15,16 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from airflow.sdk import dag, task
-from airflow.sdk.configuration import conf
 
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+from dp_budget_provider.hooks.maintenance import reap_schedule
 
 CONN_ID = DPBudgetHook.default_conn_name
 
 
 @dag(
     dag_id="dp_budget_reap",
-    schedule=conf.get("dp_budget", "reap_schedule", fallback="*/5 * * * *"),
+    schedule=reap_schedule(),
     start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
     max_active_runs=1,

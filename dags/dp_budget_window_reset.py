@@ -19,17 +19,17 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow.sdk import TriggerRule, dag, task
-from airflow.sdk.configuration import conf
 from airflow.sdk.exceptions import AirflowFailException
 
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+from dp_budget_provider.hooks.maintenance import reset_schedule
 
 CONN_ID = DPBudgetHook.default_conn_name
 
 
 @dag(
     dag_id="dp_budget_window_reset",
-    schedule=conf.get("dp_budget", "reset_schedule", fallback="@daily"),
+    schedule=reset_schedule(),
     start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
     max_active_runs=1,

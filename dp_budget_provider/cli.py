@@ -48,7 +48,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -70,6 +70,7 @@ from dp_budget_provider.ledger import (
     database,
     history,
     key_for,
+    maintenance,
     queries,
     report,
     spend_classes,
@@ -242,6 +243,9 @@ class LedgerTarget:
     url: str
     chain_key: str | None
     admin_pin: str | None = None  # the administrator key the connection pins
+    # The maintenance jobs' intervals under the deployment's schedules (``--conn-id``
+    # reads them from Airflow's configuration); None: the shipped DAGs' defaults.
+    maintenance_intervals: Mapping[str, timedelta] | None = None
 
 
 def _target_from_environment(args: argparse.Namespace) -> LedgerTarget:
@@ -271,6 +275,7 @@ def _read_connection(conn_id: str) -> LedgerTarget:
         from airflow.sdk.exceptions import AirflowNotFoundException
 
         from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+        from dp_budget_provider.hooks.maintenance import maintenance_intervals
     except ImportError as error:
         raise UsageError(
             f"--conn-id needs Apache Airflow, which cannot be imported here ({error}); "
@@ -284,7 +289,9 @@ def _read_connection(conn_id: str) -> LedgerTarget:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     hook = DPBudgetHook(conn_id)
     try:
-        return LedgerTarget(hook.ledger_url(), hook.chain_key(), hook.admin_public_key())
+        return LedgerTarget(
+            hook.ledger_url(), hook.chain_key(), hook.admin_public_key(), maintenance_intervals()
+        )
     except AirflowNotFoundException:
         raise CommandError(
             f"--conn-id {conn_id}: no such Airflow connection in any secrets backend "
@@ -564,7 +571,8 @@ def _standing(status: AccountStatus) -> tuple[Any, ...]:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Every live account: spend, cap, headroom, reservations, state; a window named (or
-    ``--sealed``) includes sealed windows' final spend, state SEALED."""
+    ``--sealed``) includes sealed windows' final spend, state SEALED. A warning on stderr
+    when a maintenance job (reap, reset, verify) is overdue (``--json``: ``maintenance``)."""
     window, tenant = _filters(args)
     limit = None if args.limit == 0 else args.limit
     with _ledger(args) as ledger:
@@ -572,6 +580,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             window=window, tenant=tenant, limit=limit, offset=args.offset, sealed=args.sealed
         )
         total = report.count_accounts(ledger, window=window, tenant=tenant, sealed=args.sealed)
+        upkeep = ledger.maintenance(_target(args).maintenance_intervals)
+        overdue = [state for state in upkeep if state.overdue]
+        if overdue:  # on stderr: stdout stays the command's output
+            print(f"dp-budget: warning: {maintenance.warning(overdue)}", file=sys.stderr)
         if args.json:
             document = {
                 "ledger": {
@@ -584,6 +596,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "offset": args.offset,
                 "limit": limit,
                 "accounts": [report.account_record(s, ledger.delta) for s in statuses],
+                "maintenance": [state.as_record() for state in upkeep],
             }
             _print_json(document)
             return 0

@@ -143,7 +143,10 @@ def get_provider_info() -> dict[str, Any]:
                         "/var/lib/airflow/dp_budget_ledger.db",
                     ),
                     "reset_schedule": _option(
-                        "Schedule of the dp_budget_window_reset maintenance DAG.",
+                        "Schedule of the dp_budget_window_reset maintenance DAG (cron), which "
+                        "seals windows past their grace period and verifies the ledger. The "
+                        "CLI's status, the UI and the release tasks warn when its reset or "
+                        "verify has not run within twice its longest gap between runs.",
                         "string",
                         "@daily",
                         "0 3 * * *",
@@ -159,7 +162,9 @@ def get_provider_info() -> dict[str, Any]:
                     "reap_schedule": _option(
                         "Schedule of the dp_budget_reap maintenance DAG, which charges "
                         "reservations whose lease ran out. A crashed attempt is charged at "
-                        "most lease_seconds plus one interval of it after its last renewal.",
+                        "most lease_seconds plus one interval of it after its last renewal. "
+                        "status, the UI and the release tasks warn when no reap has run "
+                        "within twice its interval.",
                         "string",
                         "*/5 * * * *",
                         "*/2 * * * *",

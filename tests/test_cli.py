@@ -1298,3 +1298,28 @@ def test_a_sealed_windows_final_spend_in_status_classes_and_report(ledger_url, c
     code, _, err = call(capsys, "--url", ledger_url, "report", "--subjects", "--page", "4",
                         "--page-size", "100")  # fmt: skip
     assert code != 0 and "page 4 does not exist" in err
+
+
+def test_status_warns_on_stderr_when_maintenance_is_overdue(sqlite_url, capsys, monkeypatch):
+    """stdout stays the command's output (--json parses, with a maintenance field); the
+    warning is one stderr line; the exit code is status's own."""
+    AdminLedger(BudgetCap(3.0, DELTA), url=sqlite_url).close()
+    code, out, err = call(capsys, "--url", sqlite_url, "status", "--json")
+    assert code == 0 and err == ""
+    assert [job["overdue"] for job in json.loads(out)["maintenance"]] == [False] * 3
+
+    later = datetime.now(UTC) + timedelta(days=3)
+    monkeypatch.setattr(ledger_clock, "now", lambda: later)
+    code, out, err = call(capsys, "--url", sqlite_url, "status", "--json")
+    assert code == 0
+    jobs = {job["job"]: job for job in json.loads(out)["maintenance"]}
+    assert [jobs[name]["overdue"] for name in ("reap", "reset", "verify")] == [True] * 3
+    assert jobs["reap"]["last_run"] is None and jobs["reap"]["interval_seconds"] == 300
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dp-budget: warning: ledger maintenance overdue")
+    assert "reap has never run" in lines[0] and "reset has never run" in lines[0]
+
+    assert call(capsys, "--url", sqlite_url, "reap")[0] == 0
+    code, out, err = call(capsys, "--url", sqlite_url, "status")
+    assert code == 0 and "no accounts" in out and "overdue" not in out
+    assert "reap" not in err and "reset has never run" in err

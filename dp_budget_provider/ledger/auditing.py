@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
 
 from sqlalchemy import (
     select,
@@ -14,6 +15,7 @@ from dp_budget_provider.ledger import (
     clock,
     database,
     history,
+    maintenance,
 )
 from dp_budget_provider.ledger.authority import AdminPublicKey, LedgerAuthority
 from dp_budget_provider.ledger.checkpoints import Checkpoint
@@ -105,9 +107,9 @@ class AuditRoom(LedgerCore):
         """
         if not isinstance(report, VerifyReport) or not report.ok:
             raise ValueError("only a verify report that passed can be checkpointed")
-        return Checkpoint.of(
-            report.ledger, clock.stamp(clock.now()), report.entries, report.heads, self._key
-        )
+        # A verify checkpointed is the maintenance job done (the UI's verifies are not).
+        at = self._ran(maintenance.VERIFY)
+        return Checkpoint.of(report.ledger, at, report.entries, report.heads, self._key)
 
     @property
     def chain_key(self) -> history.ChainKey:
@@ -118,6 +120,16 @@ class AuditRoom(LedgerCore):
     def admin_public_key(self) -> AdminPublicKey | None:
         """The administrator key this ledger honours (None: it has none yet)."""
         return self._authority.trusted
+
+    def maintenance(
+        self, intervals: Mapping[str, timedelta] | None = None
+    ) -> list[maintenance.MaintenanceState]:
+        """When reap, reset and verify last ran, and which are overdue (not run within
+        twice their interval, :mod:`maintenance`). ``intervals`` are the jobs' schedules'
+        (default: the shipped maintenance DAGs'). Says nothing about any account."""
+        checked = maintenance.check_intervals(intervals)
+        with self.reading() as connection:
+            return maintenance.states(connection, checked, clock.now())
 
     def quarantine_status(self) -> tuple[str, str] | None:
         """(since, reason) while the ledger is quarantined, else None."""

@@ -40,6 +40,7 @@ from dp_budget_provider.ledger import (
     clock,
     database,
     history,
+    maintenance,
     pipeline,
     statements,
 )
@@ -200,6 +201,14 @@ class LedgerCore:
             actor=self.actor,
             payload=payload,
         )
+
+    def _ran(self, job: str) -> str:
+        """Record that maintenance ``job`` completed now, by the ledger's clock (its own
+        small write transaction: the job's work may span many); returns the stamp."""
+        with self._write() as connection:
+            at = clock.stamp(clock.now())
+            maintenance.record(connection, job, at, self.actor)
+        return at
 
     def _chain(self, key: LedgerKey) -> int:
         """The history chain of entries about ``key`` (or a release whose first key it is)."""

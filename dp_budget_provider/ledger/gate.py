@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -43,6 +43,7 @@ from dp_budget_provider.ledger.core import Covered
 from dp_budget_provider.ledger.errors import BudgetExhausted, LedgerError, LedgerUnavailable
 from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
+from dp_budget_provider.ledger.maintenance import MaintenanceState
 from dp_budget_provider.ledger.policy import Policy
 from dp_budget_provider.ledger.records import Reservation, SpendReceipt
 
@@ -265,6 +266,11 @@ class ReleaseGate:
         """Seal and reset the windows past their grace period (never refunds); which
         windows (not how many accounts other DAGs held there)."""
         return sorted(self._ledger.reset_closed())
+
+    def maintenance(self, intervals: Mapping[str, timedelta]) -> list[MaintenanceState]:
+        """When reap, reset and verify last ran and which are overdue: about the ledger's
+        upkeep, nothing about any account (so the release tasks can warn about it)."""
+        return self._ledger.maintenance(intervals)
 
     def _refusing(self, action: Callable[[], T]) -> T:
         """``action()``; every refusal leaves as one :class:`ReleaseRefused`, its facts

@@ -37,6 +37,7 @@ from dp_budget_provider.ledger import (
     classes,
     clock,
     history,
+    maintenance,
     pipeline,
     statements,
 )
@@ -609,7 +610,8 @@ class ReservationRoom(LedgerCore):
         the history records why (the lease that ran out, or the age). ``now`` (default:
         the ledger's clock, which stamped the leases) is for tests and audits. Each
         reservation is decided again under its row lock, so one renewed meanwhile is
-        left alone. Returns the reaped reservation ids, oldest first.
+        left alone. Returns the reaped reservation ids, oldest first. Records the reap
+        job's run (:mod:`maintenance`).
         """
         if older_than is not None and (
             not isinstance(older_than, timedelta) or older_than < timedelta(0)
@@ -648,6 +650,7 @@ class ReservationRoom(LedgerCore):
                     extra={"reason": why, "lease_expires_at": lease},
                 )
                 reaped.append(row.id)
+        self._ran(maintenance.REAP)
         return reaped
 
     # ------------------------------------------------------------------ cohorts

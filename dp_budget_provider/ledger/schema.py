@@ -371,3 +371,17 @@ class Window(Base):
     window: Mapped[str] = mapped_column(String(KEY_LENGTH), primary_key=True)
     created_at: Mapped[str] = mapped_column(String(40))
     sealed_at: Mapped[str | None] = mapped_column(String(40), nullable=True)
+
+
+class MaintenanceRun(Base):
+    """When each maintenance job (reap, reset, verify) last completed, by the ledger's
+    clock (revision 0012): what the overdue warnings read (:mod:`maintenance`).
+
+    A health signal, not a budget fact: no charge, seal or verify depends on it.
+    """
+
+    __tablename__ = "dp_maintenance"
+
+    job: Mapped[str] = mapped_column(String(16), primary_key=True)
+    last_run_at: Mapped[str] = mapped_column(String(40))
+    actor: Mapped[str] = mapped_column(Text)

@@ -21,6 +21,7 @@ from dp_budget_provider.accounting import (
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.ledger import (
     clock,
+    maintenance,
 )
 from dp_budget_provider.ledger.core import (
     LedgerCore,
@@ -172,7 +173,8 @@ class WindowRoom(LedgerCore):
 
         A closed window that still holds open reservations does not hold up the others:
         every other due window is reset, then :class:`WindowBusy` names what was reset and
-        what must wait for its reservations to close."""
+        what must wait for its reservations to close. Only a run that left no due window
+        unsealed counts as the reset job's run (:mod:`maintenance`)."""
         moment = clock.now()
         with self.reading() as connection:
             policy_of = policy_lookup(self._policy_store.read(connection))
@@ -195,6 +197,7 @@ class WindowRoom(LedgerCore):
         if waiting:
             reset = ", ".join(f"{label} ({n} accounts)" for label, n in done.items()) or "none"
             raise WindowBusy(f"reset {reset}; not yet: {'; '.join(waiting)}")
+        self._ran(maintenance.RESET)
         return done
 
     def rescope(self, old: LedgerKey, new: LedgerKey, reason: str = "") -> SpendReceipt:

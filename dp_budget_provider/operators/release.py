@@ -40,6 +40,7 @@ from dp_budget_provider.accounting.release import (
     plan_noise,
 )
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+from dp_budget_provider.hooks.maintenance import warn_overdue_maintenance
 from dp_budget_provider.ledger import LedgerKey, SubjectSource
 from dp_budget_provider.ledger.classes import CohortKeys, covered_by, subjects_in
 from dp_budget_provider.ledger.gate import ReleaseGate, ReleaseReceipt, ReleaseRefused
@@ -267,6 +268,7 @@ class DPReleaseOperator(BaseOperator):
 
     def execute(self, context: Any) -> Any:
         gate = DPBudgetHook(dp_budget_conn_id=self.dp_budget_conn_id).get_ledger()
+        warn_overdue_maintenance(gate, self.log)
         try:
             keys = self._keys(gate, context)
             mechanism = self._auto_mechanism(gate) if self._auto else self._fixed_mechanism()

@@ -36,6 +36,7 @@ from dp_budget_provider.ledger import (
     Policy,
     PrivacyBudgetLedger,
     classes,
+    maintenance,
     queries,
     spend_classes,
 )
@@ -290,14 +291,29 @@ def _class_members(
 
 
 def _info(ledger: PrivacyBudgetLedger) -> dict[str, Any]:
-    """What every page's header says about the ledger, quarantine first."""
+    """What every page's header says about the ledger, quarantine first, then overdue
+    maintenance."""
     return {
         "backend": make_url(ledger.url).get_backend_name(),
         "delta": f"{ledger.delta:g}",
         "conversion": ledger.conversion,
         "keyed": ledger.chain_key.keyed,
         "quarantine": ledger.quarantine_status(),
+        "maintenance": _maintenance_warning(ledger),
     }
+
+
+def _maintenance_warning(ledger: PrivacyBudgetLedger) -> str | None:
+    """The banner's line when reap, reset or verify is overdue under the deployment's
+    schedules (Airflow's configuration, read where the UI runs), else None."""
+    from dp_budget_provider.hooks.maintenance import maintenance_intervals
+
+    try:
+        intervals = maintenance_intervals()
+    except ValueError as error:
+        return f"cannot tell whether the ledger's maintenance is overdue: {error}"
+    overdue = [state for state in ledger.maintenance(intervals) if state.overdue]
+    return maintenance.warning(overdue) if overdue else None
 
 
 def _account_model(request: Request, account: AccountStatus, delta: float) -> schemas.AccountModel:

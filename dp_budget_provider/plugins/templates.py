@@ -69,6 +69,7 @@ svg .cap-label { fill: var(--bad); } svg .warn-label { fill: var(--warn); }
 svg .closing { fill: var(--bg); stroke: var(--bar); stroke-width: 2; }
 code { font-size: 12px; }
 .error { color: var(--bad); font-weight: 600; }
+.warning { color: var(--warn); font-weight: 600; }
 </style>
 </head>
 <body>
@@ -86,6 +87,9 @@ code { font-size: 12px; }
 <p id="quarantine" class="error">QUARANTINED since {{ info.quarantine[0] }}: no release runs
   until an operator clears it (<code>dp-budget quarantine clear --reason ...</code>).
   {{ info.quarantine[1] }}</p>
+{% endif %}
+{% if info and info.maintenance %}
+<p id="maintenance" class="warning">{{ info.maintenance }}</p>
 {% endif %}
 {% block body %}{% endblock %}
 </body>

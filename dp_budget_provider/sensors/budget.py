@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, A
 
 from dp_budget_provider.accounting import Mechanism
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+from dp_budget_provider.hooks.maintenance import warn_overdue_maintenance
 from dp_budget_provider.ledger import SubjectSource
 from dp_budget_provider.ledger.classes import covered_by
 from dp_budget_provider.ledger.gate import ReleaseGate, ReleaseRefused
@@ -118,6 +119,7 @@ class BudgetSensor(BaseSensorOperator):
     # ------------------------------------------------------------------ deferrable mode
 
     def execute(self, context: Any) -> Any:
+        warn_overdue_maintenance(self._ledger(), self.log)
         if not self.deferrable:
             return super().execute(context)
         deadline = utcnow() + timedelta(seconds=self.timeout)

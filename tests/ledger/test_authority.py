@@ -262,7 +262,6 @@ def test_what_a_task_holds_of_a_refusal_is_the_same_whatever_the_reason(ledgers,
     assert facts[0]["account"] == KEY.as_dict()
 
 
-
 def _twin(text: str) -> str:
     """``text`` with its last character's lowest bit flipped: 64 bytes encode to 86
     characters whose last 4 bits carry no data, so plain base64 decodes both alike."""

@@ -221,6 +221,8 @@ def assert_legacy_accounts_are_classes_of_one(
         "dp_cohort_members": ["cohort_id", "subject"],
         "dp_cohort_accounts": ["cohort_id", "query_type", "window", "account"],
         "dp_charge_cohorts": ["seq", "cohort_id", "query_type", "window"],
+        # Revision 0012 (when each maintenance job last ran).
+        "dp_maintenance": ["job", "last_run_at", "actor"],
     }
     assert rows(url, ACCOUNTS) == [(*row, 1, None) for row in before]
     assert sorted(rows(url, MEMBERS)) == sorted(

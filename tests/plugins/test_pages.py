@@ -324,3 +324,21 @@ def test_pages_show_a_fixed_window_with_iso_8601_letters(client, seeded):
         client.get("/account", params=key.as_dict()).text,
     ):
         assert "2026-12-03T01:12:00Z+60s" in page and "2026-12-03t01:12:00z" not in page
+
+
+def test_overdue_maintenance_is_a_banner_on_every_page(client, seeded, monkeypatch):
+    from dp_budget_provider.ledger import clock
+
+    banner = {"id": "maintenance", "class": "warning"}
+    for path in ("/accounts", "/classes", "/policies"):
+        assert banner not in Page(client.get(path).text).all("p")
+    later = clock.process_now() + timedelta(days=3)
+    monkeypatch.setattr(clock, "now", lambda: later)
+    for path in ("/accounts", "/classes", "/policies"):
+        page = Page(client.get(path).text)
+        assert banner in page.all("p"), path
+        assert "ledger maintenance overdue: reap has never run" in page.plain
+        assert "reset has never run" in page.plain and "dp_budget_window_reset DAG" in page.plain
+    seeded.ledger.reap()
+    page = Page(client.get("/accounts").text)
+    assert "reap has never run" not in page.plain and "reset has never run" in page.plain

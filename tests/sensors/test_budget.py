@@ -223,3 +223,18 @@ def test_poke_and_reschedule_modes_honour_timeout_and_soft_fail(ledger, mode, so
     source = SENSOR_DAG.format(mode=f"mode={mode!r}", timeout=2, soft_fail=soft_fail)
     dag_run = load_dag(source).test()
     assert task_states(dag_run)["wait"] == state
+
+
+def test_the_sensor_log_names_overdue_maintenance(ledger, monkeypatch, capsys):
+    from dp_budget_provider.ledger import clock
+
+    now = clock.process_now()
+    window = WindowCalendar().window_of(now)
+    at(monkeypatch, now)
+    assert sensor(window=window).execute({}) == window
+    assert "maintenance overdue" not in "".join(capsys.readouterr())
+    monkeypatch.setattr(clock, "now", lambda: now + timedelta(minutes=11))
+    assert sensor(window=window).execute({}) == window
+    logged = [line for line in "".join(capsys.readouterr()).splitlines() if "overdue" in line]
+    assert len(logged) == 1 and "reap has never run" in logged[0], logged
+    assert "alice" not in logged[0]
