@@ -1,6 +1,7 @@
 """The administrator's acts through the UI app (FastAPI's TestClient, Airflow's simple auth
-manager, real ledgers on SQLite and PostgreSQL): who may act, CSRF, the key file, and the
-refusal references. The same acts against the real api-server: ``test_api_server.py``."""
+manager, a real PostgreSQL ledger): who may act, CSRF, the key file, and the refusal
+references. The same acts against the real api-server and its SQLite ledger:
+``test_api_server.py``."""
 
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ ADMIN_ROUTES = (
     ("POST", "/api/admin/refusal", {"reference": "dpb-ref-1.AAAA"}),
 )
 CSRF_META = re.compile(r'<meta name="dp-budget-csrf" content="([^"]+)">')
+
+
+@pytest.fixture
+def ledger_url(postgres_url):
+    """PostgreSQL only: the acts are the ledger's (tested on both backends there), and the
+    real api-server's tests run them on SQLite."""
+    return postgres_url
 
 
 @pytest.fixture
@@ -141,6 +149,15 @@ def test_an_admin_clears_a_quarantine(browser, seeded, admin_token):
     cleared = [e for e in seeded.ledger.history() if e["action"] == "unquarantine"][-1]
     assert cleared["actor"] == "admin (Airflow UI)"
     assert cleared["payload"]["reason"] == "restored the backup"
+    # the banner's form, inside the Airflow UI (the cookie, and the page's token)
+    seeded.ledger.quarantine("second drill")
+    browser.cookies.set("_token", admin_token)
+    page = browser.get("/accounts")
+    assert 'id="clear-quarantine"' in page.text
+    token = CSRF_META.search(page.text).group(1)
+    form = browser.post("/admin/quarantine/clear", data={"reason": "drill", "csrf_token": token})
+    assert form.status_code == 200 and "cleared by admin (Airflow UI): drill" in form.text
+    assert seeded.ledger.quarantine_status() is None
 
 
 def test_refusal_references_open_for_the_admin_only(browser, seeded, admin_token):
@@ -159,6 +176,11 @@ def test_refusal_references_open_for_the_admin_only(browser, seeded, admin_token
     assert facts["refusal"] == "BudgetExhausted" and facts["account"]["subject"] == "user-000"
     assert facts["epsilon"] > facts["cap_epsilon"] == 2.0
     assert "/account?" in opened.json()["account_url"]
+    browser.cookies.set("_token", admin_token)
+    token = CSRF_META.search(browser.get("/admin/refusal").text).group(1)
+    shown = browser.post("/admin/refusal", data={"reference": reference, "csrf_token": token})
+    assert shown.status_code == 200 and 'id="refusal-account"' in shown.text
+    assert "BudgetExhausted" in shown.text and "user-000" in shown.text
     garbled = reference[:40] + ("A" if reference[40] != "A" else "B") + reference[41:]
     for bad in (garbled, "dpb-ref-1.not-base64!", "no reference at all"):
         response = browser.post("/api/admin/refusal", json={"reference": bad},
