@@ -63,9 +63,7 @@ from dp_budget_provider.ledger import (
     ANY,
     BudgetCap,
     LedgerError,
-    Policy,
     PrivacyBudgetLedger,
-    WindowCalendar,
     classes,
     database,
     history,
@@ -78,7 +76,7 @@ from dp_budget_provider.ledger import (
 from dp_budget_provider.ledger.authority import ADMIN_KEY_ENV, AdminKey, AdminPublicKey
 from dp_budget_provider.ledger.checkpoints import CheckpointFile, CheckpointUnreadable
 from dp_budget_provider.ledger.keys import MAX_STORED_INT, canonical_part
-from dp_budget_provider.ledger.policy import DEFAULT_GRACE, DEFAULT_MIN_WINDOW
+from dp_budget_provider.ledger.policy import revised_policy
 from dp_budget_provider.ledger.queries import MAX_PAGE
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.schema import LedgerConfig
@@ -987,54 +985,24 @@ def cmd_policy_list(args: argparse.Namespace) -> int:
 
 def cmd_policy_set(args: argparse.Namespace) -> int:
     """Create or replace one scope's policy; options not given keep the scope's current values."""
-    tenant = canonical_part("tenant", args.tenant)
-    query_type = canonical_part("query_type", args.query_type)
     with _ledger(args) as ledger:
-        current = {p.scope: p for p in ledger.policies()}.get((tenant, query_type))
-        if args.epsilon is None and current is None:
-            raise UsageError(
-                f"scope {tenant}/{query_type} has no policy yet: give its cap with --epsilon"
-            )
-        if args.calendar is not None:
-            calendar = WindowCalendar(args.calendar, args.length_seconds)
-        elif args.length_seconds is not None:
-            kind = current.calendar.kind if current else "iso_week"
-            calendar = WindowCalendar(kind, args.length_seconds)
-        else:
-            calendar = current.calendar if current else WindowCalendar()
-        if args.min_window_seconds is not None:
-            min_window = timedelta(seconds=args.min_window_seconds)
-        else:
-            min_window = current.min_window if current else DEFAULT_MIN_WINDOW
-        policy = Policy(
-            cap_epsilon=args.epsilon if args.epsilon is not None else current.cap_epsilon,
-            warn_fraction=(
-                args.warn_fraction
-                if args.warn_fraction is not None
-                else current.warn_fraction
-                if current
-                else 0.8
-            ),
-            tenant=tenant,
-            query_type=query_type,
-            calendar=calendar,
-            min_window=min_window,
-            grace=args.grace
-            if args.grace is not None
-            else current.grace
-            if current
-            else DEFAULT_GRACE,
-            compliance_clause=(
-                args.clause
-                if args.clause is not None
-                else current.compliance_clause
-                if current
-                else ""
-            ),
+        policy, created = revised_policy(
+            ledger.policies(),
+            args.tenant,
+            args.query_type,
+            cap_epsilon=args.epsilon,
+            warn_fraction=args.warn_fraction,
+            calendar=args.calendar,
+            length_seconds=args.length_seconds,
+            min_window=None
+            if args.min_window_seconds is None
+            else timedelta(seconds=args.min_window_seconds),
+            grace=args.grace,
+            compliance_clause=args.clause,
         )
         ledger.set_policy(policy)
     print(
-        f"policy {policy.tenant}/{policy.query_type} {'updated' if current else 'created'}: cap "
+        f"policy {policy.tenant}/{policy.query_type} {'created' if created else 'updated'}: cap "
         f"{_g(policy.cap_epsilon)}, warning at {policy.warn_fraction:.0%}, calendar "
         f"{policy.calendar.kind}, minimum window {int(policy.min_window.total_seconds())}s, "
         f"grace {int(policy.grace.total_seconds())}s, "

@@ -193,6 +193,17 @@ def get_provider_info() -> dict[str, Any]:
                         None,
                         "dpb-admin-1:...",
                     ),
+                    "admin_key_file": _option(
+                        "The administrator's key file (`dp-budget admin keygen`), on the "
+                        "api-server only: the UI's administrators set policies, clear a "
+                        "quarantine and open refusal references with it, audited with their "
+                        "Airflow user name. Readable by its owner only; never on a worker "
+                        "(tasks could then do whatever an administrator may). Unset: the UI "
+                        "offers no administrator's acts.",
+                        "string",
+                        None,
+                        "/etc/airflow/dp-budget-admin.key",
+                    ),
                     "allow_unpinned": _option(
                         "Let tasks open a ledger whose administrator key no connection pins "
                         "(and create one without an administrator): any task could then make "

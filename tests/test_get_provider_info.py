@@ -63,3 +63,8 @@ def test_airflow_lists_the_provider_and_its_connection_type(airflow_db):
     assert {"extra__dpbudget__url", "extra__dpbudget__chain_key_secret"} <= fields
     configs = _airflow("providers", "configs")
     assert "dp_budget" in configs and "default_cap_epsilon" in configs
+
+
+def test_the_api_servers_admin_key_file_is_declared_and_unset_by_default():
+    option = get_provider_info()["config"]["dp_budget"]["options"]["admin_key_file"]
+    assert option["default"] is None and "never on a worker" in option["description"]

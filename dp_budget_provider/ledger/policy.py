@@ -8,12 +8,14 @@ fixed at creation: letting it vary per query is "delta shopping".
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TypeVar
 
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.ledger.keys import canonical_part
-from dp_budget_provider.ledger.windows import WindowCalendar
+from dp_budget_provider.ledger.windows import CalendarKind, WindowCalendar
 
 ANY = "*"
 DEFAULT_MIN_WINDOW = timedelta(days=1)
@@ -22,6 +24,7 @@ DEFAULT_MIN_WINDOW = timedelta(days=1)
 # ends, so a window must stay chargeable for a while after its end.
 DEFAULT_GRACE = timedelta(days=3)
 MAX_GRACE = timedelta(days=3660)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -142,3 +145,56 @@ STATE_SEALED = "SEALED"  # the window is sealed: the final spend, never charged 
 def lookup_order(tenant: str, query_type: str) -> list[tuple[str, str]]:
     """Policy scopes to try for a key, most specific first."""
     return [(tenant, query_type), (tenant, ANY), (ANY, query_type), (ANY, ANY)]
+
+
+def revised_policy(
+    policies: Iterable[Policy],
+    tenant: str = ANY,
+    query_type: str = ANY,
+    *,
+    cap_epsilon: float | None = None,
+    warn_fraction: float | None = None,
+    calendar: CalendarKind | None = None,
+    length_seconds: int | None = None,
+    min_window: timedelta | None = None,
+    grace: timedelta | None = None,
+    compliance_clause: str | None = None,
+) -> tuple[Policy, bool]:
+    """The policy an administrator's change makes of a scope's stored one, and whether the
+    scope is new (its policy is created rather than updated).
+
+    What is not given (None) keeps the scope's current value, or the default of a new
+    scope: an administrator changing a warning fraction must not have to restate the cap,
+    and must not reset the calendar by omission. A new scope needs its cap. A fixed
+    calendar's length alone keeps the scope's calendar kind. ``policies`` are the stored
+    ones (``PrivacyBudgetLedger.policies()``). This is the one reading of such a change,
+    for ``dp-budget policy set`` and the UI alike.
+    """
+    tenant = canonical_part("tenant", tenant)
+    query_type = canonical_part("query_type", query_type)
+    current = {policy.scope: policy for policy in policies}.get((tenant, query_type))
+    if cap_epsilon is None and current is None:
+        raise ValueError(
+            f"scope {tenant}/{query_type} has no policy yet: give its cap with cap_epsilon"
+        )
+    if calendar is not None:
+        windows = WindowCalendar(calendar, length_seconds)
+    elif length_seconds is not None:
+        windows = WindowCalendar(current.calendar.kind if current else "iso_week", length_seconds)
+    else:
+        windows = current.calendar if current else WindowCalendar()
+
+    def kept(given: _T | None, now: _T | None, default: _T) -> _T:
+        return given if given is not None else now if now is not None else default
+
+    policy = Policy(
+        cap_epsilon=kept(cap_epsilon, current and current.cap_epsilon, 0.0),
+        warn_fraction=kept(warn_fraction, current and current.warn_fraction, 0.8),
+        tenant=tenant,
+        query_type=query_type,
+        calendar=windows,
+        min_window=kept(min_window, current and current.min_window, DEFAULT_MIN_WINDOW),
+        grace=kept(grace, current and current.grace, DEFAULT_GRACE),
+        compliance_clause=kept(compliance_clause, current and current.compliance_clause, ""),
+    )
+    return policy, current is None

@@ -2,7 +2,8 @@
 
 Mounted by Airflow's API server at ``/dp-budget`` (see :mod:`.dp_budget`). Every route,
 ``/openapi.json`` included, depends on :func:`.auth.budget_reader`; every route is a GET
-(the UI is read-only). The ledger is read through :mod:`dp_budget_provider.ledger` only.
+but the administrator's (:mod:`.admin_routes`), which only administrators may use. The
+ledger is read through :mod:`dp_budget_provider.ledger` only.
 
 Pages: ``/accounts`` (filter, sort, server-side pagination), ``/classes`` (the same
 filters, one row per spend class) and ``/classes/members?tenant=…&query_type=…&window=…&
@@ -40,6 +41,7 @@ from dp_budget_provider.ledger import (
     queries,
     spend_classes,
 )
+from dp_budget_provider.ledger.authority import AdminKey
 from dp_budget_provider.ledger.keys import MAX_STORED_INT, canonical_part
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.report import (
@@ -53,8 +55,9 @@ from dp_budget_provider.ledger.report import (
     verification_record,
 )
 from dp_budget_provider.ledger.windows import display_window
-from dp_budget_provider.plugins import schemas
-from dp_budget_provider.plugins.auth import budget_reader
+from dp_budget_provider.plugins import admin_routes, csrf, schemas
+from dp_budget_provider.plugins.admin import AdminLedgers, key_file
+from dp_budget_provider.plugins.auth import budget_reader, may_administer
 from dp_budget_provider.plugins.chart import build_chart
 from dp_budget_provider.plugins.links import URL_PREFIX
 from dp_budget_provider.plugins.templates import environment
@@ -122,9 +125,9 @@ _TEMPLATES = environment()
 class HookLedgerSource:
     """Opens the ledger of the ``dp_budget_default`` connection once per process.
 
-    It never creates a ledger (a read-only UI must not): a ledger that does not exist
-    yet is an error until the first release creates it. Opening is retried on the next
-    request after a failure.
+    It never creates a ledger (the UI must not): a ledger that does not exist yet is an
+    error until the first release creates it. Opening is retried on the next request
+    after a failure. :meth:`administered` opens it for one administrator's act.
     """
 
     def __init__(self) -> None:
@@ -138,12 +141,26 @@ class HookLedgerSource:
 
                 hook = DPBudgetHook()
                 # A keyed ledger refuses to open without its key: every page would be a 503.
-                self._ledger = PrivacyBudgetLedger(
-                    url=hook.ledger_url(),
-                    chain_key=hook.chain_key(),
-                    admin_public_key=hook.admin_public_key(),
-                )
+                self._ledger = _open(hook)
             return self._ledger
+
+    @staticmethod
+    def administered(admin: AdminKey, actor: str) -> PrivacyBudgetLedger:
+        """The same ledger, opened to sign with the administrator's key as ``actor`` (the
+        caller closes it)."""
+        from dp_budget_provider.hooks.dp_budget import DPBudgetHook
+
+        return _open(DPBudgetHook(), admin=admin, actor=actor)
+
+
+def _open(hook: Any, **acting: Any) -> PrivacyBudgetLedger:
+    """The connection's ledger, with its chain key and the administrator key it pins."""
+    return PrivacyBudgetLedger(
+        url=hook.ledger_url(),
+        chain_key=hook.chain_key(),
+        admin_public_key=hook.admin_public_key(),
+        **acting,
+    )
 
 
 class VerificationCache:
@@ -398,22 +415,34 @@ def _policy_model(policy: Policy) -> schemas.PolicyModel:
 # ---------------------------------------------------------------------- the app
 
 
-def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
-    """The budget UI app, reading the ledger ``ledger_source()`` returns.
+def create_app(
+    ledger_source: LedgerSource | None = None, admin_ledgers: AdminLedgers | None = None
+) -> FastAPI:
+    """The budget UI app, reading the ledger ``ledger_source()`` returns, and doing the
+    administrator's acts on the ledger ``admin_ledgers(key, actor)`` opens.
 
     The default source is the ledger of the ``dp_budget_default`` Airflow connection
-    (or the embedded SQLite ledger), what the plugin mounts.
+    (or the embedded SQLite ledger), what the plugin mounts; with it, the same
+    connection's ledger is opened for the acts.
     """
-    source = ledger_source or HookLedgerSource()
+    if ledger_source is None:
+        hooked = HookLedgerSource()
+        source: LedgerSource = hooked
+        admin_ledgers = admin_ledgers or hooked.administered
+    else:
+        source = ledger_source
     verifications = VerificationCache()
     app = FastAPI(
         title="DP budget",
         version=dp_budget_provider.__version__,
         description=(
-            "Read-only view of the differential-privacy budget ledger: accounts, their "
-            "history, reservations and policies, the privacy report and the audit status. "
+            "The differential-privacy budget ledger: accounts, their history, reservations "
+            "and policies, the privacy report and the audit status; and the administrator's "
+            "acts (/api/admin: set a policy, clear a quarantine, open a refusal reference). "
             "Every route needs an authenticated Airflow user allowed to read the custom "
-            "view 'DP Budget' (a Bearer token from POST /auth/token, or the UI's cookie)."
+            "view 'DP Budget' (a Bearer token from POST /auth/token, or the UI's cookie); "
+            "the administrator's need PUT on it too, and, with the cookie, the page's CSRF "
+            "token in the X-DP-Budget-CSRF header."
         ),
         openapi_url=None,
         docs_url=None,
@@ -675,7 +704,12 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         return _render(
             request,
             "policies.html",
-            {"info": _info(ledger), "user": _user_name(user), "policies": ledger.policies()},
+            {
+                **_header(ledger, user),
+                "policies": ledger.policies(),
+                "notice": None,
+                "error": None,
+            },
         )
 
     # ------------------------------------------------------------------ API
@@ -895,7 +929,29 @@ def create_app(ledger_source: LedgerSource | None = None) -> FastAPI:
         """The ledger's audit: hash chain, reservation key sets, replay (cached per head)."""
         return schemas.VerificationModel(**verifications.current(ledger))
 
+    admin_routes.install(
+        app,
+        admin_ledgers,
+        admin_routes.Pages(
+            render=_render, ledger=_ledger, header=_header, account_url=_account_url
+        ),
+    )
     return app
+
+
+def _header(ledger: PrivacyBudgetLedger, user: Any) -> dict[str, Any]:
+    """What every page's header shows: the ledger, and who is signed in."""
+    return {"info": _info(ledger), "user": _user_name(user)}
+
+
+def _admin_view(request: Request) -> dict[str, Any] | None:
+    """What a page shows an administrator (None for anyone else): the CSRF token its
+    forms carry, and whether this api-server holds the administrator's key (without it
+    no administrator's act is offered)."""
+    user = getattr(request.state, "dp_budget_user", None)
+    if user is None or not may_administer(user):
+        return None
+    return {"csrf": csrf.token_for(user), "key": key_file() is not None}
 
 
 def _user_name(user: Any) -> str:
@@ -943,6 +999,7 @@ def _render(
     request: Request, template: str, context: dict[str, Any], status_code: int = 200
 ) -> HTMLResponse:
     nonce = secrets.token_urlsafe(16)
+    context.setdefault("admin", _admin_view(request))
     html = _TEMPLATES.get_template(template).render(root=_root(request), nonce=nonce, **context)
     response = HTMLResponse(html, status_code=status_code)
     response.headers["Content-Security-Policy"] = (

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class KeyModel(BaseModel):
@@ -92,6 +92,7 @@ class PolicyModel(BaseModel):
     calendar_length_seconds: int | None
     min_window_seconds: int
     compliance_clause: str
+    grace_seconds: int
 
 
 class SeriesPointModel(BaseModel):
@@ -188,3 +189,68 @@ class AccountDetail(BaseModel):
     policy: PolicyModel
     series: SeriesModel
     open_reservations: list[ReservationModel]
+
+
+# ---------------------------------------------------------------------- administrator's acts
+
+
+class PolicyChangeModel(BaseModel):
+    """A change of one scope's policy (``dp-budget policy set``): what is left out keeps
+    the scope's current value, or a new scope's default; a new scope needs its cap."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: str = Field("*", description="'*' (any) by default")
+    query_type: str = Field("*", description="'*' (any) by default")
+    cap_epsilon: float | None = Field(None, description="cap per account (needed for a new scope)")
+    warn_fraction: float | None = Field(None, description="fraction of the cap that warns")
+    calendar: Literal["iso_week", "month", "day", "fixed"] | None = Field(
+        None, description="how the scope's windows are cut; a charged scope keeps its calendar"
+    )
+    length_seconds: int | None = Field(None, description="window length of a fixed calendar")
+    min_window_seconds: int | None = Field(None, description="shortest window allowed")
+    grace_seconds: int | None = Field(
+        None, description="how long after a window ends late runs may still charge it"
+    )
+    compliance_clause: str | None = Field(None, description="the clause the cap implements")
+
+
+class PolicySetModel(BaseModel):
+    """The policy as set, and who set it (the actor its history entry names)."""
+
+    policy: PolicyModel
+    created: bool = Field(description="the scope had no policy before")
+    actor: str
+
+
+class QuarantineClearModel(BaseModel):
+    """Why releases may run again: what the investigation found."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+class QuarantineClearedModel(BaseModel):
+    """The quarantine lifted, and by whom."""
+
+    actor: str
+    reason: str
+    quarantined_at: str
+    quarantine_reason: str
+
+
+class RefusalReferenceModel(BaseModel):
+    """A refusal reference, as a task logged it (``dpb-ref-1.…``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reference: str = Field(min_length=1, max_length=8192)
+
+
+class RefusalModel(BaseModel):
+    """What a refusal reference seals: the refusal's kind, its reason and, for a cap, the
+    account, the eps the release would have brought it to and the cap."""
+
+    facts: dict[str, Any]
+    account_url: str | None = Field(description="the account's page, where the facts name one")

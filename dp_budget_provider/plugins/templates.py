@@ -16,6 +16,7 @@ _BASE = """<!doctype html>
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+{% if admin %}<meta name="dp-budget-csrf" content="{{ admin.csrf }}">{% endif %}
 <title>{% block title %}DP budget{% endblock %}</title>
 <style nonce="{{ nonce }}">
 :root { color-scheme: light dark; --fg: #1b1f24; --muted: #5b6470; --line: #d8dee4;
@@ -70,6 +71,13 @@ svg .closing { fill: var(--bg); stroke: var(--bar); stroke-width: 2; }
 code { font-size: 12px; }
 .error { color: var(--bad); font-weight: 600; }
 .warning { color: var(--warn); font-weight: 600; }
+.notice { color: var(--ok); font-weight: 600; }
+form.admin { display: flex; gap: 8px; flex-wrap: wrap; align-items: end; margin: 8px 0 12px;
+  border: 1px solid var(--line); border-radius: 6px; padding: 8px 10px; }
+form.admin label { display: flex; flex-direction: column; font-size: 12px; color: var(--muted); }
+form.admin input, form.admin select, form.admin textarea { font: inherit; padding: 3px 6px;
+  color: var(--fg); background: var(--bg); border: 1px solid var(--line); border-radius: 4px; }
+form.admin textarea { width: 100%; min-height: 6em; }
 </style>
 </head>
 <body>
@@ -79,6 +87,8 @@ code { font-size: 12px; }
   <a href="{{ root }}/policies">Policies</a>
   <a href="{{ root }}/api/report?format=md">Privacy report</a>
   <a href="{{ root }}/openapi.json">API</a>
+  {% if admin and admin.key %}<a id="refusal-link" href="{{ root }}/admin/refusal">Refusals</a>
+  {% endif %}
   {% if info %}<span class="meta">ledger: {{ info.backend }} · δ = {{ info.delta }}
   · {{ info.conversion }} conversion · history {{ 'keyed' if info.keyed else 'NOT keyed' }}
   · signed in as {{ user }}</span>{% endif %}
@@ -87,6 +97,14 @@ code { font-size: 12px; }
 <p id="quarantine" class="error">QUARANTINED since {{ info.quarantine[0] }}: no release runs
   until an operator clears it (<code>dp-budget quarantine clear --reason ...</code>).
   {{ info.quarantine[1] }}</p>
+{% if admin and admin.key %}
+<form id="clear-quarantine" class="admin" method="post" action="{{ root }}/admin/quarantine/clear">
+  <input type="hidden" name="csrf_token" value="{{ admin.csrf }}">
+  <label>what the investigation found (audited with your name)
+    <input name="reason" required maxlength="2000" size="60"></label>
+  <button type="submit">Clear the quarantine</button>
+</form>
+{% endif %}
 {% endif %}
 {% if info and info.maintenance %}
 <p id="maintenance" class="warning">{{ info.maintenance }}</p>
@@ -481,9 +499,11 @@ _POLICIES = """{% extends "base.html" %}
 <h2>Policies</h2>
 <p class="muted">The most specific scope applies: tenant and query type, then tenant, then query
 type, then the default (* / *). δ = {{ info.delta }} for the whole ledger.</p>
+{% if notice %}<p id="notice" class="notice" role="status">{{ notice }}</p>{% endif %}
+{% if error %}<p id="error" class="error" role="alert">{{ error }}</p>{% endif %}
 <table id="policies">
 <thead><tr><th>tenant</th><th>query type</th><th class="num">cap ε</th><th>warning at</th>
-  <th>windows</th><th>minimum window</th><th>compliance clause</th></tr></thead>
+  <th>windows</th><th>minimum window</th><th>grace</th><th>compliance clause</th></tr></thead>
 <tbody>
 {% for p in policies %}
 <tr><td>{{ p.tenant }}</td><td>{{ p.query_type }}</td>
@@ -491,10 +511,36 @@ type, then the default (* / *). δ = {{ info.delta }} for the whole ledger.</p>
   <td>{{ '%g' % (p.warn_fraction * 100) }}%</td>
   <td>{{ p.calendar.kind }}{% if p.calendar.length_seconds %} ({{ p.calendar.length_seconds }} s)
   {%- endif %}</td>
-  <td>{{ p.min_window.total_seconds() | int }} s</td><td>{{ p.compliance_clause or '—' }}</td></tr>
+  <td>{{ p.min_window.total_seconds() | int }} s</td><td>{{ p.grace.total_seconds() | int }} s</td>
+  <td>{{ p.compliance_clause or '—' }}</td></tr>
 {% endfor %}
 </tbody>
 </table>
+{% if admin and admin.key %}
+<h2>Set a policy</h2>
+<p class="muted">Creates or replaces one scope's policy, signed with this server's administrator
+key and audited with your name. Fields left empty keep the scope's current values (a new scope
+needs its cap). A charged scope keeps its calendar.</p>
+<form id="set-policy" class="admin" method="post" action="{{ root }}/admin/policy">
+  <input type="hidden" name="csrf_token" value="{{ admin.csrf }}">
+  <label>tenant <input name="tenant" value="*" required></label>
+  <label>query type <input name="query_type" value="*" required></label>
+  <label>cap ε <input name="cap_epsilon" inputmode="decimal"></label>
+  <label>warning fraction <input name="warn_fraction" inputmode="decimal"></label>
+  <label>calendar <select name="calendar"><option value="">(keep)</option>
+    {% for kind in ("iso_week", "month", "day", "fixed") %}<option>{{ kind }}</option>{% endfor %}
+  </select></label>
+  <label>fixed window length (s) <input name="length_seconds" inputmode="numeric"></label>
+  <label>minimum window (s) <input name="min_window_seconds" inputmode="numeric"></label>
+  <label>grace (s) <input name="grace_seconds" inputmode="numeric"></label>
+  <label>compliance clause <input name="compliance_clause" size="40"></label>
+  <button type="submit">Set policy</button>
+</form>
+{% elif admin %}
+<p id="no-admin-key" class="muted">Administrator's acts are not offered: this api-server holds no
+administrator key (<code>[dp_budget] admin_key_file</code>). Use <code>dp-budget --admin-key
+FILE policy set</code>.</p>
+{% endif %}
 {% endblock %}
 """
 
@@ -508,6 +554,35 @@ _MESSAGE = """{% extends "base.html" %}
 {% endblock %}
 """
 
+_REFUSAL = """{% extends "base.html" %}
+{% block title %}DP budget · refusal reference{% endblock %}
+{% block body %}
+<h2>Open a refusal reference</h2>
+<p class="muted">A refused release tells its task only a reference (<code>dpb-ref-1.…</code>):
+paste it here to see which account refused it and why. Only this server's administrator key
+opens it.</p>
+{% if error %}<p id="error" class="error" role="alert">{{ error }}</p>{% endif %}
+<form id="open-refusal" class="admin" method="post" action="{{ root }}/admin/refusal">
+  <input type="hidden" name="csrf_token" value="{{ admin.csrf if admin else '' }}">
+  <label>reference <textarea name="reference" required maxlength="8192"></textarea></label>
+  <button type="submit">Open</button>
+</form>
+{% if opened %}
+<table id="refusal">
+<tbody>
+{% for name, value in opened.facts.items() %}
+<tr><th>{{ name }}</th><td>
+  {%- if name == "account" and opened.account_url %}<a id="refusal-account"
+    href="{{ opened.account_url }}">{{ value.tenant }} / {{ value.subject }} /
+    {{ value.query_type }} / {{ value.window | window }}</a>
+  {%- else %}{{ value }}{% endif %}</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% endif %}
+{% endblock %}
+"""
+
 TEMPLATES = {
     "base.html": _BASE,
     "macros.html": _MACROS,
@@ -517,6 +592,7 @@ TEMPLATES = {
     "account.html": _ACCOUNT,
     "policies.html": _POLICIES,
     "message.html": _MESSAGE,
+    "refusal.html": _REFUSAL,
 }
 
 

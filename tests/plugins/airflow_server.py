@@ -4,6 +4,10 @@ Its own AIRFLOW_HOME, metadata database (SQLite) and ledger (SQLite). The ledger
 seeded by running the example DAG with ``dag.test()`` in a subprocess (the session's
 Airflow configuration belongs to another home). The server runs in its own process
 group, so stopping it stops its workers too. Every step has a timeout.
+
+Two users, ``admin`` (role ADMIN) and ``viewer`` (role VIEWER). Only the api-server holds
+the administrator's key (``[dp_budget] admin_key_file``, a copy of the tests' key in its
+home, :attr:`Server.key_file`), as a deployment has it; the seeding's DAG runs do not.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ AIRFLOW = Path(sys.executable).with_name("airflow")
 START_TIMEOUT = 180
 STEP_TIMEOUT = 300
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # SimpleAuthManager writes it
+USERS = "admin:admin,viewer:viewer"  # [core] simple_auth_manager_users: name:role
 # The ledger is keyed, its key in the connection as the README's deployment has it. The
 # connection is in the environment (the seeding's DAG runs read it there) and, the same, in
 # the metadata database, where the connections API shows it.
@@ -85,16 +90,25 @@ print(json.dumps({"runs": runs, "window": window}))
 class Server:
     url: str
     home: Path
-    password: str
+    passwords: dict[str, str]  # of each user
     runs: list[dict[str, str]]
     window: str
     log: Path
     added: str  # what `airflow connections add` printed
+    key_file: Path  # the administrator's key, on the api-server only
 
-    def token(self) -> str:
+    @property
+    def password(self) -> str:
+        return self.passwords["admin"]
+
+    @property
+    def ledger_url(self) -> str:
+        return f"sqlite:///{self.home / 'dp_budget_ledger.db'}"
+
+    def token(self, user: str = "admin") -> str:
         response = httpx.post(
             f"{self.url}/auth/token",
-            json={"username": "admin", "password": self.password},
+            json={"username": user, "password": self.passwords[user]},
             timeout=30,
         )
         response.raise_for_status()
@@ -121,7 +135,7 @@ def _environment(home: Path, port: int) -> dict[str, str]:
         AIRFLOW__CORE__AUTH_MANAGER=(
             "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
         ),
-        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
+        AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=USERS,
         AIRFLOW__API__HOST="127.0.0.1",
         AIRFLOW__API__PORT=str(port),
         AIRFLOW__API__BASE_URL=f"http://127.0.0.1:{port}",
@@ -192,11 +206,14 @@ def airflow_api_server(home: Path) -> Iterator[Server]:
             "seeding",
         ).splitlines()[-1]
     )
+    key_file = home / "admin-key" / "admin.key"
+    key_file.parent.mkdir(mode=0o700)
+    ADMIN.write(key_file)
     log = home / "api-server.log"
     with log.open("w") as output:
         process = subprocess.Popen(
             [str(AIRFLOW), "api-server", "--host", "127.0.0.1", "--port", str(port), "-w", "1"],
-            env=env,
+            env=env | {"AIRFLOW__DP_BUDGET__ADMIN_KEY_FILE": str(key_file)},
             stdout=output,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -204,7 +221,7 @@ def airflow_api_server(home: Path) -> Iterator[Server]:
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_until_healthy(process, url, log)
-        password = json.loads((home / PASSWORDS_FILE).read_text())["admin"]
-        yield Server(url, home, password, seeded["runs"], seeded["window"], log, added)
+        passwords = json.loads((home / PASSWORDS_FILE).read_text())
+        yield Server(url, home, passwords, seeded["runs"], seeded["window"], log, added, key_file)
     finally:
         _stop(process)

@@ -36,9 +36,29 @@ def key_params(key: LedgerKey) -> dict[str, str]:
 # ---------------------------------------------------------------------- security
 
 
+# The administrator's routes (tests/plugins/test_admin.py): every other route only reads.
+ADMIN_ROUTES = (
+    "/api/admin/policy",
+    "/api/admin/quarantine/clear",
+    "/api/admin/refusal",
+    "/admin/policy",
+    "/admin/quarantine/clear",
+    "/admin/refusal",
+)
+
+
 def test_every_route_is_in_the_list_the_security_tests_cover(client):
     paths = {route.path for route in client.app.routes}
-    assert paths == set(ROUTES)
+    assert paths == set(ROUTES) | set(ADMIN_ROUTES)
+
+
+def test_unauthenticated_admin_requests_get_401(anonymous):
+    routes = [route for route in anonymous.app.routes if route.path in ADMIN_ROUTES]
+    for route in routes:
+        for method in route.methods:
+            response = anonymous.request(method, route.path, json={"reference": "dpb-ref-1.x"})
+            assert response.status_code == 401, (method, route.path)
+    assert sum(len(route.methods) for route in routes) == 7
 
 
 @pytest.mark.parametrize("path", ROUTES)

@@ -242,3 +242,29 @@ def test_account_page_shows_the_chart_history_and_audit(page, server, tmp_path):
     task.click()
     page.wait_for_url("**/dags/example_dp_heatmap/runs/**/tasks/release_heatmap")
     page.get_by_text(run_id).first.wait_for()
+
+
+def test_an_admin_sets_a_policy_through_the_form_inside_the_airflow_ui(page, server):
+    """Inside the Airflow UI the frame's cookie authenticates the form, its CSRF token
+    proves it is ours; the history names the Airflow user."""
+    log_in(page, server)
+    page.goto(f"{server.url}/plugin/dp-budget/dp-budget/policies")
+    page.get_by_role("button", name="Browse").wait_for()  # inside Airflow's navigation
+    frame = page.frame_locator("iframe")
+    form = frame.locator("form#set-policy")
+    form.locator("input[name=tenant]").fill("initech")
+    form.locator("input[name=query_type]").fill("count")
+    form.locator("input[name=cap_epsilon]").fill("1.75")
+    form.locator("input[name=compliance_clause]").fill("DPA s.4 <i>minimisation</i>")
+    form.locator("button[type=submit]").click()
+    notice = frame.locator("#notice")
+    notice.wait_for()
+    assert notice.inner_text() == "policy initech/count created by admin (Airflow UI): cap 1.75"
+    row = frame.locator("table#policies tbody tr", has_text="initech")
+    assert "DPA s.4 <i>minimisation</i>" in row.inner_text()  # text, not markup
+    headers = {"Authorization": f"Bearer {server.token()}"}
+    policies = httpx.get(f"{server.url}/dp-budget/api/policies", headers=headers).json()
+    assert {"tenant": "initech", "query_type": "count", "cap_epsilon": 1.75}.items() <= next(
+        p for p in policies if p["tenant"] == "initech"
+    ).items()
+    assert page.dialogs == []
