@@ -60,6 +60,7 @@ from dp_budget_provider.ledger.policy_store import policy_of_scope
 from dp_budget_provider.ledger.records import COMMITTED, OPEN, REAPED, RELEASED, AccountStatus
 from dp_budget_provider.ledger.schema import (
     HistoryEntry,
+    ReservationKey,
 )
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.spend import Spend
@@ -768,6 +769,79 @@ def reserve_cohorts(
     return found
 
 
+def _reservation_item(
+    row: Any, cohorts: list[dict[str, Any]] | None, epsilons: _Epsilons
+) -> dict[str, Any]:
+    """A reservation as the pages and the API show it (``cohorts``: its reserve entry's)."""
+    return {
+        "id": row.id,
+        "attempt_id": row.attempt_id,
+        "state": row.state,
+        "mechanism": json.loads(row.mechanism),
+        "count": row.count,
+        "key_count": row.key_count,
+        # before spend classes each key was a subject
+        "subjects": row.key_count if cohorts is None else sum(c["size"] for c in cohorts),
+        "cost_epsilon": epsilons.of_columns(
+            row.cost_rho, row.cost_residual, row.cost_gaussian_mu2
+        ).epsilon,
+        "prospective_epsilon": row.prospective_epsilon
+        if row.prospective_epsilon is not None
+        else epsilons.of_columns(row.prospective_rho, None, row.prospective_mu2).epsilon,
+        "actor": row.actor,
+        "created_at": row.created_at,
+        "resolved_at": row.resolved_at,
+    }
+
+
+@dataclass(frozen=True)
+class Release:
+    """One release (a reservation, whatever became of it) and a page of the accounts it
+    held: each a subject's, or a spend class's covering many subjects."""
+
+    reservation: dict[str, Any]
+    windows: list[str]
+    accounts: Page[LedgerKey]
+
+
+def release(
+    ledger: PrivacyBudgetLedger, reservation_id: str, *, limit: int = 50, offset: int = 0
+) -> Release | None:
+    """The release of ``reservation_id`` (None if there is none): what the task link of a
+    release opens, for a release over one subject or a million."""
+    limit, offset = page_bounds(limit, offset)
+    keys = select(
+        ReservationKey.tenant,
+        ReservationKey.subject,
+        ReservationKey.query_type,
+        ReservationKey.window,
+    ).where(ReservationKey.reservation_id == reservation_id)
+    with ledger.reading() as connection:
+        row = connection.execute(
+            select(ReservationRow).where(ReservationRow.id == reservation_id)
+        ).first()
+        if row is None:
+            return None
+        cohorts = reserve_cohorts(connection, [reservation_id]).get(reservation_id)
+        windows = sorted(
+            connection.scalars(
+                select(ReservationKey.window)
+                .where(ReservationKey.reservation_id == reservation_id)
+                .distinct()
+            )
+        )
+        found = connection.execute(
+            keys.order_by(ReservationKey.position).offset(offset).limit(limit)
+        ).all()
+    return Release(
+        reservation=_reservation_item(row, cohorts, _Epsilons(ledger)),
+        windows=windows,
+        accounts=Page(
+            total=row.key_count, offset=offset, limit=limit, items=[_key_of(k) for k in found]
+        ),
+    )
+
+
 def key_reservations(
     ledger: PrivacyBudgetLedger,
     key: LedgerKey,
@@ -792,30 +866,7 @@ def key_reservations(
         total = int(connection.execute(counted).scalar_one())
         rows = list(connection.execute(page.limit(limit)))
         cohorts = reserve_cohorts(connection, [row.id for row in rows])
-    items = [
-        {
-            "id": row.id,
-            "attempt_id": row.attempt_id,
-            "state": row.state,
-            "mechanism": json.loads(row.mechanism),
-            "count": row.count,
-            "key_count": row.key_count,
-            # before spend classes each key was a subject
-            "subjects": sum(c["size"] for c in cohorts[row.id])
-            if row.id in cohorts
-            else row.key_count,
-            "cost_epsilon": epsilons.of_columns(
-                row.cost_rho, row.cost_residual, row.cost_gaussian_mu2
-            ).epsilon,
-            "prospective_epsilon": row.prospective_epsilon
-            if row.prospective_epsilon is not None
-            else epsilons.of_columns(row.prospective_rho, None, row.prospective_mu2).epsilon,
-            "actor": row.actor,
-            "created_at": row.created_at,
-            "resolved_at": row.resolved_at,
-        }
-        for row in rows
-    ]
+    items = [_reservation_item(row, cohorts.get(row.id), epsilons) for row in rows]
     return Page(total=total, offset=offset, limit=limit, items=items)
 
 

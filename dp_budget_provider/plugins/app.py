@@ -72,6 +72,7 @@ PAGE_SIZES = (25, 50, 100, 200)
 HISTORY_PAGE = 50
 VERIFY_TTL_SECONDS = 60.0
 RESERVATIONS_PAGE = 20
+RELEASE_PAGE = 100  # accounts per page of a release
 KEY_FIELDS = (
     ("tenant", "tenant"),
     ("subject", "subject"),
@@ -286,6 +287,16 @@ def _key(tenant: str, subject: str, query_type: str, window: str) -> LedgerKey:
         return LedgerKey(tenant, subject, query_type, window)
     except ValueError as error:
         raise HTTPException(status_code=422, detail=str(error)) from error
+
+
+def _release(
+    ledger: PrivacyBudgetLedger, reservation_id: str, limit: int, offset: int
+) -> queries.Release:
+    """The release of a reservation id (404 when there is none)."""
+    found = queries.release(ledger, reservation_id, limit=limit, offset=offset)
+    if found is None:
+        raise HTTPException(status_code=404, detail=f"no release {reservation_id!r}")
+    return found
 
 
 def _class_members(
@@ -694,6 +705,33 @@ def create_app(
                 "reservations_page": rpage,
                 "reservations_pages": _pages(reservations.total, RESERVATIONS_PAGE),
                 "reservations_link": lambda n: _url(request, "/account", {**params, "rpage": n}),
+                "release_link": lambda rid: _url(request, "/release", {"reservation": rid}),
+                "describe": describe_mechanism,
+                "task_link": lambda attempt: _task_link(request, attempt),
+            },
+        )
+
+    @app.get("/release", response_class=HTMLResponse, summary="Release page")
+    def release_page(
+        request: Request,
+        user: Reader,
+        ledger: Ledger,
+        reservation: str,
+        page: PageNumber = 1,
+    ) -> HTMLResponse:
+        found = _release(ledger, reservation, RELEASE_PAGE, (page - 1) * RELEASE_PAGE)
+        return _render(
+            request,
+            "release.html",
+            {
+                **_header(ledger, user),
+                "release": found,
+                "page": page,
+                "pages": _pages(found.accounts.total, RELEASE_PAGE),
+                "page_link": lambda n: _url(
+                    request, "/release", {"reservation": reservation, "page": n}
+                ),
+                "account_link": lambda key: _account_url(request, key),
                 "describe": describe_mechanism,
                 "task_link": lambda attempt: _task_link(request, attempt),
             },
@@ -889,6 +927,25 @@ def create_app(
             offset=found.offset,
             limit=found.limit,
             reservations=[schemas.ReservationModel(**r) for r in found.items],
+        )
+
+    @app.get("/api/release", response_model=schemas.ReleaseModel, tags=["accounts"])
+    def api_release(
+        ledger: Ledger,
+        reservation: str,
+        limit: Annotated[int, Query(ge=1, le=queries.MAX_PAGE)] = 50,
+        offset: Annotated[int, Query(ge=0, le=MAX_STORED_INT)] = 0,
+    ) -> schemas.ReleaseModel:
+        """One release (by its reservation id, as its receipt names it) and the accounts it
+        held, in the order it reserved them."""
+        found = _release(ledger, reservation, limit, offset)
+        return schemas.ReleaseModel(
+            reservation=schemas.ReservationModel(**found.reservation),
+            windows=found.windows,
+            total=found.accounts.total,
+            offset=found.accounts.offset,
+            limit=found.accounts.limit,
+            accounts=[schemas.KeyModel(**key.as_dict()) for key in found.accounts.items],
         )
 
     @app.get("/api/policies", response_model=list[schemas.PolicyModel], tags=["policies"])

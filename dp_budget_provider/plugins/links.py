@@ -1,17 +1,18 @@
-"""The "DP budget account" button on every DPReleaseOperator task instance.
+"""The "DP budget release" button on every DPReleaseOperator task instance.
 
 In Airflow 3 the task runner calls :meth:`get_link` when the task finishes and stores
 the URL as an XCom (``_link_DPBudgetAccountLink``); the UI reads that XCom. So the link
-is built on the task side, from the receipt the operator pushed: it opens the account
-page of the release's most-spent key, or for a refused release the key that refused it.
-A task that never got that far (bad arguments, ledger unreachable) links to its
-tenant's and query type's accounts.
+is built on the task side, from the receipt the operator pushed: it opens the release's
+page (its reservation: mechanism, cost, windows, and every account it held, each a
+subject's or a spend class's), whether it was granted or refused after reserving. A task
+that never reserved (bad arguments, ledger unreachable, refused) links to its tenant's
+and query type's accounts: the link names nothing the task may not know.
 
 The link opens the page inside the Airflow UI, not bare: Airflow 3.3's UI routes
 ``/plugin/<url_route>/*`` to the external view with that ``url_route`` and, when the
 splat is not empty, loads ``/<splat>?<query>`` (same origin) in the view's iframe
 instead of its ``href`` (and keeps the outer URL in step as the iframe navigates).
-So ``/plugin/dp-budget/dp-budget/account?tenant=...`` is the account page, framed by
+So ``/plugin/dp-budget/dp-budget/release?reservation=...`` is the release page, framed by
 Airflow's navigation.
 """
 
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 URL_PREFIX = "/dp-budget"  # where the plugin's FastAPI app is mounted
 URL_ROUTE = "dp-budget"  # the external view's route in the Airflow UI: /plugin/dp-budget
 RECEIPT_XCOM_KEY = "dp_budget_receipt"  # what DPReleaseOperator pushes
-KEY_FIELDS = ("tenant", "subject", "query_type", "window")
 
 
 def ui_url(path: str, query: dict[str, str]) -> str:
@@ -48,9 +48,9 @@ def ui_url(path: str, query: dict[str, str]) -> str:
     return f"{base}/plugin/{URL_ROUTE}{root}{URL_PREFIX}{path}{suffix}"
 
 
-def account_url(key: dict[str, Any]) -> str:
-    """The account page of a key given as its four parts."""
-    return ui_url("/account", {name: str(key[name]) for name in KEY_FIELDS})
+def release_url(reservation_id: str) -> str:
+    """The release page of a reservation id."""
+    return ui_url("/release", {"reservation": reservation_id})
 
 
 def _read_receipt(ti_key: TaskInstanceKey) -> Any:
@@ -62,13 +62,13 @@ def _read_receipt(ti_key: TaskInstanceKey) -> Any:
 class DPBudgetAccountLink(BaseOperatorLink):
     """Links a release task instance to the budget account it charged."""
 
-    name = "DP budget account"
+    name = "DP budget release"
 
     def get_link(self, operator: BaseOperator, *, ti_key: TaskInstanceKey) -> str:
         receipt = _read_receipt(ti_key)
-        key = receipt.get("key") if isinstance(receipt, dict) else None
-        if isinstance(key, dict) and all(isinstance(key.get(n), str) for n in KEY_FIELDS):
-            return account_url(key)
+        reservation = receipt.get("reservation_id") if isinstance(receipt, dict) else None
+        if isinstance(reservation, str) and reservation:
+            return release_url(reservation)
         query = {}
         for name in ("tenant", "query_type"):
             value = getattr(operator, name, None)

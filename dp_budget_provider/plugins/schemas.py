@@ -137,6 +137,18 @@ class ReservationsPage(BaseModel):
     reservations: list[ReservationModel]
 
 
+class ReleaseModel(BaseModel):
+    """One release: its reservation, the windows it charged, a page of the accounts it
+    held (a subject's, or a spend class's covering many subjects)."""
+
+    reservation: ReservationModel
+    windows: list[str]
+    total: int = Field(description="how many accounts it held")
+    offset: int
+    limit: int
+    accounts: list[KeyModel]
+
+
 class HistoryEntryModel(BaseModel):
     """One append-only, hash-chained history entry concerning the key."""
 

@@ -447,7 +447,7 @@ nothing was refunded, so the line stays level.
 <tbody>
 {% for r in reservations.items %}
 <tr>
-  <td class="muted nowrap">{{ r.created_at | when }}</td>
+  <td class="nowrap"><a href="{{ release_link(r.id) }}">{{ r.created_at | when }}</a></td>
   <td><span class="badge {{ 'open' if r.state == 'open' else '' }}">{{ r.state }}</span></td>
   <td class="attempt">{{ attempt(r.attempt_id) }}</td>
   <td><code>{{ describe(r.mechanism) }}</code></td>
@@ -487,6 +487,48 @@ nothing was refunded, so the line stays level.
 </tr>
 {% else %}
 <tr><td colspan="10" class="muted">No history entries for this key.</td></tr>
+{% endfor %}
+</tbody>
+</table>
+{% endblock %}
+"""
+
+_RELEASE = """{% extends "base.html" %}
+{% from "macros.html" import eps, pager, subjects %}
+{% block title %}DP budget · release{% endblock %}
+{% block body %}
+{% set r = release.reservation %}
+<h1>Release <code>{{ r.id }}</code></h1>
+<table id="release">
+<tr><th>state</th><td><span class="badge {{ 'open' if r.state == 'open' else '' }}">
+  {{ r.state }}</span></td></tr>
+<tr><th>task attempt</th><td class="attempt">{% if task_link(r.attempt_id) %}
+  <a href="{{ task_link(r.attempt_id) }}" target="_top">{{ r.attempt_id }}</a>
+  {%- else %}{{ r.attempt_id }}{% endif %}</td></tr>
+<tr><th>mechanism</th><td><code>{{ describe(r.mechanism) }}</code> × {{ r.count }}</td></tr>
+<tr><th>cost ε alone</th><td>{{ eps(r.cost_epsilon) }}</td></tr>
+<tr><th>covers</th><td>{{ subjects(r.subjects) }} in {{ r.key_count | thousands }}
+  {{ 'account' if r.key_count == 1 else 'accounts' }}</td></tr>
+<tr><th>windows</th><td>{% for w in release.windows %}<code>{{ w | window }}</code>
+  {% endfor %}</td></tr>
+<tr><th>reserved</th><td>{{ r.created_at | when }} by {{ r.actor }}</td></tr>
+<tr><th>resolved</th><td>{{ (r.resolved_at | when) if r.resolved_at else '—' }}</td></tr>
+</table>
+
+<h2>Accounts it held</h2>
+<p class="muted">A spend class's account covers every subject of the class: its page lists
+them.</p>
+{{ pager(page, pages, release.accounts.total, page_link, "accounts") }}
+<table id="accounts">
+<thead><tr><th>tenant</th><th>subject or spend class</th><th>query type</th><th>window</th>
+</tr></thead>
+<tbody>
+{% for key in release.accounts.items %}
+<tr><td>{{ key.tenant }}</td>
+  <td><a href="{{ account_link(key) }}">{{ key.subject }}</a></td>
+  <td>{{ key.query_type }}</td><td><code>{{ key.window | window }}</code></td></tr>
+{% else %}
+<tr><td colspan="4" class="muted">No accounts on this page.</td></tr>
 {% endfor %}
 </tbody>
 </table>
@@ -590,6 +632,7 @@ TEMPLATES = {
     "classes.html": _CLASSES,
     "members.html": _MEMBERS,
     "account.html": _ACCOUNT,
+    "release.html": _RELEASE,
     "policies.html": _POLICIES,
     "message.html": _MESSAGE,
     "refusal.html": _REFUSAL,

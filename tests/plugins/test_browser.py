@@ -114,28 +114,28 @@ def test_token_api_openapi_and_the_task_link(server):
         "/taskInstances/release_heatmap/links",
         headers=headers,
     ).json()["extra_links"]
-    url = links["DP budget account"]
-    # The receipt names no account (it would tell the DAG about other DAGs' spend): the
-    # link opens the accounts of the release's scope.
-    assert url == f"{server.url}/plugin/dp-budget/dp-budget/accounts?tenant=acme&query_type=heatmap"
+    url = links["DP budget release"]
+    # The receipt names its own reservation only: the link opens that release's page.
+    assert url.startswith(f"{server.url}/plugin/dp-budget/dp-budget/release?reservation=")
     framed = url.replace("/plugin/dp-budget", "", 1)  # the page the UI's iframe loads
     assert httpx.get(framed, headers=headers).status_code == 200
 
 
-def test_the_task_link_opens_its_scopes_accounts_inside_the_airflow_ui(page, server):
+def test_the_task_link_opens_its_release_inside_the_airflow_ui(page, server):
     headers = {"Authorization": f"Bearer {server.token()}"}
     run_id = quote(server.runs[0]["run_id"], safe="")
     url = httpx.get(
         f"{server.url}/api/v2/dags/example_dp_heatmap/dagRuns/{run_id}"
         "/taskInstances/release_heatmap/links",
         headers=headers,
-    ).json()["extra_links"]["DP budget account"]
-    assert parse_qs(urlsplit(url).query) == {"tenant": ["acme"], "query_type": ["heatmap"]}
+    ).json()["extra_links"]["DP budget release"]
+    assert list(parse_qs(urlsplit(url).query)) == ["reservation"]
     log_in(page, server)
     page.goto(url)
     page.get_by_role("button", name="Browse").wait_for()  # Airflow's own navigation
     frame = page.frame_locator("iframe")
-    frame.locator("table#accounts tbody tr").first.wait_for()
+    frame.locator("table#release").wait_for()
+    frame.locator("table#accounts tbody tr a").first.wait_for()  # to the class's account
     assert page.url == url  # the UI keeps the page in its address
 
 

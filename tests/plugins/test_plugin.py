@@ -70,22 +70,20 @@ def test_airflow_loads_the_plugin_once_whatever_the_discovery_mode(airflow_db, l
     assert "already registered" not in result.stdout + result.stderr
 
 
-def test_the_link_reads_the_receipt_key(monkeypatch):
+def test_the_link_opens_the_release_its_receipt_names(monkeypatch):
     assert links.RECEIPT_XCOM_KEY == RECEIPT_XCOM_KEY
-    receipt = {
-        "key": {"tenant": "acme", "subject": "a/b c", "query_type": "heatmap", "window": "2026-w28"}
-    }
+    receipt = {"reservation_id": "0b5c/1 x", "keys": 1, "epsilon": 0.1}
     monkeypatch.setattr(links, "_read_receipt", lambda ti_key: receipt)
     link = DPBudgetAccountLink()
-    # The Airflow UI's page of the plugin (/plugin/<url_route>), its iframe on the account.
+    # The Airflow UI's page of the plugin (/plugin/<url_route>), its iframe on the release.
     assert link.get_link(None, ti_key=None) == (
-        "/plugin/dp-budget/dp-budget/account"
-        "?tenant=acme&subject=a%2Fb+c&query_type=heatmap&window=2026-w28"
+        "/plugin/dp-budget/dp-budget/release?reservation=0b5c%2F1+x"
     )
     # Under a base URL with a path both the UI route and the framed page carry it.
     monkeypatch.setenv("AIRFLOW__API__BASE_URL", "https://airflow.example.com/base/")
-    assert link.get_link(None, ti_key=None).startswith(
-        "https://airflow.example.com/base/plugin/dp-budget/base/dp-budget/account?tenant=acme&"
+    assert link.get_link(None, ti_key=None) == (
+        "https://airflow.example.com/base/plugin/dp-budget/base/dp-budget/release"
+        "?reservation=0b5c%2F1+x"
     )
 
 
@@ -145,9 +143,22 @@ def test_a_real_dag_run_fills_the_ui_and_links_its_task(
             assert {a["releases"] for a in accounts["accounts"]} == {2}
             url = _link_xcom(runs[-1], "release_heatmap")
             parts = urlsplit(url)
-            # The link opens the release's scope (its receipt names no account).
-            assert parts.path == "/plugin/dp-budget/dp-budget/accounts"  # the UI's framed page
-            assert client.get("/accounts?" + parts.query).status_code == 200
+            # The link opens the release: its mechanism, windows and the accounts it held
+            # (the cohort's one spend class), each linking to its page.
+            assert parts.path == "/plugin/dp-budget/dp-budget/release"  # the UI's framed page
+            release = client.get("/api/release?" + parts.query).json()
+            assert release["reservation"]["state"] == "committed"
+            assert release["reservation"]["subjects"] == 50
+            assert release["reservation"]["attempt_id"].startswith(
+                f"example_dp_heatmap/release_heatmap/{runs[-1].run_id}/"
+            )
+            assert release["total"] == len(release["accounts"]) == 1
+            held = release["accounts"][0]
+            assert held["tenant"] == "acme" and held["window"] in release["windows"]
+            page = client.get("/release?" + parts.query)
+            assert page.status_code == 200 and "50 subjects" in page.text
+            assert "/account?tenant=acme&amp;subject=" in page.text
+            assert client.get("/release?reservation=nope").status_code == 404
             account = accounts["accounts"][0]
             key = {name: account[name] for name in ("tenant", "subject", "query_type", "window")}
             query = "&".join(f"{name}={value}" for name, value in key.items())
