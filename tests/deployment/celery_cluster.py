@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import psutil
+import redis
 
 from tests.plugins.airflow_server import (
     AIRFLOW,
@@ -292,3 +293,19 @@ def running(cluster: Cluster, workers: dict[str, tuple[list[str], int]]) -> Iter
         yield cluster
     finally:
         _stop(list(cluster.processes.values()))
+        _forget_queues(cluster.queue)
+
+
+def _forget_queues(prefix: str) -> None:
+    """Delete what the cluster left in Redis: its queues' keys and its unacknowledged
+    messages (a killed worker's), which would otherwise be kept in the shared database."""
+    broker = redis.Redis.from_url(REDIS_URL)
+    try:
+        for key in broker.scan_iter(match=f"*{prefix}*"):
+            broker.delete(key)
+        for tag, message in broker.hscan_iter("unacked"):
+            if json.loads(message)[2].startswith(prefix):  # [payload, exchange, routing key]
+                broker.hdel("unacked", tag)
+                broker.zrem("unacked_index", tag)
+    finally:
+        broker.close()

@@ -7,9 +7,10 @@ worker, is in the middle of its callable; that worker is SIGKILLed (its whole pr
 tree, as a lost machine). Then the ``dp_budget_reap`` DAG runs on the surviving worker.
 The ledger must show: no subject over its cap, exactly the releases that fit granted and
 the rest refused, the killed attempt charged by the reap (never refunded), every account
-equal to an independent count of its charged releases, a verify that passes, and no log
-of any component or task naming an error of session state or prepared statements (what
-a ledger leaving state in a pooled server session would meet).
+equal to an independent count of its charged releases, a verify that passes, no log of
+any component or task naming an error of session state or prepared statements, and no
+server session of the pool holding anything a transaction left (a prepared statement, a
+setting, a lock, a LISTEN, a temporary table, a cursor) for the next client.
 """
 
 from __future__ import annotations
@@ -237,7 +238,10 @@ def test_celery_workers_behind_pgbouncer_never_pass_a_cap_and_a_killed_worker_is
     (stats,) = [s for s in bouncer.admin("SHOW STATS") if s["database"] != "pgbouncer"]
     assert stats["total_xact_count"] > 20  # the workers' ledger work went through PgBouncer
     ledger.close()
-    print(f"celery + pgbouncer scenario: {elapsed:.1f} s")
+    print(
+        f"celery + pgbouncer: {elapsed:.1f} s, granted {sorted(granted)}, "
+        f"{stats['total_xact_count']} transactions through PgBouncer"
+    )
 
 
 def test_the_session_check_sees_what_a_client_leaves_in_a_pooled_session(tmp_path):
