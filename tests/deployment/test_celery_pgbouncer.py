@@ -108,17 +108,27 @@ def expected_epsilon(releases: int) -> float:
     return accountant.get_epsilon(DELTA)[0] if releases else 0.0
 
 
-@pytest.fixture(scope="module")
-def bouncer(tmp_path_factory) -> Iterator[PgBouncer]:
-    """The ledger's own scratch database, reached only through PgBouncer."""
-    folder = tmp_path_factory.mktemp("pgbouncer")
+def bouncer_for(prefix: str, folder: Path) -> Iterator[PgBouncer]:
+    """A scratch database of its own, reached only through PgBouncer; fails (never skips)
+    without PgBouncer or PostgreSQL."""
     try:
-        with scratch_database("dpb_ledger") as (name, _), pgbouncer(name, folder) as running:
+        with scratch_database(prefix) as (name, _), pgbouncer(name, folder) as running:
             yield running
     except PgBouncerMissing as missing:
         pytest.fail(str(missing))
     except psycopg2.OperationalError as error:
         pytest.fail(f"PostgreSQL is required for the tests and is not reachable: {error}")
+
+
+@pytest.fixture(scope="module")
+def bouncer(tmp_path_factory) -> Iterator[PgBouncer]:
+    """The ledger's database."""
+    yield from bouncer_for("dpb_ledger", tmp_path_factory.mktemp("pgbouncer"))
+
+
+@pytest.fixture
+def fresh_bouncer(tmp_path) -> Iterator[PgBouncer]:
+    yield from bouncer_for("dpb_leak", tmp_path)
 
 
 def write_release_dags(cluster: Cluster, window: str) -> None:
@@ -188,10 +198,12 @@ def test_celery_workers_behind_pgbouncer_never_pass_a_cap_and_a_killed_worker_is
             wait_for(marker["doomed"], cluster, timeout=180)  # reserved, in its callable
             runs = {dag_id: cluster.trigger(dag_id) for dag_id in RACING}
             killed = cluster.kill("worker-doomed")
+            killed_at = time.monotonic()
             assert int(marker["doomed"].read_text()) in killed
             assert not any(map(psutil.pid_exists, killed))
             states = {d: cluster.wait_for_run(d, r, timeout=180) for d, r in runs.items()}
-            time.sleep(LEASE_SECONDS)  # the doomed attempt's last renewal has run out
+            # the doomed attempt's last renewal has run out
+            time.sleep(max(0.0, killed_at + LEASE_SECONDS - time.monotonic()))
             # The maintenance DAG, deployed now as shipped: unpaused, it runs at once (its
             # latest schedule, catchup off), on the surviving worker.
             shutil.copy(ROOT / "dags" / "dp_budget_reap.py", home / "dags")
@@ -244,25 +256,25 @@ def test_celery_workers_behind_pgbouncer_never_pass_a_cap_and_a_killed_worker_is
     )
 
 
-def test_the_session_check_sees_what_a_client_leaves_in_a_pooled_session(tmp_path):
+def test_the_session_check_sees_what_a_client_leaves_in_a_pooled_session(fresh_bouncer):
     """The check above can fail: a client that SETs, PREPAREs, LISTENs, takes an advisory
     lock or creates a temporary table outside a transaction leaves it in the server
     session, for the next client PgBouncer hands that session to."""
-    with scratch_database("dpb_leak") as (name, _), pgbouncer(name, tmp_path) as bouncer:
-        assert all(found == [] for found in session_leftovers(bouncer).values())
-        client = psycopg2.connect(bouncer.dsn)
-        client.autocommit = True
-        with client.cursor() as cursor:
-            for statement in (
-                "SET statement_timeout = 5000",
-                "PREPARE leftover AS SELECT 1",
-                "LISTEN leftover",
-                "SELECT pg_advisory_lock(42)",
-                "CREATE TEMPORARY TABLE leftover (x int)",
-            ):
-                cursor.execute(statement)
-        client.close()
-        found = [item for items in session_leftovers(bouncer).values() for item in items]
+    bouncer = fresh_bouncer
+    assert all(found == [] for found in session_leftovers(bouncer).values())
+    client = psycopg2.connect(bouncer.dsn)
+    client.autocommit = True
+    with client.cursor() as cursor:
+        for statement in (
+            "SET statement_timeout = 5000",
+            "PREPARE leftover AS SELECT 1",
+            "LISTEN leftover",
+            "SELECT pg_advisory_lock(42)",
+            "CREATE TEMPORARY TABLE leftover (x int)",
+        ):
+            cursor.execute(statement)
+    client.close()
+    found = [item for items in session_leftovers(bouncer).values() for item in items]
     assert sorted(found) == [
         "LISTEN leftover",
         "SET statement_timeout = 5000",
