@@ -14,6 +14,16 @@ if [ ! -x /usr/bin/chromium ]; then
       "the browser tests will fail" >&2
   fi
 fi
+# The Celery deployment test puts the ledger behind Debian's PgBouncer (it fails without it).
+if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "==> installing pgbouncer for the deployment tests"
+    apt-get update && apt-get install -y pgbouncer
+  else
+    echo "WARNING: pgbouncer is missing (apt-get install -y pgbouncer as root);" \
+      "the Celery deployment test will fail" >&2
+  fi
+fi
 .venv/bin/python -c "import airflow, dp_accounting; print('airflow', airflow.__version__)"
 .venv/bin/ruff check .
 # One worker per core (DP_BUDGET_TEST_WORKERS overrides; 0 runs in this process); each test

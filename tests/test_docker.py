@@ -38,20 +38,24 @@ BIN = Path(sys.executable).parent
 CLIS = {"airflow", "dp-budget"}
 
 BASE_IMAGE = "apache/airflow:3.3.2"
-AIRFLOW_SERVICES = {
+BASE_AIRFLOW_SERVICES = {
     "airflow-init",
     "airflow-apiserver",
     "airflow-scheduler",
     "airflow-dag-processor",
     "airflow-triggerer",
 }
-SERVICES = {"postgres", "ledger-db"} | AIRFLOW_SERVICES
+# Services of a profile (started only with `--profile NAME`): the Celery deployment.
+PROFILES = {"redis": {"celery"}, "airflow-worker": {"celery"}, "flower": {"flower"}}
+AIRFLOW_SERVICES = BASE_AIRFLOW_SERVICES | {"airflow-worker", "flower"}
+SERVICES = {"postgres", "ledger-db", "redis"} | AIRFLOW_SERVICES
 REQUIRED_INVOCATIONS = {
     ("airflow", "db", "migrate"),
     ("airflow", "api-server"),
     ("airflow", "scheduler"),
     ("airflow", "dag-processor"),
     ("airflow", "triggerer"),
+    ("airflow", "celery", "worker"),
     ("dp-budget", "db", "upgrade"),
     ("dp-budget", "init"),
 }
@@ -63,18 +67,22 @@ CONDITIONS = {"service_started", "service_healthy", "service_completed_successfu
 _VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}|\$([A-Za-z_]\w*)")
 
 
-def interpolate(value: Any) -> Any:
-    """Compose's variable interpolation with nothing set: defaults apply, ``$$`` is ``$``."""
+def interpolate(value: Any, variables: dict[str, str] | None = None) -> Any:
+    """Compose's variable interpolation with only ``variables`` set (by default nothing):
+    defaults apply to the others, ``$$`` is ``$``."""
+    variables = variables or {}
     if isinstance(value, dict):
-        return {key: interpolate(item) for key, item in value.items()}
+        return {key: interpolate(item, variables) for key, item in value.items()}
     if isinstance(value, list):
-        return [interpolate(item) for item in value]
+        return [interpolate(item, variables) for item in value]
     if not isinstance(value, str):
         return value
 
     def substitute(match: re.Match[str]) -> str:
         if match.group(0) == "$$":
             return "$"
+        if variables.get(match.group(1) or match.group(4) or ""):
+            return variables[match.group(1) or match.group(4)]
         operator, argument = match.group(2), match.group(3)
         if operator and operator.endswith("?"):
             raise ValueError(f"{match.group(0)} requires a variable to be set")
@@ -83,8 +91,8 @@ def interpolate(value: Any) -> Any:
     return _VARIABLE.sub(substitute, value)
 
 
-def load_compose(text: str) -> dict[str, Any]:
-    return interpolate(yaml.safe_load(text))
+def load_compose(text: str, variables: dict[str, str] | None = None) -> dict[str, Any]:
+    return interpolate(yaml.safe_load(text), variables)
 
 
 @pytest.fixture(scope="module")
@@ -397,6 +405,62 @@ def shared_mount_problems(compose: dict[str, Any], path: str, services: set[str]
     return problems
 
 
+def profile_problems(compose: dict[str, Any]) -> list[str]:
+    """The base deployment starts without any profile; the profiles add only their own
+    services, and nothing outside a profile needs one of them."""
+    services = compose.get("services", {})
+    problems = []
+    for name, service in services.items():
+        profiles = set(service.get("profiles") or [])
+        if profiles != PROFILES.get(name, set()):
+            problems.append(
+                f"{name}: profiles {sorted(profiles)}, not {sorted(PROFILES.get(name, set()))}"
+            )
+        if profiles:
+            continue  # flower (its own profile) is started together with the celery one
+        for target in service.get("depends_on") or {}:
+            needed = set((services.get(target) or {}).get("profiles") or [])
+            if needed:
+                problems.append(
+                    f"{name} needs {target}, which only the {sorted(needed)} profile starts"
+                )
+    return problems
+
+
+def celery_problems(compose: dict[str, Any]) -> list[str]:
+    """``compose`` read with AIRFLOW_EXECUTOR=CeleryExecutor: every Airflow component uses
+    the CeleryExecutor, the broker is the redis service, results go to the metadata
+    database, and the workers start after the broker and the execution API."""
+    services = compose["services"]
+    metadata_env = environment(services["postgres"])
+    problems = []
+    for name in sorted(AIRFLOW_SERVICES):
+        env = environment(services[name])
+        if env.get("AIRFLOW__CORE__EXECUTOR") != "CeleryExecutor":
+            problems.append(f"{name}: executor is {env.get('AIRFLOW__CORE__EXECUTOR')!r}")
+        broker = re.fullmatch(
+            r"redis://([\w-]+):(\d+)/\d+", env.get("AIRFLOW__CELERY__BROKER_URL", "")
+        )
+        if not broker or broker.group(1) != "redis" or broker.group(2) != "6379":
+            problems.append(f"{name}: the Celery broker is not the redis service")
+        backend = make_url(
+            env.get("AIRFLOW__CELERY__RESULT_BACKEND", "db+sqlite://").removeprefix("db+")
+        )
+        if (backend.host, backend.username, backend.password, backend.database) != (
+            "postgres",
+            metadata_env.get("POSTGRES_USER"),
+            metadata_env.get("POSTGRES_PASSWORD"),
+            metadata_env.get("POSTGRES_DB"),
+        ):
+            problems.append(f"{name}: the Celery result backend is not the metadata database")
+    worker = services.get("airflow-worker") or {}
+    depends = worker.get("depends_on") or {}
+    for target in ("redis", "airflow-apiserver"):
+        if (depends.get(target) or {}).get("condition") != "service_healthy":
+            problems.append(f"airflow-worker must wait for {target} to be healthy")
+    return problems
+
+
 def dockerfile_problems(text: str, context: Path) -> list[str]:
     instructions = dockerfile_instructions(text)
     problems = []
@@ -478,6 +542,13 @@ def test_airflow_environment(compose):
     assert shared_mount_problems(compose, passwords, {"airflow-init", "airflow-apiserver"}) == []
 
 
+def test_the_celery_profile():
+    assert profile_problems(load_compose(COMPOSE_FILE.read_text())) == []
+    celery = load_compose(COMPOSE_FILE.read_text(), {"AIRFLOW_EXECUTOR": "CeleryExecutor"})
+    assert celery_problems(celery) == []
+    assert ledger_problems(celery) == []
+
+
 def test_dockerfile():
     assert dockerfile_problems(DOCKERFILE.read_text(), REPO) == []
 
@@ -491,7 +562,7 @@ def test_the_checks_catch_broken_deployments(compose):
     broken = copy.deepcopy(compose)
     services = broken["services"]
     del services["ledger-db"]["healthcheck"]
-    services["airflow-triggerer"]["depends_on"]["redis"] = {"condition": "service_healthy"}
+    services["airflow-triggerer"]["depends_on"]["memcached"] = {"condition": "service_healthy"}
     services["airflow-scheduler"]["volumes"] = ["../plugins:/opt/airflow/plugins", "nope:/x"]
     services["airflow-apiserver"]["build"] = {"context": "..", "dockerfile": "Dockerfile"}
     env = services["airflow-dag-processor"]["environment"]
@@ -502,7 +573,7 @@ def test_the_checks_catch_broken_deployments(compose):
     env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] = "http://localhost:8080/execution/"
     assert_reported(
         service_problems(broken),
-        "airflow-triggerer depends on unknown service 'redis'",
+        "airflow-triggerer depends on unknown service 'memcached'",
         "airflow-scheduler waits for ledger-db to be healthy; it has no healthcheck",
     )
     assert_reported(
@@ -521,6 +592,25 @@ def test_the_checks_catch_broken_deployments(compose):
         "airflow-dag-processor: AIRFLOW__DP_BUDGET__DEFAULT_CAP is not a [dp_budget] option",
         "airflow-dag-processor: the execution API URL must name airflow-apiserver",
     )
+
+    celery = load_compose(COMPOSE_FILE.read_text(), {"AIRFLOW_EXECUTOR": "CeleryExecutor"})
+    celery["services"]["airflow-worker"]["depends_on"].pop("redis")
+    celery["services"]["redis"].pop("profiles")
+    celery["services"]["airflow-scheduler"]["depends_on"]["airflow-worker"] = {
+        "condition": "service_healthy"
+    }
+    celery["services"]["flower"]["environment"]["AIRFLOW__CELERY__BROKER_URL"] = "redis://x:6379/0"
+    assert_reported(
+        profile_problems(celery),
+        "redis: profiles [], not ['celery']",
+        "airflow-scheduler needs airflow-worker",
+    )
+    assert_reported(
+        celery_problems(celery),
+        "airflow-worker must wait for redis to be healthy",
+        "flower: the Celery broker is not the redis service",
+    )
+    assert_reported(celery_problems(compose), "airflow-scheduler: executor is 'LocalExecutor'")
 
     assert cli_problems(["airflow", "webserver"])  # Airflow 2's UI command, gone in 3
     assert cli_problems(["airflow", "jobs", "check", "--job-type", "DagFileProcessorJob"])
