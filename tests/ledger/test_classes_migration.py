@@ -223,11 +223,26 @@ def assert_legacy_accounts_are_classes_of_one(
         "dp_charge_cohorts": ["seq", "cohort_id", "query_type", "window"],
         # Revision 0011 (a sealed window's final spend, one row per account it held).
         "dp_sealed_accounts": [
-            "id", "tenant", "subject", "query_type", "window", "rho", "residual",
-            "gaussian_mu2", "releases", "open_reservations", "pending_rho", "pending_residual",
-            "pending_mu2", "pending_others", "updated_at", "rescoped_to", "size", "cohort_id",
+            "id",
+            "tenant",
+            "subject",
+            "query_type",
+            "window",
+            "rho",
+            "residual",
+            "gaussian_mu2",
+            "releases",
+            "open_reservations",
+            "pending_rho",
+            "pending_residual",
+            "pending_mu2",
+            "pending_others",
+            "updated_at",
+            "rescoped_to",
+            "size",
+            "cohort_id",
             "sealed_at",
-        ],  # fmt: skip
+        ],
         # Revision 0012 (when each maintenance job last ran).
         "dp_maintenance": ["job", "last_run_at", "actor"],
     }
