@@ -60,13 +60,17 @@ class BudgetCheckRoom(LedgerCore):
         chargeable: bool,
     ) -> BudgetCheck:
         """:meth:`budget_check`; with ``chargeable`` False, keys no release may charge
-        are priced all the same (what a key would reach, as a number to look at)."""
+        are priced all the same (what a key would reach, as a number to look at), except
+        those of a sealed window: its final spend is no live state to price on, and a
+        price without it would read below what the key has lost."""
         cost = self._cost(self._mechanism(mechanism), check.count("count", count))
         with self.reading() as connection:
             distinct, states = self._states(connection, keys)
             policies = self._policy_store.read(connection)
             if chargeable:
                 self._refuse_unchargeable(connection, distinct, states, policies)
+            else:
+                self._refuse_sealed(connection, distinct)
         worst: tuple[float, bool, LedgerKey, float, float] | None = None
         for state in states:
             cap = policy_of_scope(policies, state.tenant, state.query_type)
@@ -147,5 +151,7 @@ class BudgetCheckRoom(LedgerCore):
         self, key: LedgerKey, mechanism: Mechanism | Mapping[str, Any], count: int = 1
     ) -> float:
         """The eps ``key`` would reach with this release on top of committed and reserved
-        spend (also for a key no release may charge any more: see :meth:`budget_check`)."""
+        spend (also for a key no release may charge any more: see :meth:`budget_check`;
+        a sealed window's key raises :class:`WindowSealed`, never a price without its
+        final spend)."""
         return self._check(self._one_key(key), mechanism, count, chargeable=False).epsilon

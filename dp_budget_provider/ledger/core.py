@@ -585,6 +585,18 @@ class LedgerCore:
         reading without locking or creating anything: a quarantined ledger, a sealed
         window, a label that is not its calendar's or has not begun, a re-scoped key."""
         self._refuse_if_quarantined(connection)
+        scope_keys = self._refuse_sealed(connection, keys)
+        self._check_windows(list(scope_keys.values()), policy_lookup(policies), clock.now())
+        for state in states:
+            if state.rescoped_to is not None:
+                raise _rescoped(state.example, state.rescoped_to)
+
+    @staticmethod
+    def _refuse_sealed(
+        connection: Connection, keys: Sequence[Charged]
+    ) -> dict[tuple[str, str, str], Charged]:
+        """Raise :class:`WindowSealed` if any of ``keys`` lies in a sealed window; returns
+        the keys by scope (tenant, query type, window)."""
         scope_keys = {(key.tenant, key.query_type, key.window): key for key in keys}
         scope = (WindowRow.tenant, WindowRow.query_type, WindowRow.window)
         for chunk in _chunks(sorted(scope_keys)):
@@ -595,10 +607,7 @@ class LedgerCore:
             ).first()
             if sealed is not None:
                 raise _sealed(*sealed)
-        self._check_windows(list(scope_keys.values()), policy_lookup(policies), clock.now())
-        for state in states:
-            if state.rescoped_to is not None:
-                raise _rescoped(state.example, state.rescoped_to)
+        return scope_keys
 
     def _lock_reservation(
         self, connection: Connection, reservation_id: str

@@ -17,7 +17,14 @@ import pytest
 import sqlalchemy as sa
 
 from dp_budget_provider.accounting import GaussianMechanism
-from dp_budget_provider.ledger import BudgetCap, LedgerError, key_for, queries, report
+from dp_budget_provider.ledger import (
+    BudgetCap,
+    LedgerError,
+    WindowSealed,
+    key_for,
+    queries,
+    report,
+)
 from dp_budget_provider.ledger import clock as ledger_clock
 from dp_budget_provider.ledger.spend_classes import every_class
 from tests.admin import AdminLedger
@@ -209,3 +216,14 @@ def test_the_report_is_by_class_and_its_subject_listing_opt_in_and_paged(ledger_
     assert "No accounts in scope" not in report.render_markdown(sealed_report)
     assert took < 30
     ledger.close()
+
+
+def test_a_sealed_key_is_never_priced_as_untouched(sealed):
+    """A price on a sealed window's key would start from nothing (its final spend is no
+    live state): the read refuses, naming the seal, as the check of a release does."""
+    ledger, before, _ = sealed
+    with pytest.raises(WindowSealed, match="sealed"):
+        ledger.prospective_epsilon(key("u0001"), GaussianMechanism(3.0))
+    with pytest.raises(WindowSealed):
+        ledger.budget_check([key("u0001")], GaussianMechanism(3.0))
+    assert ledger.epsilon_of(key("u0001")) == before["u0001"]
