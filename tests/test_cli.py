@@ -414,7 +414,7 @@ def test_status_json_and_filters(seeded_any, capsys):
     assert code == 0
     document = json.loads(out)
     assert document["total"] == 3
-    assert document["filters"] == {"window": CLOSED, "tenant": None}
+    assert document["filters"] == {"window": CLOSED, "tenant": None, "sealed": False}
     by_subject = {a["subject"]: a for a in document["accounts"]}
     assert set(by_subject) == {"alice", "bob", "erin"}
     assert by_subject["erin"]["state"] == "EXHAUSTED"
@@ -549,10 +549,14 @@ def test_names_in_errors_are_kept_as_written(seeded, capsys):
 
 
 def test_show_a_reset_account_keeps_its_history(seeded, capsys):
+    live = call(capsys, "--url", seeded, "show", "alice", "heatmap", CLOSED)[1].splitlines()
     assert call(capsys, "--url", seeded, "reset", "--window", CLOSED)[0] == 0
     code, out, _ = call(capsys, "--url", seeded, "show", "alice", "heatmap", CLOSED)
     assert code == 0
-    assert "no live account" in out
+    # The sealed window's final spend, as it was live, never zero.
+    assert "state     SEALED" in out.splitlines()
+    spend = [line for line in live if line.startswith(("epsilon ", "releases "))]
+    assert len(spend) == 2 and all(line in out.splitlines() for line in spend)
     _, rows = table(out)
     assert [row.split()[2] for row in rows] == ["reserve", "commit", "reserve", "commit"]
 
@@ -586,7 +590,10 @@ def test_show_history_and_policies_as_json(seeded, capsys):
     assert call(capsys, "--url", seeded, "reset", "--window", CLOSED)[0] == 0
     code, out, _ = call(capsys, "--url", seeded, "show", "erin", "heatmap", CLOSED, "--json")
     after_reset = json.loads(out)
-    assert code == 0 and after_reset["account"] is None
+    assert code == 0 and after_reset["account"]["state"] == "SEALED"
+    assert after_reset["account"]["sealed_at"] is not None
+    live = {**after_reset["account"], "state": "EXHAUSTED", "sealed_at": None}
+    assert live == shown["account"]  # the final spend, as it was live
     assert after_reset["history"][:3] == shown["history"]
 
 

@@ -87,10 +87,16 @@ def test_reset_dag_reaps_resets_closed_windows_and_verifies(airflow_db, ledger_u
     ledger.spend(open_key, GaussianMechanism(4.0))
     stale = ledger.reserve([open_key], GaussianMechanism(4.0), attempt="dead-worker/try/1")
     open_before = ledger.epsilon_of(open_key)
+    closed_before = ledger.epsilon_of(closed_key)
 
     dag_run = run_reset_dag()
     assert set(task_states(dag_run).values()) == {"success"}
-    assert ledger.epsilon_of(closed_key) == 0.0
+    # The closed window is sealed: its account left the live ones with its final spend.
+    assert ledger.epsilon_of(closed_key) == closed_before > 0
+    assert [(s.key, s.state) for s in ledger.accounts(window="2026-w01")] == [
+        (closed_key, "SEALED")
+    ]
+    assert [s.key for s in ledger.accounts()] == [open_key]
     assert ledger.epsilon_of(open_key) == pytest.approx(stale.prospective_epsilon)
     assert ledger.epsilon_of(open_key) > open_before
     assert ledger.open_reservations() == []

@@ -125,9 +125,14 @@ def test_g_rescope_carries_spend_and_reset_frees_only_its_window(ledger_url):
         ledger.rescope(traj, snap)
     with pytest.raises(WindowSealed):
         ledger.rescope(snap, key_for("subject:c71b", "count", "2026-W28"))
-    # Checklist 6: reset frees exactly that window (past its grace period), and seals it.
+    # Checklist 6: reset frees exactly that window (past its grace period), and seals it:
+    # its accounts leave the live ones and keep their final spend (never read as zero).
     assert ledger.reset("2026-W28") == 2
-    assert ledger.epsilon_of(traj) == 0.0
+    assert ledger.epsilon_of(traj) == pytest.approx(spent, abs=1e-12)
+    assert ledger.epsilon_of(snap) == pytest.approx(spent, abs=1e-12)  # frozen when re-scoped
+    sealed = {s.key: s.state for s in ledger.accounts(window="2026-W28")}
+    assert sealed == {snap: "RESCOPED", traj: "SEALED"}
+    assert [s.key for s in ledger.accounts()] == [other_window]
     assert ledger.epsilon_of(other_window) > 0
     with pytest.raises(WindowSealed, match="sealed"):
         ledger.spend(traj, RELEASE)

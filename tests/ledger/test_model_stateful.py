@@ -10,8 +10,9 @@ own ISO-week arithmetic, policy lookup and grace periods, and an ``RDPAccountant
 same mechanisms per key. After every step the ledger must agree with it: every live
 account, every refusal (and that it wrote nothing), every new history entry. The
 invariant that matters: no key's reserve-granted lifetime spend ever passes the cap in
-force when it was last granted, although resets drop accounts (never a refund: a reset
-window is sealed for good) and rescopes move spend; and a lease only ever decides when
+force when it was last granted, although resets move accounts out of the live ones (never a
+refund: a reset window is sealed for good, and every key of it reads its final spend, state
+SEALED) and rescopes move spend; and a lease only ever decides when
 an open reservation is charged: renewing writes nothing, and closes nothing.
 
 Each example runs on a fresh database: a copy of the one the ``ledger_url`` fixture gave
@@ -181,6 +182,7 @@ class ModelAccount:
     spend: Counter = dataclasses.field(default_factory=Counter)  # live committed releases
     releases: int = 0
     rescoped_to: str | None = None
+    sealed_at: datetime | None = None  # when a reset sealed its window: the final spend
 
 
 @dataclasses.dataclass
@@ -239,6 +241,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             }
             self.windows: dict[tuple[str, str, str], bool] = {}  # (tenant, qt, label): sealed
             self.accounts: dict[LedgerKey, ModelAccount] = {}
+            self.sealed: dict[LedgerKey, ModelAccount] = {}  # sealed windows' final accounts
             self.lifetime: dict[LedgerKey, Counter] = {}  # everything ever charged, kept
             self.granted: dict[LedgerKey, Counter] = {}  # charged through reserve only
             self.grant_cap: dict[LedgerKey, float] = {}  # the cap when last granted
@@ -253,6 +256,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             self.touched: set[LedgerKey] = set()
             self.steps = 0
             self.open_changed = False
+            self.sealed_changed = False
             event("example")
 
         def teardown(self) -> None:
@@ -278,6 +282,12 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
 
         def live(self, key: LedgerKey) -> float:
             account = self.accounts.get(key)
+            return 0.0 if account is None else self.composer.epsilon(account.spend)
+
+        def final(self, key: LedgerKey) -> float:
+            """What reads answer for ``key``: its live account's eps, else its sealed
+            window's final spend (a reset never makes a charged key read zero), else 0."""
+            account = self.accounts.get(key, self.sealed.get(key))
             return 0.0 if account is None else self.composer.epsilon(account.spend)
 
         def blocked(self, key: LedgerKey) -> str | None:
@@ -413,7 +423,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
 
         def pick_key(self, data, tenant, query_type, subject, back_hours) -> LedgerKey:
             """A key holding an open reservation, a live account, any key charged before
-            (re-scoped, or dropped by a reset), or the key of a recent moment."""
+            (re-scoped, or sealed by a reset), or the key of a recent moment."""
             sources = ["live", "recent", "charged", "held"]
             source = data.draw(st.sampled_from(sources), label="source")
             live = sorted(k for k, a in self.accounts.items() if a.rescoped_to is None)
@@ -583,7 +593,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
                 receipt = by_account.get(self.ledger.account_of(key))
                 assert receipt is not None or not first, (key, receipts)
                 if receipt is not None:
-                    assert close_to(receipt.epsilon, self.live(key)), (key, receipt)
+                    assert close_to(receipt.epsilon, self.final(key)), (key, receipt)
 
         def do_release(self, reservation: ModelReservation) -> None:
             event(f"release: {reservation.state}")
@@ -785,8 +795,10 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
         def apply_reset(self, label: str, scopes, dropped) -> None:
             for tenant, qt in scopes:
                 self.windows[(tenant, qt, label)] = True
-            for key in dropped:
-                del self.accounts[key]  # the lifetime spend stays: a reset never refunds
+            for key in dropped:  # the final spend stays readable: a reset never refunds
+                self.sealed[key] = self.accounts.pop(key)
+                self.sealed[key].sealed_at = clock.moment
+            self.sealed_changed = True
             self.touched |= set(dropped)
             self.expected.append(("reset", None))
 
@@ -873,6 +885,8 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             self.check_touched_keys()
             if self.open_changed or self.steps % 3 == 0:
                 self.check_open_reservations()
+            if self.sealed_changed or self.steps % VERIFY_EVERY == 0:
+                self.check_sealed_accounts()
             self.check_caps()
             if self.steps % VERIFY_EVERY == 0:
                 report = self.ledger.verify()
@@ -904,6 +918,25 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
                     assert status.exhausted == exhausted, (key, status, cheapest)
                 if not close_to(held, WARN_FRACTION * cap):
                     assert status.warned == (held > WARN_FRACTION * cap), (key, status)
+
+        def check_sealed_accounts(self) -> None:
+            """Every account of a sealed window, and no other: its final spend, releases
+            and mark, sealed when the reset ran, state SEALED (RESCOPED if re-scoped)."""
+            self.sealed_changed = False
+            listed = {
+                status.key: status
+                for status in self.ledger.accounts(sealed=True)
+                if status.sealed_at is not None
+            }
+            assert set(listed) == set(self.sealed), sorted(map(str, set(listed) ^ set(self.sealed)))
+            for key, status in listed.items():
+                model = self.sealed[key]
+                assert close_to(status.epsilon, self.final(key)), (key, status, model)
+                assert status.releases == model.releases, (key, status, model)
+                assert status.rescoped_to == model.rescoped_to, (key, status)
+                assert status.state == ("RESCOPED" if model.rescoped_to else "SEALED"), status
+                assert datetime.fromisoformat(status.sealed_at) == model.sealed_at, status
+                assert status.open_reservations == 0, (key, status)
 
         def held(self, key: LedgerKey) -> float:
             """eps of committed + every open reservation on ``key``, by the model."""
@@ -942,15 +975,16 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             assert self.seen_reserves == {i: r.attempt for i, r in self.reserved.items()}
 
         def check_touched_keys(self) -> None:
-            """epsilon_of (0 once reset) and the prospective eps of a few keys this step
-            touched: at most 4 (accounts() already compared every live account)."""
+            """epsilon_of (a reset window's final spend) and the prospective eps of a few
+            keys this step touched: at most 4 (accounts() already compared every live
+            account)."""
             keys = sorted(self.touched)
             self.touched = set()
             if len(keys) > 4:
                 offset = self.steps % len(keys)
                 keys = (keys[offset:] + keys[:offset])[:4]
             for key in keys:
-                assert close_to(self.ledger.epsilon_of(key), self.live(key)), key
+                assert close_to(self.ledger.epsilon_of(key), self.final(key)), key
             for key in keys:
                 if key in self.accounts and self.open_on(key):
                     probe = MECHANISMS[2]

@@ -62,7 +62,8 @@ def build(url: str, seed: int = 14) -> None:
     (known) and new (refined: kept, split, new), splits of accounts
     held by open reservations (carried to them, then committed or left open), a
     correction and a re-scope (each a class of one), a released reservation, and a reset
-    window (whose classes are dropped). Verifies clean."""
+    window (whose accounts move to dp_sealed_accounts, its members and listings kept).
+    Verifies clean."""
     CLOCK["now"] = datetime(2026, 11, 4, 12, tzinfo=UTC)
     rng = random.Random(seed)
     ledger = PrivacyBudgetLedger(BudgetCap(40.0, DELTA), url=url, chain_key=KEY, actor="builder")
@@ -127,7 +128,7 @@ def refinements(url: str) -> list[tuple[int, dict[str, Any]]]:
 @pytest.mark.parametrize("seed", [14, 15])
 def test_releases_over_overlapping_random_cohorts_verify_clean(ledger_url, seed):
     """Every kind of refinement happens, on either backend, and the class tables prove
-    out (a split copies its parent's spend, listings follow splits, a reset drops them)."""
+    out (a split copies its parent's spend, listings follow splits, a reset keeps them)."""
     build(ledger_url, seed)
     cohorts = [cohort for _, cohort in refinements(ledger_url)]
     refined = [cohort["refined"] for cohort in cohorts if cohort["refined"]]
@@ -135,10 +136,21 @@ def test_releases_over_overlapping_random_cohorts_verify_clean(ledger_url, seed)
     assert any(r["new"] for r in refined)
     assert any(split[3] for r in refined for split in r["split"])  # to open reservations
     assert any(cohort["refined"] is None for cohort in cohorts)  # known cohorts
-    for table in (MEMBERS, "dp_cohort_accounts"):  # the reset dropped the window's
-        rows = f'SELECT count(*) FROM {table} t WHERE "window" = :w'
-        assert fetch(ledger_url, rows, w=RESET) == [(0,)]
-        assert fetch(ledger_url, rows, w=LIVE)[0][0] > 0
+    rows = f'SELECT count(*) FROM {MEMBERS} t WHERE "window" = :w'
+    assert fetch(ledger_url, rows, w=LIVE)[0][0] > 0
+    # The reset moved its window's accounts out of the live ones and kept its members and
+    # listings, each naming one of the window's sealed accounts (its final spend).
+    live = 'SELECT count(*) FROM dp_accounts WHERE "window" = :w'
+    assert fetch(ledger_url, live, w=RESET) == [(0,)]
+    for table in ("dp_members", "dp_cohort_accounts"):
+        for window, accounts in ((LIVE, "dp_accounts"), (RESET, "dp_sealed_accounts")):
+            named = (
+                f"SELECT count(*), count(a.id) FROM {table} t LEFT JOIN {accounts} a ON "
+                'a.subject = t.account AND a.query_type = t.query_type AND a."window" = '
+                't."window" WHERE t."window" = :w'
+            )
+            ((rows, found),) = fetch(ledger_url, named, w=window)
+            assert rows == found > 0, (table, window, rows, found)
 
 
 def test_the_digest_order_is_code_point_order_under_a_linguistic_collation():
@@ -325,22 +337,48 @@ def test_a_child_given_the_spend_of_another_account_is_caught(url):
     assert any(p.startswith(f"account default/{child}/{query_type}/{LIVE} (") for p in problems)
 
 
-def test_the_reset_window_has_no_members_and_no_listings(url, copy):
+def test_the_reset_windows_kept_members_and_listings_are_proven(url, copy):
+    """A reset keeps its window's members and listings under the sealed accounts: a
+    subject moved between sealed classes, or a listing dropped, is named as in a live
+    window."""
+    subject, account = fetch(
+        url,
+        'SELECT subject, account FROM dp_members WHERE "window" = :w AND query_type = '
+        "'heatmap' ORDER BY subject LIMIT 1",
+        w=RESET,
+    )[0]
+    ((other,),) = fetch(
+        url,
+        'SELECT min(subject) FROM dp_sealed_accounts WHERE "window" = :w AND query_type = '
+        "'heatmap' AND subject <> :a",
+        w=RESET,
+        a=account,
+    )
     execute(
         url,
-        'INSERT INTO dp_members (tenant, query_type, "window", subject, account) '
-        "VALUES ('default', 'heatmap', :w, 'u00', 'Class-000000000000')",
+        'UPDATE dp_members SET account = :a WHERE subject = :s AND "window" = :w '
+        "AND query_type = 'heatmap'",
+        a=other,
+        s=subject,
         w=RESET,
     )
-    assert_caught(url, f"dp_members: members of window {RESET} of (default, heatmap)")
+    problems = assert_caught(url, f"member default/{subject}/heatmap/{RESET}: in account {other}")
+    assert any(f"/{account}/heatmap/{RESET}: " in p and "in dp_members" in p for p in problems)
     listed = copy()
+    cohort_id, account = fetch(
+        listed,
+        'SELECT cohort_id, account FROM dp_cohort_accounts WHERE "window" = :w '
+        "ORDER BY cohort_id, account LIMIT 1",
+        w=RESET,
+    )[0]
     execute(
         listed,
-        'INSERT INTO dp_cohort_accounts (cohort_id, query_type, "window", account) '
-        "SELECT min(id), 'heatmap', :w, 'Class-000000000000' FROM dp_cohorts",
+        'DELETE FROM dp_cohort_accounts WHERE cohort_id = :c AND "window" = :w AND account = :a',
+        c=cohort_id,
         w=RESET,
+        a=account,
     )
-    assert_caught(listed, "none in the history (or its window was reset)")
+    assert_caught(listed, f"dp_cohort_accounts lacks its account {account}")
 
 
 def test_a_key_carried_to_an_open_reservation_deleted_is_caught(url):
