@@ -4,26 +4,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-venv.sh
-# The UI's end-to-end tests drive Debian's Chromium (they fail, never skip, without it).
-if [ ! -x /usr/bin/chromium ]; then
-  if [ "$(id -u)" = 0 ]; then
-    echo "==> installing chromium for the browser tests"
-    apt-get update && apt-get install -y chromium
-  else
-    echo "WARNING: /usr/bin/chromium is missing (apt-get install -y chromium as root);" \
-      "the browser tests will fail" >&2
+# require PROGRAM PACKAGE WHAT: install Debian's PACKAGE as root when PROGRAM is missing;
+# otherwise warn that WHAT will fail (the tests fail, never skip, without it).
+require() {
+  if command -v "$1" >/dev/null || [ -x "/usr/bin/$1" ] || [ -x "/usr/sbin/$1" ]; then
+    return
   fi
-fi
-# The Celery deployment test puts the ledger behind Debian's PgBouncer (it fails without it).
-if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
   if [ "$(id -u)" = 0 ]; then
-    echo "==> installing pgbouncer for the deployment tests"
-    apt-get update && apt-get install -y pgbouncer
+    echo "==> installing $2 for $3"
+    apt-get update && apt-get install -y "$2"
   else
-    echo "WARNING: pgbouncer is missing (apt-get install -y pgbouncer as root);" \
-      "the Celery deployment test will fail" >&2
+    echo "WARNING: $1 is missing (apt-get install -y $2 as root); $3 will fail" >&2
   fi
-fi
+}
+require chromium chromium "the UI's browser tests"           # Debian's Chromium
+require pgbouncer pgbouncer "the Celery deployment test"      # the ledger behind PgBouncer
 .venv/bin/python -c "import airflow, dp_accounting; print('airflow', airflow.__version__)"
 .venv/bin/ruff check .
 # One worker per core (DP_BUDGET_TEST_WORKERS overrides; 0 runs in this process); each test

@@ -815,7 +815,7 @@ def release(
         ReservationKey.subject,
         ReservationKey.query_type,
         ReservationKey.window,
-    ).where(ReservationKey.reservation_id == reservation_id)
+    )
     with ledger.reading() as connection:
         row = connection.execute(
             select(ReservationRow).where(ReservationRow.id == reservation_id)
@@ -823,21 +823,19 @@ def release(
         if row is None:
             return None
         cohorts = reserve_cohorts(connection, [reservation_id]).get(reservation_id)
-        windows = sorted(
-            connection.scalars(
-                select(ReservationKey.window)
-                .where(ReservationKey.reservation_id == reservation_id)
-                .distinct()
-            )
-        )
+        held = ReservationKey.reservation_id == reservation_id
+        windows = sorted(connection.scalars(select(ReservationKey.window).where(held).distinct()))
+        total = connection.execute(
+            select(func.count()).select_from(ReservationKey).where(held)
+        ).scalar_one()
         found = connection.execute(
-            keys.order_by(ReservationKey.position).offset(offset).limit(limit)
+            keys.where(held).order_by(ReservationKey.position).offset(offset).limit(limit)
         ).all()
     return Release(
         reservation=_reservation_item(row, cohorts, _Epsilons(ledger)),
         windows=windows,
         accounts=Page(
-            total=row.key_count, offset=offset, limit=limit, items=[_key_of(k) for k in found]
+            total=total, offset=offset, limit=limit, items=[_key_of(k) for k in found]
         ),
     )
 
