@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
+from tests.ledger_time import ledger_time_in
 from tests.scratch_postgres import scratch_database
 
 # Airflow reads its configuration at import: give the whole test session a private,
@@ -27,6 +28,20 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_AIRFLOW_HOME / "dags")
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The session's AIRFLOW_HOME goes with the session (tmp_path folders are pytest's)."""
     shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ledger_windows(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The ledger's clock, in this process, inside the windows the module's
+    ``LEDGER_WINDOWS`` names (for the whole module: its fixtures charge them too); the
+    real clock for a module without it (see ``tests/ledger_time.py``)."""
+    windows = getattr(request.module, "LEDGER_WINDOWS", ())
+    if not windows:
+        yield
+        return
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        ledger_time_in(monkeypatch, *windows)
+        yield
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from dp_budget_provider.ledger.errors import (
     ReservationClosed,
     ReservationStateError,
     WindowBusy,
+    WindowClosed,
     WindowSealed,
 )
 from dp_budget_provider.ledger.keys import LedgerKey, SubjectSource, key_for, keys_for, subject_ids
@@ -62,6 +63,7 @@ __all__ = [
     "VerifyReport",
     "WindowBusy",
     "WindowCalendar",
+    "WindowClosed",
     "WindowSealed",
     "is_closed",
     "key_for",

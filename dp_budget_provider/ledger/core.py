@@ -49,6 +49,7 @@ from dp_budget_provider.ledger.errors import (
     LedgerCorrupt,
     LedgerError,
     LedgerQuarantined,
+    WindowClosed,
     WindowSealed,
 )
 from dp_budget_provider.ledger.held import HeldState
@@ -75,7 +76,12 @@ from dp_budget_provider.ledger.schema import (
 )
 from dp_budget_provider.ledger.schema import Window as WindowRow
 from dp_budget_provider.ledger.spend import Spend
-from dp_budget_provider.ledger.windows import WindowCalendar, window_bounds
+from dp_budget_provider.ledger.windows import (
+    WindowCalendar,
+    display_window,
+    is_closed,
+    window_bounds,
+)
 
 # What a charge covers in a window: subject keys, or a registered cohort's keys there.
 Charged = LedgerKey | classes.CohortKeys
@@ -455,9 +461,9 @@ class LedgerCore:
         classes, refusing any that may not be charged.
 
         The one gate of every write that adds spend (reserve, rescope, correct): a sealed
-        window, a re-scoped account, a label that is not its scope calendar's own, or a
-        window that has not begun is refused, and the transaction rolls back with nothing
-        written. The windows' classes are refined for the subjects first (see
+        window, a re-scoped account, a label that is not its scope calendar's own, a
+        window that has not begun, or (for a new release: ``reserving``) a window past its
+        grace period is refused, and the transaction rolls back with nothing written. The windows' classes are refined for the subjects first (see
         :mod:`classes`). Returns the locked accounts, the policies in force and the charge
         (its account keys in lock order, and its cohorts for the history entry).
         """
@@ -466,7 +472,9 @@ class LedgerCore:
         charge = classes.accounts_for(pipe, keys, now, cohorts)
         locked, version = self._lock_accounts(pipe, charge.keys, now, reserving)
         policies = self._policy_store.at(pipe, version)
-        self._check_windows(charge.keys, policy_lookup(policies), moment)
+        self._check_windows(
+            charge.keys, policy_lookup(policies), moment, new_release=reserving is not None
+        )
         for key in charge.keys:
             moved = locked[key].rescoped_to
             if moved is not None:
@@ -506,17 +514,23 @@ class LedgerCore:
 
     @staticmethod
     def _check_windows(
-        keys: Sequence[Charged], policy_of: Callable[[Any], Policy], moment: datetime
+        keys: Sequence[Charged],
+        policy_of: Callable[[Any], Policy],
+        moment: datetime,
+        *,
+        new_release: bool,
     ) -> None:
         """Refuse a window that is not its scope calendar's own name for a period, or that
-        has not begun (data that does not exist yet cannot be released)."""
+        has not begun (data that does not exist yet cannot be released); for a
+        ``new_release``, also one past its grace period (:class:`WindowClosed`)."""
         seen: set[tuple[str, str, str]] = set()
         for key in keys:
             scope = (key.tenant, key.query_type, key.window)
             if scope in seen:
                 continue
             seen.add(scope)
-            calendar = policy_of(key).calendar
+            policy = policy_of(key)
+            calendar = policy.calendar
             if not calendar.is_canonical(key.window):
                 raise ValueError(
                     f"window {key.window!r} is not a window of the {calendar.kind} calendar of "
@@ -528,6 +542,8 @@ class LedgerCore:
                     f"window {key.window!r} has not begun: data that does not exist yet "
                     "cannot be released"
                 )
+            if new_release and is_closed(key.window, moment, policy.grace):
+                raise _closed(key, policy.grace)
 
     def _refuse_quarantined(
         self,
@@ -583,10 +599,13 @@ class LedgerCore:
     ) -> None:
         """Raise what :meth:`_lock_chargeable` raises whatever the budget, in its order,
         reading without locking or creating anything: a quarantined ledger, a sealed
-        window, a label that is not its calendar's or has not begun, a re-scoped key."""
+        window, a label that is not its calendar's, has not begun or is past its grace
+        period, a re-scoped key."""
         self._refuse_if_quarantined(connection)
         scope_keys = self._refuse_sealed(connection, keys)
-        self._check_windows(list(scope_keys.values()), policy_lookup(policies), clock.now())
+        self._check_windows(
+            list(scope_keys.values()), policy_lookup(policies), clock.now(), new_release=True
+        )
         for state in states:
             if state.rescoped_to is not None:
                 raise _rescoped(state.example, state.rescoped_to)
@@ -699,6 +718,16 @@ def _sealed(tenant: str, query_type: str, window: str, sealed_at: str) -> Window
     return WindowSealed(
         f"window {window!r} of tenant {tenant!r}, query type {query_type!r} was sealed at "
         f"{sealed_at} (reset after its grace period): nothing can be charged to it any more"
+    )
+
+
+def _closed(key: Charged, grace: timedelta) -> WindowClosed:
+    end = window_bounds(key.window)[1]
+    return WindowClosed(
+        f"window {display_window(key.window)!r} of tenant {key.tenant!r}, query type "
+        f"{key.query_type!r} ended at {clock.stamp(end)} and its grace period of {grace} is over: no new release "
+        "may be charged to it (the reset seals it once the reservations it holds are "
+        "committed, released or reaped)"
     )
 
 

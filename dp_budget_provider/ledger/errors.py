@@ -56,6 +56,15 @@ class WindowSealed(LedgerError):
     again: its accounts were dropped, so charging it would start from zero."""
 
 
+class WindowClosed(LedgerError):
+    """A new release named a window that ended more than its policy's grace period ago.
+
+    Late and backfilled runs may still charge a window within its grace period; after it,
+    only what already holds a reservation there (commits, renewals, reaps) and the
+    administrator's corrections reach it, so the reset can seal it instead of waiting
+    behind releases that keep arriving."""
+
+
 class LedgerQuarantined(LedgerError):
     """A verify found the ledger inconsistent: nothing is released until an operator clears
     the quarantine (an audited act naming the reason)."""

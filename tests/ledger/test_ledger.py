@@ -36,6 +36,7 @@ from tests.admin import AdminLedger
 
 UTC = timezone.utc
 DELTA = 1e-5
+LEDGER_WINDOWS = ("2026-w28",)
 KEY = key_for("alice", "heatmap", "2026-w28")
 
 
