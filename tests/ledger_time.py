@@ -51,4 +51,3 @@ def this_week(now: datetime | None = None) -> str:
     """The ISO week label of ``now`` (default: the real clock), as the ledger names it."""
     year, week, _ = (now or datetime.now(timezone.utc)).isocalendar()
     return f"{year}-w{week:02d}"
-

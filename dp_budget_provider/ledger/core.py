@@ -463,9 +463,10 @@ class LedgerCore:
         The one gate of every write that adds spend (reserve, rescope, correct): a sealed
         window, a re-scoped account, a label that is not its scope calendar's own, a
         window that has not begun, or (for a new release: ``reserving``) a window past its
-        grace period is refused, and the transaction rolls back with nothing written. The windows' classes are refined for the subjects first (see
-        :mod:`classes`). Returns the locked accounts, the policies in force and the charge
-        (its account keys in lock order, and its cohorts for the history entry).
+        grace period is refused, and the transaction rolls back with nothing written. The
+        windows' classes are refined for the subjects first (see :mod:`classes`). Returns
+        the locked accounts, the policies in force and the charge (its account keys in
+        lock order, and its cohorts for the history entry).
         """
         now = clock.stamp(moment)
         self._lock_windows(pipe, [*keys, *cohorts], now)
@@ -725,9 +726,9 @@ def _closed(key: Charged, grace: timedelta) -> WindowClosed:
     end = window_bounds(key.window)[1]
     return WindowClosed(
         f"window {display_window(key.window)!r} of tenant {key.tenant!r}, query type "
-        f"{key.query_type!r} ended at {clock.stamp(end)} and its grace period of {grace} is over: no new release "
-        "may be charged to it (the reset seals it once the reservations it holds are "
-        "committed, released or reaped)"
+        f"{key.query_type!r} ended at {clock.stamp(end)} and its grace period of {grace} is "
+        "over: no new release may be charged to it (the reset seals it once the reservations "
+        "it holds are committed, released or reaped)"
     )
 
 

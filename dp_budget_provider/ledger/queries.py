@@ -834,9 +834,7 @@ def release(
     return Release(
         reservation=_reservation_item(row, cohorts, _Epsilons(ledger)),
         windows=windows,
-        accounts=Page(
-            total=total, offset=offset, limit=limit, items=[_key_of(k) for k in found]
-        ),
+        accounts=Page(total=total, offset=offset, limit=limit, items=[_key_of(k) for k in found]),
     )
 
 
