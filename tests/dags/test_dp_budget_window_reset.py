@@ -28,6 +28,7 @@ from dp_budget_provider.ledger import (
 from dp_budget_provider.ledger.checkpoints import Checkpoint
 from tests.admin import ADMIN
 from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
+from tests.ledger_time import ledger_time_in
 from tests.scratch_postgres import PG_ADMIN_DSN
 
 RESET_DAG = Path(__file__).resolve().parents[2] / "dags" / "dp_budget_window_reset.py"
@@ -77,13 +78,16 @@ def test_the_reap_dag_charges_run_out_leases_every_five_minutes(
 
 
 def test_reset_dag_reaps_resets_closed_windows_and_verifies(airflow_db, ledger_url, monkeypatch):
-    ledger = PrivacyBudgetLedger(admin=ADMIN, cap=BudgetCap(3.0, 1e-5), url=ledger_url)
     ledger_connection(monkeypatch, ledger_url)
     monkeypatch.setenv("AIRFLOW__DP_BUDGET__REAP_AFTER", "0")
     current = WindowCalendar("iso_week").window_of(datetime.now(timezone.utc))
     closed_key = key_for("alice", "heatmap", "2026-w01")
     open_key = key_for("alice", "heatmap", current)
-    ledger.spend(closed_key, GaussianMechanism(4.0))
+    with pytest.MonkeyPatch.context() as then:  # released while 2026-w01 was open
+        ledger_time_in(then, "2026-w01")
+        ledger = PrivacyBudgetLedger(admin=ADMIN, cap=BudgetCap(3.0, 1e-5), url=ledger_url)
+        ledger.spend(closed_key, GaussianMechanism(4.0))
+    # The rest (the DAG's tasks too, which run in this process) on the real clock.
     ledger.spend(open_key, GaussianMechanism(4.0))
     stale = ledger.reserve([open_key], GaussianMechanism(4.0), attempt="dead-worker/try/1")
     open_before = ledger.epsilon_of(open_key)
@@ -113,17 +117,21 @@ def test_reset_dag_reaps_resets_closed_windows_and_verifies(airflow_db, ledger_u
 def test_reset_dag_fails_when_the_history_was_tampered_with(airflow_db, sqlite_url, monkeypatch):
     import sqlalchemy as sa
 
-    ledger = PrivacyBudgetLedger(admin=ADMIN, cap=BudgetCap(3.0, 1e-5), url=sqlite_url)
+    with pytest.MonkeyPatch.context() as then:  # released while 2026-w01 was open
+        ledger_time_in(then, "2026-w01")
+        ledger = PrivacyBudgetLedger(admin=ADMIN, cap=BudgetCap(3.0, 1e-5), url=sqlite_url)
+        ledger.spend(key_for("bob", "heatmap", "2026-w01"), GaussianMechanism(4.0))
     ledger_connection(monkeypatch, sqlite_url)
-    ledger.spend(key_for("bob", "heatmap", "2026-w01"), GaussianMechanism(4.0))
     engine = sa.create_engine(sqlite_url)
     with engine.begin() as connection:
         connection.execute(sa.text("UPDATE dp_history SET actor = 'mallory' WHERE seq = 3"))
     engine.dispose()
     states = task_states(run_reset_dag())
     assert states["verify_and_checkpoint"] == "failed"
-    with pytest.raises(LedgerQuarantined):
-        ledger.spend(key_for("bob", "heatmap", "2026-w02"), GaussianMechanism(4.0))
+    with pytest.MonkeyPatch.context() as then:  # a release that 2026-w02 would take
+        ledger_time_in(then, "2026-w02")
+        with pytest.raises(LedgerQuarantined):
+            ledger.spend(key_for("bob", "heatmap", "2026-w02"), GaussianMechanism(4.0))
     ledger.close()
 
 

@@ -8,6 +8,7 @@ import pytest
 from dp_budget_provider.ledger import PrivacyBudgetLedger
 from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
 from tests.docs.markdown import ROOT, code_blocks
+from tests.ledger_time import ledger_time_in, this_week
 
 README = ROOT / "README.md"
 RUNNABLE = [block for block in code_blocks(README.read_text()) if block.runnable]
@@ -29,7 +30,12 @@ def test_a_runnable_readme_dag_loads(block):
 def test_a_runnable_readme_dag_releases_on_a_fresh_ledger(
     airflow_db, sqlite_url, monkeypatch, block
 ):
-    """Run as written with ``dag.test()``: every task succeeds and the release is charged."""
+    """Run as written with ``dag.test()``: every task succeeds and the release is charged.
+
+    ``dag.test()`` runs the tasks in this process; a weekly run's data interval is the ISO
+    week before this one, so the ledger's clock is an hour into this week, as when the
+    scheduler starts that run (later, past the grace period, the week takes no release)."""
+    ledger_time_in(monkeypatch, this_week())
     ledger_connection(monkeypatch, sqlite_url, admin_public_key=None)  # the task creates it
     monkeypatch.setenv("AIRFLOW__DP_BUDGET__ALLOW_UNPINNED", "True")  # (a development ledger)
     dag_run = load_dag(block.text).test()

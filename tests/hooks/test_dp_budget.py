@@ -12,6 +12,8 @@ from dp_budget_provider.hooks import dp_budget
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 from dp_budget_provider.ledger import BudgetCap, LedgerConfigMismatch, PrivacyBudgetLedger
 
+LEDGER_WINDOWS = ("2026-w45",)  # the windows these tests charge (tests/ledger_time.py)
+
 
 @pytest.fixture(autouse=True)
 def unpinned_allowed(monkeypatch):

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import random
 import time
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
+
+import pytest
 
 from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import (
@@ -22,6 +25,7 @@ from dp_budget_provider.ledger import (
     Reservation,
     key_for,
 )
+from tests.ledger_time import ledger_time_at, this_week
 
 BARRIER_TIMEOUT = 120.0
 
@@ -54,17 +58,25 @@ def race(url: str, key: LedgerKey, z: float, mode: str, barrier: Any, results: A
 
 
 def multi_key(
-    url: str, subjects: list[str], seed: int, rounds: int, barrier: Any, results: Any
+    url: str,
+    subjects: list[str],
+    seed: int,
+    rounds: int,
+    barrier: Any,
+    results: Any,
+    *,
+    window: str | None = None,
 ) -> None:
     """Reserve random overlapping key sets, in random argument order, holding up to two.
 
     Reports every reservation made (id, the subjects it covers, how many accounts it
     holds, how it was resolved) and every refusal. The subjects are the ones asked for:
     a reservation's keys are the accounts of their spend classes, which the ledger
-    refines as the overlapping sets split them.
+    refines as the overlapping sets split them. The keys are in ``window`` (default: the
+    week of this worker's clock, the real one, which a new release may charge).
     """
     rng = random.Random(seed)
-    keys = [key_for(subject, "count", "2026-w45") for subject in subjects]
+    keys = [key_for(subject, "count", window or this_week()) for subject in subjects]
     report: dict[str, Any] = {"reserved": {}, "refused": [], "error": None}
     held: list[Any] = []
 
@@ -216,3 +228,11 @@ def spend_on_request(url: str, key: LedgerKey, z: float, requests: Any, results:
         ledger.close()
     except BaseException as error:
         results.put({"error": _describe(error)})
+
+
+def at(moment: datetime, target: Callable[..., None], *arguments: Any) -> None:
+    """Run the worker ``target`` with this process's ledger clock at ``moment`` (running,
+    as ``tests/ledger_time.py`` moves it in the test's own process): a worker whose
+    transactions began at another moment than the others'."""
+    ledger_time_at(pytest.MonkeyPatch(), moment)
+    target(*arguments)

@@ -55,6 +55,7 @@ from dp_budget_provider.ledger.schema import (
 from dp_budget_provider.ledger.schema import Cohort as CohortRow
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from tests.admin import AdminLedger
+from tests.ledger_time import ledger_time_in
 
 UTC = timezone.utc
 CLOSED = "2020-w01"
@@ -389,15 +390,19 @@ def snapshot(ledger: PrivacyBudgetLedger) -> tuple[Any, ...]:
 
 
 def seed(url: str) -> None:
+    then = pytest.MonkeyPatch()
+    ledger_time_in(then, CLOSED)  # CLOSED takes its release while it is open
     ledger = AdminLedger(BudgetCap(3.0, 1e-5), url=url)
     try:
         ledger.spend(ALICE, GaussianMechanism(4.0), count=2, attempt="seed/1")
+        then.undo()  # the rest at the real clock, in OPEN
         ledger.spend(BOB, GaussianMechanism(6.0), attempt="seed/2")
         ledger.set_policy(Policy(2.0, tenant="acme", compliance_clause="DPA s.3"))
         ledger.spend(key_for("erin", "snapshot", OPEN), LaplaceMechanism(0.2), attempt="seed/3")
         ledger.reserve(CAROL, LaplaceMechanism(0.1), attempt="seed/4")
         assert ledger.cohort(["Frank", "alice"]) == CREW
     finally:
+        then.undo()
         ledger.close()
 
 

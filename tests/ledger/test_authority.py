@@ -34,6 +34,7 @@ from tests.ledger.test_pending_and_server_paths import execute, scalar
 
 CHAIN_KEY = "authority-test-chain-key-0123456789"
 RELEASE = GaussianMechanism(2.5)  # eps 1.55 alone, 2.29 twice: a cap of 2 takes one
+LEDGER_WINDOWS = ("2026-w40",)
 KEY = key_for("alice", "heatmap", "2026-w40", tenant="acme")
 
 

@@ -33,11 +33,15 @@ from dp_budget_provider.ledger import (
     keys_for,
     subject_ids,
 )
+from dp_budget_provider.ledger.policy import DEFAULT_GRACE
+from dp_budget_provider.ledger.windows import window_bounds
 from tests.admin import AdminLedger
+from tests.ledger_time import ledger_time_at
 
 DELTA = 1e-5
 SUBJECTS = [f"s{i}" for i in range(10)]
 WINDOWS = ["2026-w10", "2026-w11"]
+LEDGER_WINDOWS = tuple(WINDOWS)
 MECHANISMS = [
     GaussianMechanism(1.2),
     GaussianMechanism(3.0),
@@ -183,29 +187,30 @@ def test_bad_subjects_are_refused_before_any_database_work(subjects, message):
 # ---------------------------------------------------------------- what reserve refuses anyway
 
 
-def _sealed(ledger):
+def _sealed(ledger, monkeypatch):
     key = key_for("alice", "count", "2026-w10")
     ledger.spend(key, GaussianMechanism(5.0))
+    ledger_time_at(monkeypatch, window_bounds("2026-w10")[1] + DEFAULT_GRACE)  # resettable
     ledger.reset("2026-w10")
     return [key]
 
 
-def _rescoped(ledger):
+def _rescoped(ledger, monkeypatch):
     old = key_for("bob", "snapshot", "2026-w11")
     ledger.spend(old, GaussianMechanism(5.0))
     ledger.rescope(old, key_for("bob", "trajectory", "2026-w11"))
     return keys_for(["alice", "bob", "carol"], "snapshot", ["2026-w11"])
 
 
-def _not_begun(ledger):
+def _not_begun(ledger, monkeypatch):
     return keys_for(["alice"], "count", ["2026-w11", "2099-w10"])
 
 
-def _not_a_label(ledger):
+def _not_a_label(ledger, monkeypatch):
     return keys_for(["alice"], "count", ["campaign-q3"])
 
 
-def _quarantined(ledger):
+def _quarantined(ledger, monkeypatch):
     ledger.quarantine(reason="verify found a broken chain")
     return keys_for(["alice"], "count", ["2026-w11"])
 
@@ -221,12 +226,12 @@ def _quarantined(ledger):
     ],
 )
 def test_the_check_refuses_what_the_reservation_refuses_whatever_the_budget(
-    ledger, keys_of, refusal
+    ledger, monkeypatch, keys_of, refusal
 ):
     """A sealed window, a re-scoped key, a window label that is not its calendar's or has
     not begun, a quarantined ledger: the reservation refuses them however much budget is
     left, so the check refuses them too (with the reservation's error), never "fits"."""
-    keys = keys_of(ledger)
+    keys = keys_of(ledger, monkeypatch)
     with pytest.raises(refusal) as reserved:
         ledger.reserve(keys, GaussianMechanism(5.0))
     with pytest.raises(refusal) as checked:

@@ -31,6 +31,7 @@ from dp_budget_provider.ledger import (
 )
 
 WINDOW = "2026-w20"
+LEDGER_WINDOWS = (WINDOW,)
 CAP = BudgetCap(3.0, 1e-6)
 SUBJECTS = [f"p{i:02d}" for i in range(24)]
 MECHANISMS = [GaussianMechanism(4.0), GaussianMechanism(2.5), LaplaceMechanism(0.4)]

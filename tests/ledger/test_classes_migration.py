@@ -54,6 +54,7 @@ from tests.ledger.test_schema_matches_models import assert_schema_is_the_models
 CAP = BudgetCap(epsilon=100.0, delta=1e-5)
 STAMP = "2027-01-04T00:00:00.000000Z"
 W45, W46 = "2026-w45", "2026-w46"
+LEDGER_WINDOWS = (W45, W46)
 ALICE = key_for("alice", "heatmap", W45)
 BOB = key_for("bob", "heatmap", W45)
 CAROL = key_for("carol", "heatmap", W45)

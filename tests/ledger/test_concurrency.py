@@ -23,7 +23,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
@@ -39,15 +39,17 @@ from dp_budget_provider.ledger import (
     LedgerUnavailable,
     PrivacyBudgetLedger,
     ReservationStateError,
+    WindowCalendar,
     key_for,
 )
 from tests.ledger import concurrency_workers as workers
 from tests.ledger.memberships_sql import MEMBERS
+from tests.ledger_time import inside, ledger_time_in, this_week
 from tests.scratch_postgres import scratch_database
 
 CAP = BudgetCap(epsilon=3.0, delta=1e-5)
 PROCESSES = 8
-WINDOW = "2026-w45"
+WINDOW = this_week()  # the workers run on the real clock (tests/ledger_time.py)
 SPAWN = multiprocessing.get_context("spawn")
 LEDGER_APP = "dp-budget-ledger"
 
@@ -404,7 +406,7 @@ def test_overlapping_multi_key_reservations_neither_deadlock_nor_leak(ledger_url
     rounds = 25
 
     reports = run_workers(
-        workers.multi_key,
+        functools.partial(workers.multi_key, window=WINDOW),
         [(ledger_url, subjects, seed, rounds) for seed in range(PROCESSES)],
         timeout=150,
     )
@@ -967,21 +969,29 @@ def test_reserve_and_reset_lock_windows_in_the_same_order_under_a_linguistic_col
     locked them in the database's collation order it would hold "s_1" while waiting for
     "s1", and the reserve, once given "s1", would wait for "s_1": a deadlock. Locking in
     the same order, the reset waits for the reserve and then finds its reservation open.
+
+    Each transaction decides at the moment it began (on PostgreSQL, the server's clock
+    then): the reserve's began while the week still took new releases (its worker's, and
+    the setup's, ledger clock is inside the week), the reset's after its grace period (the
+    real clock), as a reserve and a reset meet at the end of a grace period.
     """
     url, database = icu_postgres_url, make_url(icu_postgres_url).database
     week = "2020-w01"  # closed and past its grace period: a reset may seal it
-    ledger = PrivacyBudgetLedger(cap=CAP, url=url)
     underscore = key_for("alice", "count", week, tenant="s_1")
     plain = key_for("alice", "count", week, tenant="s1")
-    ledger.commit(ledger.reserve([underscore, plain], GaussianMechanism(4.0)))
-    ledger.close()
+    with pytest.MonkeyPatch.context() as then:
+        ledger_time_in(then, week)
+        ledger = PrivacyBudgetLedger(cap=CAP, url=url)
+        ledger.commit(ledger.reserve([underscore, plain], GaussianMechanism(4.0)))
+        ledger.close()
 
     with pg_session(url, autocommit=False) as locker, pg_session(url) as session:
         _collation_sorts_underscore_first(session)
         with locker.cursor() as cursor:  # hold "s1", the window the reserve locks first
             cursor.execute("SELECT 1 FROM dp_windows WHERE tenant = 's1' FOR UPDATE")
         reserving, reserve_results = start_worker(
-            workers.operation, (url, "reserve", [underscore, plain], 4.0, None)
+            workers.at,
+            (inside(week), workers.operation, url, "reserve", [underscore, plain], 4.0, None),
         )
         expect_ready(reserve_results, reserving)
         reserve_pid = wait_for_backend(session, database, "wait_event_type = 'Lock'")
@@ -1092,10 +1102,15 @@ def test_refinements_of_several_windows_lock_carried_reservations_in_one_order(p
     one window after another, A would now queue for R' (window 2): a deadlock. Locking
     every carried reservation of the charge at once, in one order, A already holds R' and
     B simply waits for it.
+
+    The windows are days, the last four (today's included): a new release may charge
+    them all at once on the workers' (real) clock, which four ISO weeks never allow.
     """
     database = make_url(postgres_url).database
-    w1, w2, w3, w4 = (f"2026-w{week}" for week in (40, 41, 42, 43))
-    ledger = PrivacyBudgetLedger(cap=CAP, url=postgres_url)
+    days = WindowCalendar("day")
+    today = datetime.now(timezone.utc)
+    w1, w2, w3, w4 = (days.window_of(today - timedelta(days=ago)) for ago in (3, 2, 1, 0))
+    ledger = PrivacyBudgetLedger(cap=CAP, url=postgres_url, calendar=days)
     pairs = {"R": (("x", w1), ("y", w4)), "R'": (("u", w2), ("v", w3))}
     held = {
         name: ledger.reserve(

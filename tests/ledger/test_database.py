@@ -13,6 +13,7 @@ from dp_budget_provider.ledger import (
     key_for,
 )
 
+LEDGER_WINDOWS = ("2026-w45",)
 ALICE = key_for("alice", "heatmap", "2026-w45")
 
 

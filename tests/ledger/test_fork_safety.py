@@ -16,11 +16,13 @@ from typing import Any
 
 from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
+from tests.ledger_time import this_week
 
 CAP = BudgetCap(epsilon=1e6, delta=1e-5)
 NOISE = GaussianMechanism(50.0)
-PARENT_KEY = key_for("parent", "count", "2026-w45")
-CHILD_KEY = key_for("child", "count", "2026-w45")
+# This week, by the real clock: the clock the parent (no LEDGER_WINDOWS) and its child read.
+PARENT_KEY = key_for("parent", "count", this_week())
+CHILD_KEY = key_for("child", "count", this_week())
 FORK = multiprocessing.get_context("fork")
 
 MakeLedger = Callable[..., PrivacyBudgetLedger]

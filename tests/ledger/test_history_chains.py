@@ -20,6 +20,7 @@ from tests.ledger.test_pending_and_server_paths import execute, migrate, scalar
 
 CAP = BudgetCap(epsilon=1e6, delta=1e-5)
 WINDOW = "2026-w45"
+LEDGER_WINDOWS = (WINDOW,)
 GAUSS = GaussianMechanism(50.0)
 
 

@@ -26,10 +26,15 @@ from dp_budget_provider.ledger import clock as ledger_clock
 from tests.admin import ADMIN, AdminLedger
 from tests.ledger.test_ledger import snapshot
 from tests.ledger.test_pending_and_server_paths import execute, migrate, scalar
+from tests.ledger_time import ledger_time_at, ledger_time_in
 
 UTC = timezone.utc
 DELTA = 1e-5
 RELEASE = GaussianMechanism(2.0)
+LEDGER_WINDOWS = ("2026-w45",)
+# 2026-w45 ended on 2026-11-09, its grace period on 2026-11-12: past it (it may be reset),
+# and inside 2026-w46, which may still be charged.
+W45_CLOSED = datetime(2026, 11, 13, tzinfo=UTC)
 
 
 @pytest.fixture
@@ -120,9 +125,10 @@ def test_a_charged_scope_keeps_its_calendar(ledger_url, ledger):
 # ---------------------------------------------------------------- closing never refunds
 
 
-def test_a_reset_window_is_sealed_and_never_charged_again(ledger_url, ledger):
+def test_a_reset_window_is_sealed_and_never_charged_again(ledger_url, ledger, monkeypatch):
     key = key_for("alice", "heatmap", "2026-w45")
     reached = fill(ledger, key)
+    ledger_time_at(monkeypatch, W45_CLOSED)
     assert ledger.reset("2026-w45") == 1
     before = snapshot(ledger_url)
     for attempt in (
@@ -139,7 +145,9 @@ def test_a_reset_window_is_sealed_and_never_charged_again(ledger_url, ledger):
     accountant = RDPAccountant()
     accountant.compose(RELEASE, len(lifetime))
     assert accountant.get_epsilon(DELTA)[0] == pytest.approx(reached, rel=1e-12) and reached <= 3
-    # Another scope never charged in that week is not sealed by it: it has nothing to refund.
+    # Another scope never charged in that week is not sealed by it: it has nothing to refund
+    # (and its own, longer grace period lets it charge the week still).
+    ledger.set_policy(Policy(3.0, query_type="count", grace=timedelta(days=10)))
     ledger.spend(key_for("alice", "count", "2026-w45"), RELEASE)
     assert ledger.verify().ok
 
@@ -159,10 +167,13 @@ def test_the_grace_period_keeps_a_window_open_for_late_runs(ledger, monkeypatch)
     assert ledger.verify().ok
 
 
-def test_a_window_with_open_reservations_does_not_hold_up_the_other_resets(ledger):
+def test_a_window_with_open_reservations_does_not_hold_up_the_other_resets(ledger, monkeypatch):
+    ledger_time_in(monkeypatch, "2026-w44", "2026-w45")
     held = ledger.reserve(key_for("alice", "heatmap", "2026-w44"), RELEASE)
     ledger.spend(key_for("alice", "heatmap", "2026-w45"), RELEASE)
+    ledger_time_in(monkeypatch, "2026-w46")
     ledger.spend(key_for("bob", "heatmap", "2026-w46"), RELEASE)
+    ledger_time_at(monkeypatch, datetime(2026, 11, 20, tzinfo=UTC))  # all three past grace
     with pytest.raises(WindowBusy) as busy:
         ledger.reset_closed()
     assert "reset 2026-w45 (1 accounts), 2026-w46 (1 accounts)" in str(busy.value)
@@ -173,7 +184,7 @@ def test_a_window_with_open_reservations_does_not_hold_up_the_other_resets(ledge
     assert ledger.accounts() == [] and ledger.verify().ok
 
 
-def test_windows_that_never_close_do_not_break_maintenance(ledger_url, ledger):
+def test_windows_that_never_close_do_not_break_maintenance(ledger_url, ledger, monkeypatch):
     """A far-future or free-form window left by an earlier version is never reset, and
     every other window still is."""
     ledger.spend(key_for("alice", "heatmap", "2026-w45"), RELEASE)
@@ -184,6 +195,7 @@ def test_windows_that_never_close_do_not_break_maintenance(ledger_url, ledger):
             "VALUES ('default', 'legacy', :w, '2026-01-01')",
             w=label,
         )
+    ledger_time_at(monkeypatch, W45_CLOSED)
     assert ledger.reset_closed() == {"2026-w45": 1}
     with pytest.raises(LedgerError, match="is open, it has not closed"):
         ledger.reset("9999-12-31")
@@ -191,8 +203,9 @@ def test_windows_that_never_close_do_not_break_maintenance(ledger_url, ledger):
         ledger.reset("campaign-q3")
 
 
-def test_verify_reports_a_seal_or_a_rescope_undone_in_sql(ledger_url, ledger):
+def test_verify_reports_a_seal_or_a_rescope_undone_in_sql(ledger_url, ledger, monkeypatch):
     ledger.spend(key_for("alice", "heatmap", "2026-w45"), RELEASE)
+    ledger_time_at(monkeypatch, W45_CLOSED)
     ledger.reset("2026-w45")
     snap, traj = key_for("bob", "snapshot", "2026-w46"), key_for("bob", "trajectory", "2026-w46")
     ledger.spend(snap, RELEASE)
@@ -320,7 +333,9 @@ def test_counters_are_64_bit(postgres_url, make_ledger):
 # ---------------------------------------------------------------- upgrading an existing ledger
 
 
-def test_upgrade_seals_windows_an_earlier_version_reset(ledger_url, ledger_at, make_ledger):
+def test_upgrade_seals_windows_an_earlier_version_reset(
+    ledger_url, ledger_at, make_ledger, monkeypatch
+):
     """Revision 0004 reset windows without sealing them, so late runs were charged from
     zero. Upgrading seals every window its history says was reset, keeps every account
     and keeps the history verifiable."""
@@ -330,6 +345,7 @@ def test_upgrade_seals_windows_an_earlier_version_reset(ledger_url, ledger_at, m
         key_for("alice", "heatmap", "2026-w46"),
     )
     old.spend(reset_key, RELEASE)
+    ledger_time_at(monkeypatch, W45_CLOSED)
     old.spend(kept_key, RELEASE)
     old.reset("2026-w45")  # what 0004's reset did: drop the accounts, one entry, no seal
     migrate(ledger_url, "upgrade", "head")

@@ -19,8 +19,12 @@ from dp_budget_provider.ledger import (
     WindowSealed,
     key_for,
 )
+from dp_budget_provider.ledger.policy import DEFAULT_GRACE
+from dp_budget_provider.ledger.windows import window_bounds
+from tests.ledger_time import ledger_time_at
 
 DELTA = 1e-5
+LEDGER_WINDOWS = ("2026-w28", "2026-w29")
 RELEASE = GaussianMechanism(4.0)
 
 
@@ -100,7 +104,7 @@ def test_f_release_past_the_cap_raises_and_changes_nothing(ledger):
     assert ledger.verify().ok
 
 
-def test_g_rescope_carries_spend_and_reset_frees_only_its_window(ledger_url):
+def test_g_rescope_carries_spend_and_reset_frees_only_its_window(ledger_url, monkeypatch):
     ledger = PrivacyBudgetLedger(BudgetCap(5.0, DELTA), url=ledger_url)
     snap = key_for("subject:c71b", "heatmap", "2026-W28")
     other_window = key_for("subject:c71b", "heatmap", "2026-W29")
@@ -127,6 +131,7 @@ def test_g_rescope_carries_spend_and_reset_frees_only_its_window(ledger_url):
         ledger.rescope(snap, key_for("subject:c71b", "count", "2026-W28"))
     # Checklist 6: reset frees exactly that window (past its grace period), and seals it:
     # its accounts leave the live ones and keep their final spend (never read as zero).
+    ledger_time_at(monkeypatch, window_bounds("2026-w28")[1] + DEFAULT_GRACE)
     assert ledger.reset("2026-W28") == 2
     assert ledger.epsilon_of(traj) == pytest.approx(spent, abs=1e-12)
     assert ledger.epsilon_of(snap) == pytest.approx(spent, abs=1e-12)  # frozen when re-scoped

@@ -17,6 +17,7 @@ from tests.ledger.test_pending_and_server_paths import columns_of, migrate
 
 CAP = BudgetCap(epsilon=100.0, delta=1e-5)
 WINDOW = "2026-w45"
+LEDGER_WINDOWS = (WINDOW,)
 RESERVATIONS = "SELECT id, state, created_at, resolved_at FROM dp_reservations ORDER BY id"
 LEASES = "SELECT created_at, lease_expires_at FROM dp_reservations"
 HISTORY = "SELECT seq, action, payload, hash FROM dp_history ORDER BY seq"

@@ -17,6 +17,7 @@ from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant
 from dp_budget_provider.ledger import BudgetCap, key_for
 from tests.ledger import concurrency_workers as workers
 from tests.ledger.test_concurrency import _stop, kill, start_worker
+from tests.ledger_time import this_week
 
 CAP = BudgetCap(epsilon=3.0, delta=1e-5)
 DYING_LEASE = 1.5  # seconds: renewed every 0.5 s
@@ -34,8 +35,9 @@ def test_a_killed_worker_is_reaped_after_its_lease_and_a_renewing_one_never(
     ledger_url, make_ledger
 ):
     ledger = make_ledger(CAP, url=ledger_url)
-    dying_key = key_for("dying", "heatmap", "2026-w45")
-    living_key = key_for("living", "heatmap", "2026-w45")
+    week = this_week()  # the workers' (real) clock
+    dying_key = key_for("dying", "heatmap", week)
+    living_key = key_for("living", "heatmap", week)
     dying, dying_said = start_worker(
         workers.reserve_and_keep_alive, (ledger_url, [dying_key], 4.0, DYING_LEASE)
     )

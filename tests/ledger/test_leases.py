@@ -30,6 +30,7 @@ from dp_budget_provider.ledger.lease import LeaseKeeper, check_lease, lease_of_s
 
 UTC = timezone.utc
 CAP = BudgetCap(3.0, 1e-5)
+LEDGER_WINDOWS = ("2026-w45",)
 KEY = key_for("alice", "heatmap", "2026-w45")
 NOISE = GaussianMechanism(4.0)
 LEASE = timedelta(minutes=5)

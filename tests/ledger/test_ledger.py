@@ -33,6 +33,7 @@ from dp_budget_provider.ledger import (
 )
 from dp_budget_provider.ledger import clock as ledger_clock
 from tests.admin import AdminLedger
+from tests.ledger_time import ledger_time_in
 
 UTC = timezone.utc
 DELTA = 1e-5
@@ -324,8 +325,8 @@ def test_reset_refuses_open_custom_and_busy_windows(ledger, monkeypatch):
     assert ledger.reset_closed() == {}
     with pytest.raises(LedgerError, match="calendar"):
         ledger.reset("campaign-q3")
+    ledger.reserve([KEY], GaussianMechanism(4.0))  # a late run, within the grace period
     monkeypatch.setattr(ledger_clock, "now", lambda: datetime(2026, 8, 1, tzinfo=UTC))
-    ledger.reserve([KEY], GaussianMechanism(4.0))
     with pytest.raises(LedgerError, match="reap first"):
         ledger.reset("2026-W28")
     ledger.reap(timedelta(0))
@@ -410,9 +411,10 @@ class _MutableGaussian(Mechanism):
         return np.asarray(orders, dtype=np.float64) / (2.0 * self.noise_multiplier**2)
 
 
-def test_release_costs_are_kept_per_mechanism_value_hashable_or_not() -> None:
+def test_release_costs_are_kept_per_mechanism_value_hashable_or_not(monkeypatch) -> None:
     """Costs are kept per (mechanism, count); equal mechanisms share one, an unhashable
     one is known by its spec, and every charge equals the accountant's."""
+    ledger_time_in(monkeypatch, "2026-w45")
     ledger = AdminLedger(cap=BudgetCap(epsilon=100.0, delta=1e-5))
     key = key_for("cost-cache", "count", "2026-w45")
     releases = [
@@ -496,9 +498,10 @@ def test_not_exhausted_while_the_cheapest_release_still_fits(ledger):
     assert status.state == "EXHAUSTED" and status.remaining == 0.0
 
 
-def test_the_cheapest_release_of_the_scope_decides_in_every_window(ledger):
+def test_the_cheapest_release_of_the_scope_decides_in_every_window(ledger, monkeypatch):
     """A scope that also made a cheap release, in another window, leaves room for it:
     only the cheapest release the scope ever reserved (in any window, any outcome) counts."""
+    ledger_time_in(monkeypatch, "2026-w28", "2026-w29")
     mechanism = _capped_at_next_release(ledger, -1)
     other = key_for("bob", KEY.query_type, "2026-w29")
     ledger.release(ledger.reserve(other, GaussianMechanism(40.0), attempt="cheap/1"))

@@ -58,6 +58,7 @@ from dp_budget_provider.ledger import (
     ReservationStateError,
     WindowBusy,
     WindowCalendar,
+    WindowClosed,
     WindowSealed,
     key_for,
 )
@@ -84,7 +85,7 @@ MECHANISMS = (
     LaplaceMechanism(1.0),
 )
 # How far before the clock a data interval ends: mostly the last week, sometimes a backfill
-# into weeks that are already past their grace period (and may be sealed).
+# into weeks that are already past their grace period (refused: closed, and may be sealed).
 BACK = st.one_of(st.integers(0, 7 * 24), st.integers(0, 35 * 24))
 REL = 1e-9  # float tolerance of epsilon comparisons (the ledger sums in another order)
 VERIFY_EVERY = 10  # steps between two full ledger.verify() runs (and at teardown)
@@ -290,6 +291,12 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             account = self.accounts.get(key, self.sealed.get(key))
             return 0.0 if account is None else self.composer.epsilon(account.spend)
 
+        def closed(self, key: LedgerKey) -> bool:
+            """Whether ``key``'s window ended its scope's grace period or more ago: a new
+            release (reserve, spend) may not charge it any more."""
+            grace = self.cap_and_grace(key.tenant, key.query_type)[1]
+            return clock.moment - grace >= iso_week_end(key.window)
+
         def blocked(self, key: LedgerKey) -> str | None:
             """Why nothing may be charged to ``key`` any more, if so."""
             if self.windows.get((key.tenant, key.query_type, key.window), False):
@@ -356,6 +363,8 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             refusals: set = set()
             if any(self.blocked(key) for key in keys):
                 refusals.add(WindowSealed)
+            if any(self.closed(key) for key in keys):
+                refusals.add(WindowClosed)
             if attempt in self.granted_attempts:
                 refusals.add(ReservationStateError)
             tie = False
@@ -395,7 +404,11 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
         def refused(self, what: str, error: Exception, allowed: set, keys, attempt) -> None:
             assert type(error) in allowed, (error, allowed)
             why = {self.blocked(key) for key in keys} - {None}
-            event(f"{what}: {type(error).__name__}" + (f" ({min(why)})" if why else ""))
+            if any(self.closed(key) for key in keys):
+                why.add("closed window")
+            event(
+                f"{what}: {type(error).__name__}" + (f" ({', '.join(sorted(why))})" if why else "")
+            )
             if attempt not in self.granted_attempts and attempt not in self.refused_attempts:
                 self.refused_attempts.append(attempt)
             self.touched |= set(keys)
@@ -405,7 +418,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             worst = max(self.prospective(key, mechanism, count) for key in keys)
             try:
                 handle = self.ledger.reserve(keys, mechanism, count, attempt=attempt)
-            except (BudgetExhausted, WindowSealed, ReservationStateError) as error:
+            except (BudgetExhausted, WindowSealed, WindowClosed, ReservationStateError) as error:
                 self.refused("reserve", error, allowed, keys, attempt)
                 return None
             assert "granted" in allowed, (allowed, keys, attempt)
@@ -445,13 +458,17 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             mechanism=st.sampled_from(MECHANISMS),
         )
         def a_week_charged_and_sealed_before(self, tenant, query_type, subjects, mechanism):
-            """Every run starts with a week charged and then reset (past its grace at START):
-            its lifetime spend stays, and it is sealed for every later backfill."""
+            """Every run starts with a week charged while it was open and then reset (past
+            its grace at START): its lifetime spend stays, and it is sealed for every later
+            backfill. The charge is made with the clock in that week, two weeks back (and
+            back again to where it was)."""
             label = iso_week_label(START - timedelta(days=14))
             keys = [key_for(s, query_type, label, tenant=tenant) for s in sorted(subjects)]
+            now, clock.moment = clock.moment, START - timedelta(days=14)
             reservation = self.do_reserve(keys, mechanism, 1, self.new_attempt())
             assert reservation is not None
             self.do_commit(reservation)
+            clock.moment = now
             plan, scopes, dropped = self.reset_plan(label)
             assert plan == "reset" and self.ledger.reset(label) == len(dropped) == len(keys)
             self.apply_reset(label, scopes, dropped)
@@ -555,7 +572,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             allowed = self.expected_reserve([key], mechanism, 1, attempt)
             try:
                 receipt = self.ledger.spend(key, mechanism, attempt=attempt)
-            except (BudgetExhausted, WindowSealed) as error:
+            except (BudgetExhausted, WindowSealed, WindowClosed) as error:
                 self.refused("spend", error, allowed, [key], attempt)
                 return
             assert "granted" in allowed, allowed

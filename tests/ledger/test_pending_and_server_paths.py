@@ -56,6 +56,7 @@ from tests.ledger.test_concurrency import run_workers
 
 DELTA = 1e-5
 WINDOW = "2026-w45"
+LEDGER_WINDOWS = (WINDOW,)
 UTC = timezone.utc
 # The ledger's sums are rounded up at each addition and subtraction (rounding.ROUND_UP): a
 # few ulps above the plain float sums these tests compute (proven >= exact in test_sums_up).

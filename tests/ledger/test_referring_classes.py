@@ -30,6 +30,7 @@ from tests.ledger.test_tamper import KEY, assert_caught, fetch
 
 CAP = BudgetCap(epsilon=50.0, delta=1e-5)
 W = "2026-w44"
+LEDGER_WINDOWS = (W, "2026-w45")
 RELEASE = GaussianMechanism(6.0)
 POPULATION = [f"p{i:03d}" for i in range(40)]
 

@@ -18,9 +18,13 @@ from dp_budget_provider.ledger import (
     key_for,
     report,
 )
+from dp_budget_provider.ledger.policy import DEFAULT_GRACE
+from dp_budget_provider.ledger.windows import window_bounds
 from tests.admin import AdminLedger
+from tests.ledger_time import ledger_time_at
 
 DELTA = 1e-5
+LEDGER_WINDOWS = ("2020-w01", "2020-w02")
 ALICE = key_for("alice", "heatmap", "2020-w01")
 BOB = key_for("bob", "heatmap", "2020-w01")
 CAROL = key_for("carol", "heatmap", "2020-w02")
@@ -28,8 +32,9 @@ DAVE = key_for("dave", "count", "2020-w01", tenant="acme")
 CLAUSE = "DPA 2026-04 s.3: at most eps 2 per customer per week"
 
 
-def seed(ledger):
-    """Every kind of schedule entry, through the ledger API."""
+def seed(ledger, monkeypatch):
+    """Every kind of schedule entry, through the ledger API: the releases while their
+    windows take them, the reset of 2020-w02 once its grace period is over (2020-w03)."""
     ledger.set_policy(Policy(2.0, 0.5, tenant="acme", compliance_clause=CLAUSE))
     ledger.spend(ALICE, GaussianMechanism(4.0), count=3, attempt="dag/heat/run1/-1/1")
     both = ledger.reserve([ALICE, BOB], LaplaceMechanism(0.1), attempt="dag/pair/run1/-1/1")
@@ -38,15 +43,16 @@ def seed(ledger):
     ledger.release(released, reason="query failed before reading data")
     ledger.correct(ALICE, GaussianMechanism(10.0), reason="release of 2020-01-02 missed")
     ledger.spend(CAROL, GaussianMechanism(2.0), attempt="dag/heat/run2/-1/1")
-    ledger.reset("2020-w02")
     ledger.spend(DAVE, GaussianMechanism(3.0), count=2, attempt="acme/count/run1/-1/1")
+    ledger_time_at(monkeypatch, window_bounds("2020-w02")[1] + DEFAULT_GRACE)
+    ledger.reset("2020-w02")
     ledger.rescope(BOB, key_for("bob", "trajectory", "2020-w01"), reason="re-scored")
 
 
 @pytest.fixture
-def ledger(ledger_url):
+def ledger(ledger_url, monkeypatch):
     ledger = AdminLedger(BudgetCap(3.0, DELTA), url=ledger_url)
-    seed(ledger)
+    seed(ledger, monkeypatch)
     yield ledger
     ledger.close()
 
@@ -219,9 +225,9 @@ def test_negative_controls_change_the_claimed_guarantee():
     assert epsilon(5, 2.0) > full  # sensitivity doubled: sigma / Delta halves
 
 
-def test_tampered_history_makes_the_report_say_failed(sqlite_url):
+def test_tampered_history_makes_the_report_say_failed(sqlite_url, monkeypatch):
     ledger = AdminLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
-    seed(ledger)
+    seed(ledger, monkeypatch)
     engine = sa.create_engine(sqlite_url)
     with engine.begin() as connection:
         connection.execute(

@@ -19,6 +19,7 @@ from tests.ledger.test_schema_matches_models import assert_schema_is_the_models
 
 CAP = BudgetCap(epsilon=100.0, delta=1e-5)
 WINDOW = "2026-w45"
+LEDGER_WINDOWS = (WINDOW,)
 ORPHAN = (
     "INSERT INTO dp_reservation_keys (reservation_id, position, tenant, subject, query_type, "
     "\"window\") VALUES ('no-such-reservation', 0, 'default', 'mallory', 'count', '2026-w45')"

@@ -19,6 +19,7 @@ from dp_budget_provider.accounting import mechanisms as mechanisms_module
 from dp_budget_provider.ledger import BudgetCap, BudgetExhausted, key_for
 from tests.accounting import mp_oracles
 
+LEDGER_WINDOWS = ("2026-w28",)
 KEY = key_for("alice", "heatmap", "2026-w28")
 
 

@@ -28,6 +28,7 @@ from dp_budget_provider.ledger.spend_classes import class_members, find_classes
 
 SUBJECTS = [f"s{i}" for i in range(12)]
 WINDOWS = ["2026-w10", "2026-w11"]
+LEDGER_WINDOWS = tuple(WINDOWS)
 MECHANISMS = [GaussianMechanism(3.0), GaussianMechanism(6.0), LaplaceMechanism(0.4)]
 STEPS = st.lists(
     st.tuples(

@@ -22,6 +22,7 @@ from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
 from dp_budget_provider.ledger.spend import Pending, Spend
 
 COSTS = st.floats(min_value=1e-300, max_value=1e3, allow_nan=False, allow_infinity=False)
+LEDGER_WINDOWS = ("2026-w45",)
 
 
 def test_the_factor_is_exact():

@@ -41,7 +41,9 @@ CLOCK = {"now": datetime(2026, 11, 4, 12, tzinfo=UTC)}
 # Ids whose code-point order is not a linguistic collation's ("s_1" after "s1" in Python,
 # before it under en-US; "é" after every ASCII letter): cohort digests sort by code point.
 SUBJECTS = [f"u{i:02d}" for i in range(48)] + ["s_1", "s1", "s-2", "s 3", "é", "e", "z"]
-LIVE, RESET = "2026-w44", "2026-w45"
+# The clock starts in LIVE (RESET is in its grace period) and moves past RESET's grace
+# period, not LIVE's, to reset RESET and go on charging LIVE.
+LIVE, RESET = "2026-w45", "2026-w44"
 
 
 def _clock() -> datetime:
@@ -89,7 +91,7 @@ def build(url: str, seed: int = 14) -> None:
         held = ledger.reserve(keys_for(pool[4], "counts", [LIVE]), GaussianMechanism(9.0))
         split_a_held_class(ledger, url)
         ledger.commit(held)
-        CLOCK["now"] = datetime(2026, 12, 1, 12, tzinfo=UTC)
+        CLOCK["now"] = datetime(2026, 11, 6, 12, tzinfo=UTC)  # RESET closed, LIVE charged
         assert ledger.reset(RESET) > 0
         ledger.commit(ledger.reserve(keys_for(pool[3], "heatmap", [LIVE]), GaussianMechanism(6.0)))
         ledger.reserve(keys_for(pool[3], "heatmap", [LIVE]), GaussianMechanism(7.0))  # open
