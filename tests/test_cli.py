@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from dp_budget_provider.ledger import (
 )
 from dp_budget_provider.ledger import clock as ledger_clock
 from tests.admin import AdminLedger, admin_key_file
+from tests.ledger_time import ledger_time_in
 
 UTC = timezone.utc
 DELTA = 1e-5
@@ -40,6 +42,17 @@ CLAUSE = "DPA 2026-04 s.3: at most eps 2 per customer per week"
 def administrator(monkeypatch):
     """The shell these tests run in is an administrator's: it holds the admin key."""
     monkeypatch.setenv("DP_BUDGET_ADMIN_KEY_FILE", str(admin_key_file()))
+
+
+@contextmanager
+def charging(*windows):
+    """Within the block the ledger's clock (this process only) is inside ``windows``: a
+    past window such as CLOSED takes new releases only until its grace period is over, so
+    the tests charge it there, then read and reset it on the real clock (the CLI's
+    processes have no other)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        ledger_time_in(monkeypatch, *windows)
+        yield
 
 
 def run(*args, url=None, env_url=None, chain_key=None):
@@ -77,10 +90,11 @@ def assert_one_line_error(result):
 def seed(url):
     """A ledger with ok, WARNING and EXHAUSTED accounts, a multi-key release, an open one."""
     ledger = AdminLedger(BudgetCap(3.0, DELTA), url=url)
-    ledger.spend(ALICE, GaussianMechanism(4.0), count=3, attempt="heat/run1/1")  # seq 3, 4
-    ledger.commit(ledger.reserve([ALICE, BOB], LaplaceMechanism(0.1), attempt="pair/run1/1"))
-    ledger.spend(BOB, GaussianMechanism(1.6), attempt="heat/run1/2")  # past 80%
-    ledger.spend(ERIN, GaussianMechanism(2.0), attempt="heat/run1/3")
+    with charging(CLOSED):
+        ledger.spend(ALICE, GaussianMechanism(4.0), count=3, attempt="heat/run1/1")  # seq 3, 4
+        ledger.commit(ledger.reserve([ALICE, BOB], LaplaceMechanism(0.1), attempt="pair/run1/1"))
+        ledger.spend(BOB, GaussianMechanism(1.6), attempt="heat/run1/2")  # past 80%
+        ledger.spend(ERIN, GaussianMechanism(2.0), attempt="heat/run1/3")
     ledger.correct(ERIN, GaussianMechanism(1.0), reason="missed release")  # past the cap
     ledger.set_policy(Policy(2.0, tenant="acme", compliance_clause=CLAUSE))
     reservation = ledger.reserve(DAVE, GaussianMechanism(4.0), attempt="count/run1/1")
@@ -175,7 +189,8 @@ def test_conn_id_opens_the_ledger_and_chain_key_the_tasks_use(monkeypatch, ledge
     assert created.returncode == 0, created.stderr
     hook = DPBudgetHook("ledger_cli")
     ledger = AdminLedger(url=hook.ledger_url(), chain_key=hook.chain_key())
-    ledger.spend(ALICE, GaussianMechanism(4.0))
+    with charging(CLOSED):
+        ledger.spend(ALICE, GaussianMechanism(4.0))
     ledger.close()
     verified = run("verify", "--conn-id", "ledger_cli")  # after the command too
     assert verified.returncode == 0, verified.stderr
@@ -222,7 +237,8 @@ def test_conn_id_reads_the_metadata_database_and_stdout_is_only_output(
     )
     assert added.returncode == 0, added.stderr
     ledger = AdminLedger(BudgetCap(3.0, 1e-5), url=sqlite_url, chain_key=CHAIN_KEY)
-    ledger.spend(ALICE, GaussianMechanism(4.0))
+    with charging(CLOSED):
+        ledger.spend(ALICE, GaussianMechanism(4.0))
     ledger.close()
     classes = run("--conn-id", conn_id, "classes", "--json")
     assert classes.returncode == 0, classes.stderr
@@ -342,7 +358,8 @@ def test_a_classic_ledger_opens_with_its_own_conversion(sqlite_url, capsys):
         == 0
     )
     ledger = AdminLedger(url=sqlite_url, conversion="classic")
-    ledger.spend(ALICE, GaussianMechanism(4.0), count=20)
+    with charging(CLOSED):
+        ledger.spend(ALICE, GaussianMechanism(4.0), count=20)
     ledger.close()
     code, out, _ = call(capsys, "--url", sqlite_url, "status", "--json")
     assert code == 0
@@ -429,7 +446,8 @@ def test_status_json_and_filters(seeded_any, capsys):
 def test_status_pages_large_ledgers(sqlite_url, capsys):
     ledger = AdminLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
     keys = [key_for(f"user{i:03d}", "count", CLOSED) for i in range(60)]
-    ledger.commit(ledger.reserve(keys, GaussianMechanism(5.0)))
+    with charging(CLOSED):
+        ledger.commit(ledger.reserve(keys, GaussianMechanism(5.0)))
     ledger.close()
     code, out, _ = call(capsys, "--url", sqlite_url, "status")
     assert code == 0
@@ -450,8 +468,9 @@ def test_status_of_an_empty_ledger(sqlite_url, capsys):
 def test_classes_group_a_cohort_and_list_a_class_members(ledger_url, capsys):
     ledger = AdminLedger(BudgetCap(3.0, DELTA), url=ledger_url)
     keys = [key_for(f"user{i:03d}", "count", CLOSED) for i in range(60)]
-    ledger.commit(ledger.reserve(keys, GaussianMechanism(5.0)))
-    ledger.commit(ledger.reserve(keys[:45], GaussianMechanism(5.0)))
+    with charging(CLOSED):
+        ledger.commit(ledger.reserve(keys, GaussianMechanism(5.0)))
+        ledger.commit(ledger.reserve(keys[:45], GaussianMechanism(5.0)))
     ledger.close()
     code, out, _ = call(capsys, "--url", ledger_url, "classes")
     assert code == 0
@@ -687,8 +706,9 @@ CHAIN_KEY = "cli-test-chain-key-0123456789"
 def keyed(sqlite_url):
     """A keyed ledger (DP_BUDGET_CHAIN_KEY set for in-process calls) with two releases."""
     ledger = AdminLedger(BudgetCap(3.0, DELTA), url=sqlite_url, chain_key=CHAIN_KEY)
-    ledger.spend(ALICE, GaussianMechanism(4.0))
-    ledger.spend(BOB, GaussianMechanism(4.0))
+    with charging(CLOSED):
+        ledger.spend(ALICE, GaussianMechanism(4.0))
+        ledger.spend(BOB, GaussianMechanism(4.0))
     ledger.close()
     return sqlite_url
 
@@ -747,8 +767,9 @@ def test_a_keyed_ledger_verifies_against_its_checkpoints_and_quarantines(tmp_pat
         == 0
     )
     ledger = AdminLedger(url=ledger_url, chain_key=CHAIN_KEY)
-    ledger.spend(ALICE, GaussianMechanism(4.0))
-    ledger.spend(BOB, GaussianMechanism(4.0))
+    with charging(CLOSED):
+        ledger.spend(ALICE, GaussianMechanism(4.0))
+        ledger.spend(BOB, GaussianMechanism(4.0))
     ledger.close()
     store = tmp_path / "checkpoints.jsonl"
     ok = run("verify", "--checkpoint", str(store), url=ledger_url, chain_key=CHAIN_KEY)
@@ -1139,7 +1160,8 @@ def test_verify_prints_its_notes(sqlite_url, capsys, monkeypatch):
     monkeypatch.setattr(mechanisms_module, "_pure_dp_rdp_today", today, raising=False)
     monkeypatch.setattr(mechanisms_module, "_pure_dp_rdp", _old_pure_dp_rdp)
     ledger = AdminLedger(BudgetCap(3.0, DELTA), url=sqlite_url)
-    ledger.spend(ALICE, PureDPMechanism(0.05), 10)
+    with charging(CLOSED):
+        ledger.spend(ALICE, PureDPMechanism(0.05), 10)
     ledger.close()
     monkeypatch.setattr(mechanisms_module, "_pure_dp_rdp", today)
     code, out, err = call(capsys, "--url", sqlite_url, "verify")
@@ -1215,7 +1237,10 @@ def fixed_window(sqlite_url):
             min_window=timedelta(seconds=60),
         )
     )
-    ledger.spend(key_for("alice", "stream", FIXED_SHOWN), GaussianMechanism(4.0), attempt="s/1/1")
+    with charging(FIXED_SHOWN.lower()):  # charged while it was open, whatever the real clock
+        ledger.spend(
+            key_for("alice", "stream", FIXED_SHOWN), GaussianMechanism(4.0), attempt="s/1/1"
+        )
     ledger.close()
     return sqlite_url
 

@@ -29,6 +29,7 @@ from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
 from dp_budget_provider.cli import URL_ENV, build_parser, main
 from dp_budget_provider.ledger import BudgetCap, Policy, history, key_for
 from tests.admin import AdminLedger, admin_key_file
+from tests.ledger_time import ledger_time_in
 
 CLOSED = "2020-w01"
 
@@ -286,17 +287,30 @@ def argvs(draw: st.DrawFn, command: Command) -> list[str]:
     return argv
 
 
+@contextlib.contextmanager
+def _charging(window: str) -> Iterator[None]:
+    """The ledger's clock (this process) inside ``window`` for the block: a past window
+    takes new releases only until its grace period is over. The commands then run on the
+    real clock, the windows closed."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        ledger_time_in(monkeypatch, window)
+        yield
+
+
 def _seed(url: str) -> None:
     """ok, WARNING and EXHAUSTED accounts in a closed window, a policy, an open reservation."""
     ledger = AdminLedger(BudgetCap(3.0, 1e-5), url=url)
     try:
         alice, bob = key_for("alice", "heatmap", CLOSED), key_for("bob", "heatmap", CLOSED)
-        ledger.spend(alice, GaussianMechanism(4.0), count=3, attempt="heat/run1/1")
-        ledger.commit(ledger.reserve([alice, bob], LaplaceMechanism(0.1), attempt="pair/1"))
-        ledger.spend(bob, GaussianMechanism(1.6), attempt="heat/run1/2")
+        with _charging(CLOSED):
+            ledger.spend(alice, GaussianMechanism(4.0), count=3, attempt="heat/run1/1")
+            ledger.commit(ledger.reserve([alice, bob], LaplaceMechanism(0.1), attempt="pair/1"))
+            ledger.spend(bob, GaussianMechanism(1.6), attempt="heat/run1/2")
         ledger.correct(bob, GaussianMechanism(1.0), reason="missed release")
         ledger.set_policy(Policy(2.0, tenant="acme", compliance_clause="DPA s.3"))
-        ledger.reserve(key_for("dave", "count", "2026-w28", tenant="acme"), LaplaceMechanism(1.0))
+        dave = key_for("dave", "count", "2026-w28", tenant="acme")
+        with _charging(dave.window):
+            ledger.reserve(dave, LaplaceMechanism(1.0))
     finally:
         ledger.close()
 

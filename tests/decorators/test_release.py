@@ -11,6 +11,9 @@ from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for
 from tests.admin import ADMIN
 from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
 
+# dag.test() runs the tasks in this process: the ledger's clock is pinned inside the window.
+LEDGER_WINDOWS = ("2026-w28",)
+
 DECORATED_DAG = """
 from datetime import datetime, timezone
 import json, pathlib

@@ -17,8 +17,12 @@ from dp_budget_provider.accounting.release import plan_noise
 from dp_budget_provider.ledger import key_for
 from tests.admin import ADMIN
 from tests.airflow.dag_runner import load_dag, stored_xcom, task_states
+from tests.ledger_time import this_week
 
 DELTA = 1e-5
+WINDOW = "2026-w28"
+# dag.test() runs the task in this process: the ledger's clock is pinned inside the window.
+LEDGER_WINDOWS = (WINDOW,)
 
 RELEASE_DAG = """
 from datetime import datetime, timedelta, timezone
@@ -41,7 +45,7 @@ with DAG("DAG_ID", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezon
         l1_sensitivity=1.0,
         subject={subject!r},
         query_type="heatmap",
-        window="2026-w28",
+        window={window!r},
         noise={noise!r},{declare}{extra}
         on_exhausted={on_exhausted!r},
         retries={retries},
@@ -68,6 +72,7 @@ def release_source(
     retries=0,
     declare="\n        cells=4,\n        integer=True,",
     extra="",
+    window=WINDOW,
 ):
     """The DAG source of one release whose record task writes ``out``."""
     return RELEASE_DAG.format(
@@ -80,6 +85,7 @@ def release_source(
         retries=retries,
         declare=declare,
         extra=extra,
+        window=window,
     )
 
 
@@ -91,7 +97,7 @@ def run_release(tmp_path, **arguments):
     return dag_run, result, out.with_suffix(".ran").exists()
 
 
-KEY = key_for("alice", "heatmap", "2026-w28")
+KEY = key_for("alice", "heatmap", WINDOW)
 # z = 4 at L2 sensitivity 1 on the derived lattice 2**-8: 256 units of sensitivity, sigma
 # 1024 units, so the discrete Gaussian costs rho = 256**2 / (2 * 1024**2) = 1/32 (the
 # default answer is 4 integer cells: snapping them moves nothing, nothing more is charged).
@@ -244,11 +250,14 @@ def _metadata_copy(airflow_home: Path, home: Path) -> Path:
 def test_two_processes_racing_on_one_key_never_exceed_the_cap(
     ledger, ledger_url, tmp_path, airflow_db
 ):
+    # The racing processes charge the window of the real clock (theirs is not pinned).
+    key = key_for("alice", "heatmap", this_week())
     source = release_source(
         tmp_path / "ignored.json",
         body="return 1.0",
         mechanism={"kind": "gaussian", "noise_multiplier": 3.0},
         declare="",
+        window=key.window,
     )
     root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
     homes = [_metadata_copy(airflow_db, tmp_path / f"home{i}") for i in range(2)]
@@ -277,11 +286,11 @@ def test_two_processes_racing_on_one_key_never_exceed_the_cap(
     ]
     states = [json.loads(p.communicate(timeout=600)[0].strip().splitlines()[-1]) for p in procs]
     successes = sum(s.count("success") for s in states)
-    assert ledger.epsilon_of(KEY) <= 3.0
-    assert ledger.epsilon_of(KEY) == pytest.approx(
+    assert ledger.epsilon_of(key) <= 3.0
+    assert ledger.epsilon_of(key) == pytest.approx(
         expected_eps(*[ZCDPMechanism(rho=1 / 18)] * successes), rel=1e-12
     )
-    commits = [e for e in ledger.history(KEY) if e["action"] == "commit"]
+    commits = [e for e in ledger.history(key) if e["action"] == "commit"]
     assert len(commits) == successes >= 1
     assert sum(s.count("failed") for s in states) == 8 - successes
     assert ledger.verify().ok

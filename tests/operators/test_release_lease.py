@@ -15,19 +15,24 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-from dp_budget_provider.ledger import PrivacyBudgetLedger
+from dp_budget_provider.ledger import PrivacyBudgetLedger, key_for
+from tests.ledger_time import ledger_time_at, this_week
 from tests.operators.test_release import (
     DISCRETE_Z4,
     KEY,
+    WINDOW,
     expected_eps,
     release_source,
     run_release,
 )
 
+# dag.test() runs the task in this process: the ledger's clock is pinned inside the window.
+LEDGER_WINDOWS = (WINDOW,)
 LEASE_SECONDS = 1.5
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,7 +58,7 @@ def test_a_task_renews_its_lease_while_its_query_runs_and_is_never_reaped(
     own reservation is not due. The renewals went on until the callable returned."""
     seen = tmp_path / "reaped-meanwhile.json"
     body = (
-        "import time; from dp_budget_provider.ledger import PrivacyBudgetLedger; "
+        "import time; from dp_budget_provider.ledger import PrivacyBudgetLedger, key_for; "
         f"time.sleep({2 * LEASE_SECONDS}); other = PrivacyBudgetLedger(url={ledger_url!r}); "
         f"pathlib.Path({str(seen)!r}).write_text(json.dumps(other.reap())); other.close(); "
         "return [[3, 1], [0, 7]]"
@@ -74,7 +79,7 @@ def test_a_task_that_outlived_its_lease_is_charged_once_by_the_reap(
     the task log, the release still publishes, and its commit charges nothing more."""
     body = (
         "import time; from datetime import datetime, timedelta, timezone; "
-        "from dp_budget_provider.ledger import PrivacyBudgetLedger; "
+        "from dp_budget_provider.ledger import PrivacyBudgetLedger, key_for; "
         f"other = PrivacyBudgetLedger(url={ledger_url!r}); "
         "later = datetime.now(timezone.utc) + timedelta(hours=1); "
         "assert len(other.reap(now=later)) == 1; other.close(); "
@@ -101,12 +106,18 @@ load_dag({source!r}).test()
 
 
 def test_a_task_killed_mid_query_is_charged_after_its_lease(
-    airflow_db, ledger, ledger_url, tmp_path
+    airflow_db, ledger, ledger_url, tmp_path, monkeypatch
 ):
     """A worker process running the task is SIGKILLed while the callable runs: no commit,
     no finally. The reap after its lease ran out charges the attempt, once."""
+    # The worker process runs on the real clock: it charges the real week, and this
+    # process reaps on the real clock too (the lease was stamped by it).
+    ledger_time_at(monkeypatch, datetime.now(timezone.utc))
+    key = key_for("alice", "heatmap", this_week())
     started = tmp_path / "out.ran"
-    source = release_source(tmp_path / "out.json", body="import time; time.sleep(600)")
+    source = release_source(
+        tmp_path / "out.json", body="import time; time.sleep(600)", window=key.window
+    )
     home = tmp_path / "airflow-home"  # the session's migrated metadata DB, copied
     shutil.copytree(airflow_db, home, ignore=shutil.ignore_patterns("dags", "logs"))
     (home / "dags").mkdir()
@@ -143,7 +154,7 @@ def test_a_task_killed_mid_query_is_charged_after_its_lease(
         if worker.poll() is None:
             worker.kill()
             worker.wait(30)
-    assert [e["action"] for e in ledger.history(KEY)] == ["reserve", "reap"]
-    assert "its lease ran out at" in ledger.history(KEY)[-1]["payload"]["reason"]
-    assert ledger.epsilon_of(KEY) == pytest.approx(expected_eps(DISCRETE_Z4), rel=1e-12)
+    assert [e["action"] for e in ledger.history(key)] == ["reserve", "reap"]
+    assert "its lease ran out at" in ledger.history(key)[-1]["payload"]["reason"]
+    assert ledger.epsilon_of(key) == pytest.approx(expected_eps(DISCRETE_Z4), rel=1e-12)
     assert ledger.verify().ok

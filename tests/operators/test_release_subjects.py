@@ -14,6 +14,8 @@ from dp_budget_provider.ledger import keys_for
 from tests.airflow.dag_runner import load_dag, stored_xcom, task_states
 
 WINDOW = "2026-w28"
+# dag.test() runs the tasks in this process: the ledger's clock is pinned inside the window.
+LEDGER_WINDOWS = (WINDOW,)
 COHORT_DAG = """
 from datetime import datetime, timedelta, timezone
 import numpy as np

@@ -14,7 +14,10 @@ import pytest
 from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant, ZCDPMechanism
 from dp_budget_provider.ledger import clock as ledger_clock
 from dp_budget_provider.ledger import key_for
+from dp_budget_provider.ledger.policy import DEFAULT_GRACE
+from dp_budget_provider.ledger.windows import window_bounds
 from tests.airflow.dag_runner import load_dag, task_states
+from tests.ledger_time import ledger_time_at
 
 UTC = timezone.utc
 DELTA = 1e-5
@@ -52,6 +55,9 @@ with DAG(
 # The run of logical date Sunday 2026-11-15 reads [Sunday 11-08, Sunday 11-15): Sunday
 # 11-08 belongs to ISO week 45, Monday 11-09 to Saturday 11-14 to week 46.
 SUNDAY = datetime(2026, 11, 15, tzinfo=UTC)
+# dag.test() runs the task in this process: the ledger's clock is pinned inside the weeks
+# that run charges.
+LEDGER_WINDOWS = ("2026-w45", "2026-w46")
 
 
 @pytest.fixture
@@ -114,6 +120,7 @@ def test_reset_then_backfill_of_the_sealed_week_is_refused(ledger, weekly, monke
     dag, ran = weekly
     assert task_states(dag.test(logical_date=SUNDAY))["release"] == "success"
     # The maintenance run after the grace period: weeks 45 and 46 are sealed and dropped.
+    ledger_time_at(monkeypatch, window_bounds("2026-w46")[1] + DEFAULT_GRACE + timedelta(hours=1))
     assert ledger.reset_closed() == {"2026-w45": 2, "2026-w46": 2}
     before = ledger.history()
     backfill = dag.test(logical_date=SUNDAY - timedelta(days=7))  # w44 and the sealed w45
@@ -122,7 +129,7 @@ def test_reset_then_backfill_of_the_sealed_week_is_refused(ledger, weekly, monke
     assert ledger.history() == before  # nothing reserved in w46 either: all or nothing
     assert ledger.verify().ok
     # A caller-chosen clock cannot close an open window: reset reads the ledger's clock.
-    (now_window,) = ledger.windows_for("default", "heatmap", datetime.now(UTC))
+    (now_window,) = ledger.windows_for("default", "heatmap", ledger_clock.now())
     current = key_for("alice", "heatmap", now_window)
     ledger.spend(current, GaussianMechanism(8.0))
     assert ledger.reset_closed() == {}

@@ -2,7 +2,8 @@
 
 Its own AIRFLOW_HOME, metadata database (SQLite) and ledger (SQLite). The ledger is
 seeded by running the example DAG with ``dag.test()`` in a subprocess (the session's
-Airflow configuration belongs to another home). The server runs in its own process
+Airflow configuration belongs to another home), on the real clock: the runs charge the
+current week (``tests/ledger_time.py``). The server runs in its own process
 group, so stopping it stops its workers too. Every step has a timeout.
 
 Two users, ``admin`` (role ADMIN) and ``viewer`` (role VIEWER). Only the api-server holds
@@ -27,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from tests.admin import ADMIN, admin_key_file
+from tests.ledger_time import this_week
 
 ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW = Path(sys.executable).with_name("airflow")
@@ -72,8 +74,10 @@ ledger = PrivacyBudgetLedger(
 ledger.set_policy(Policy(2.0, tenant="acme", compliance_clause="GDPR Art. 25 (data "
                   "minimisation): at most eps = 2 per subject and week"))
 runs = []
+# The runs charge this week (sys.argv[3]): the run's own data interval is last week, which
+# takes no new release once its grace period is over (from Thursday on).
 for tenant in ("acme", "acme", "acme", "globex"):
-    run = module.dag.test(run_conf={"tenant": tenant})
+    run = module.dag.test(run_conf={"tenant": tenant, "window": sys.argv[3]})
     runs.append({"run_id": run.run_id, "state": str(run.state), "tenant": tenant})
 window = ledger.accounts(tenant="acme", limit=1)[0].key.window
 # a release in flight on one account (its worker has reserved, not yet committed)
@@ -201,7 +205,7 @@ def airflow_api_server(home: Path) -> Iterator[Server]:
     )
     seeded = json.loads(
         _run(
-            [sys.executable, "-c", SEED, str(home / "dags"), str(admin_key_file())],
+            [sys.executable, "-c", SEED, str(home / "dags"), str(admin_key_file()), this_week()],
             env,
             "seeding",
         ).splitlines()[-1]

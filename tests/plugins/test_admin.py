@@ -14,7 +14,10 @@ from dp_budget_provider.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.gate import ReleaseGate, ReleaseRefused
 from dp_budget_provider.plugins import csrf
 from tests.admin import ADMIN, admin_key_file
-from tests.plugins.conftest import CHAIN_KEY
+from tests.plugins.conftest import CHAIN_KEY, WINDOW
+
+# The tests seed their ledgers in this process: the ledger's clock is pinned inside WINDOW.
+LEDGER_WINDOWS = (WINDOW,)
 
 KEY_ENV = "AIRFLOW__DP_BUDGET__ADMIN_KEY_FILE"
 ADMIN_ROUTES = (

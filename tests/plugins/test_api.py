@@ -9,6 +9,9 @@ from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import LedgerKey
 from tests.plugins.conftest import CLAUSE, WINDOW, XSS
 
+# The tests seed their ledgers in this process: the ledger's clock is pinned inside WINDOW.
+LEDGER_WINDOWS = (WINDOW,)
+
 ROUTES = (
     "/",
     "/accounts",

@@ -26,6 +26,9 @@ from tests.admin import ADMIN
 from tests.plugins.conftest import CHAIN_KEY, WINDOW, XSS, seed
 from tests.plugins.test_api import ROUTES
 
+# The ledger is seeded (and read) in this process: the ledger's clock is pinned inside WINDOW.
+LEDGER_WINDOWS = (WINDOW,)
+
 NASTY_TEXT = [
     "",
     " ",

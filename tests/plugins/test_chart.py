@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ElementTree
+from datetime import timedelta
 
 import pytest
 
 from dp_budget_provider.accounting import LaplaceMechanism
-from dp_budget_provider.ledger import key_for
+from dp_budget_provider.ledger import Policy, key_for
+from dp_budget_provider.ledger.policy import DEFAULT_GRACE
+from dp_budget_provider.ledger.windows import window_bounds
+from tests.ledger_time import ledger_time_at, ledger_time_in
+from tests.plugins.conftest import WINDOW
 
+# The tests seed their ledgers in this process: the ledger's clock is pinned inside WINDOW.
+LEDGER_WINDOWS = (WINDOW,)
 CLOSED_WINDOW = "2026-w30"  # ended in July 2026, long past its grace period
+# globex's count runs may arrive later than acme's: a grace period of their own.
+LATE_GRACE = timedelta(days=14)
 FONT = 14  # the page's font size, which the SVG text inherits (user units: 1 px each)
 SVG_NS = "{http://www.w3.org/2000/svg}"
 
@@ -46,22 +55,28 @@ def crosses(box: tuple[float, float, float, float], a, b) -> bool:
     return x0 <= right and x1 >= left and y0 <= bottom and y1 >= top
 
 
-def reset_key(seeded):
-    """A key charged twice in a closed week, then reset; a later reset of the same week for
-    another scope (a late globex run) does not concern it."""
+def reset_key(seeded, monkeypatch):
+    """A key charged twice in a week, then reset once the week is past its grace period; a
+    later reset of the same week for another scope (a late globex run, within the longer
+    grace period of its own) does not concern it."""
     ledger = seeded.ledger
+    ledger.set_policy(Policy(3.0, tenant="globex", query_type="count", grace=LATE_GRACE))
+    end = window_bounds(CLOSED_WINDOW)[1]
+    ledger_time_in(monkeypatch, CLOSED_WINDOW)
     key = key_for("user-reset", "count", CLOSED_WINDOW, tenant="acme")
     for run in range(2):
         ledger.spend(key, LaplaceMechanism(0.4), attempt=f"counts/count/late{run}/-1/1")
+    ledger_time_at(monkeypatch, end + DEFAULT_GRACE + timedelta(hours=1))
     assert ledger.reset(CLOSED_WINDOW) == 1
     late = key_for("user-late", "count", CLOSED_WINDOW, tenant="globex")
     ledger.spend(late, LaplaceMechanism(0.4), attempt="counts/count/late2/-1/1")
+    ledger_time_at(monkeypatch, end + LATE_GRACE + timedelta(hours=1))
     assert ledger.reset(CLOSED_WINDOW) == 1
     return key
 
 
-def test_across_a_reset_the_series_stays_level_at_the_reset_row(client, seeded):
-    key = reset_key(seeded)
+def test_across_a_reset_the_series_stays_level_at_the_reset_row(client, seeded, monkeypatch):
+    key = reset_key(seeded, monkeypatch)
     series = client.get("/api/account", params=key.as_dict()).json()["series"]
     history = client.get("/api/account/history", params={**key.as_dict(), "order": "oldest"})
     entries = history.json()["entries"]
@@ -75,8 +90,8 @@ def test_across_a_reset_the_series_stays_level_at_the_reset_row(client, seeded):
     assert {p["seq"] for p in points} == charged | {resets[0]["seq"]}
 
 
-def test_the_page_rings_the_reset_and_never_draws_a_drop(client, seeded):
-    key = reset_key(seeded)
+def test_the_page_rings_the_reset_and_never_draws_a_drop(client, seeded, monkeypatch):
+    key = reset_key(seeded, monkeypatch)
     html = client.get("/account", params=key.as_dict()).text
     chart = chart_of(html)
     line = polyline(chart)
@@ -105,9 +120,10 @@ def test_the_cap_and_warning_labels_never_cover_the_line(client, seeded, which):
         assert box[3] <= float(y_axis.get("y1"))  # above the plot area, where no line runs
 
 
-def test_a_rescope_away_stays_level_at_its_row_in_the_old_keys_history(client, seeded):
+def test_a_rescope_away_stays_level_at_its_row_in_the_old_keys_history(client, seeded, monkeypatch):
     old = key_for("user-moved", "snapshot", "2026-w31", tenant="acme")
     new = key_for("user-moved", "trajectory", "2026-w31", tenant="acme")
+    ledger_time_in(monkeypatch, old.window)
     for run in range(2):
         seeded.ledger.spend(old, LaplaceMechanism(0.3), attempt=f"snap/snap/r{run}/-1/1")
     seeded.ledger.rescope(old, new, reason="reclassified")

@@ -8,7 +8,11 @@ from html.parser import HTMLParser
 
 from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import Policy, WindowCalendar, key_for
+from tests.ledger_time import ledger_time_in
 from tests.plugins.conftest import CLAUSE, WINDOW, XSS
+
+# The tests seed their ledgers in this process: the ledger's clock is pinned inside WINDOW.
+LEDGER_WINDOWS = (WINDOW,)
 
 
 class Page(HTMLParser):
@@ -307,7 +311,7 @@ def test_a_reservation_shows_the_subjects_it_covers_not_its_accounts(client, see
     assert "subjects" in page.plain and "100,000" in page.plain
 
 
-def test_pages_show_a_fixed_window_with_iso_8601_letters(client, seeded):
+def test_pages_show_a_fixed_window_with_iso_8601_letters(client, seeded, monkeypatch):
     seeded.ledger.set_policy(
         Policy(
             3.0,
@@ -317,6 +321,7 @@ def test_pages_show_a_fixed_window_with_iso_8601_letters(client, seeded):
         )
     )
     key = key_for("alice", "stream", "2026-12-03T01:12:00Z+60s")
+    ledger_time_in(monkeypatch, key.window)  # charged while it was open
     seeded.ledger.spend(key, GaussianMechanism(4.0), attempt="stream/s/1/-1/1")
     for page in (
         client.get("/accounts", params={"query_type": "stream"}).text,
@@ -332,7 +337,7 @@ def test_overdue_maintenance_is_a_banner_on_every_page(client, seeded, monkeypat
     banner = {"id": "maintenance", "class": "warning"}
     for path in ("/accounts", "/classes", "/policies"):
         assert banner not in Page(client.get(path).text).all("p")
-    later = clock.process_now() + timedelta(days=3)
+    later = clock.now() + timedelta(days=3)
     monkeypatch.setattr(clock, "now", lambda: later)
     for path in ("/accounts", "/classes", "/policies"):
         page = Page(client.get(path).text)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timedelta, timezone
 from importlib.metadata import entry_points
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -20,6 +21,7 @@ from dp_budget_provider.operators.release import RECEIPT_XCOM_KEY, DPReleaseOper
 from dp_budget_provider.plugins import links
 from dp_budget_provider.plugins.links import DPBudgetAccountLink
 from tests.airflow.dag_runner import ledger_connection, load_dag, stored_xcom, task_states
+from tests.ledger_time import ledger_time_in, this_week
 from tests.plugins.conftest import CHAIN_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,6 +131,10 @@ def test_a_real_dag_run_fills_the_ui_and_links_its_task(
     # The task creates the ledger: not pinned.
     ledger_connection(monkeypatch, sqlite_url, chain_key_secret=CHAIN_KEY, admin_public_key=None)
     monkeypatch.setenv("AIRFLOW__DP_BUDGET__ALLOW_UNPINNED", "True")  # (a development ledger)
+    # dag.test() runs the tasks in this process over the last complete Monday-to-Monday
+    # week (the run's data interval): the ledger's clock is pinned inside it, where that
+    # week may still be charged whatever the weekday.
+    ledger_time_in(monkeypatch, this_week(datetime.now(timezone.utc) - timedelta(days=7)))
     dag = _load_example("example_dp_heatmap")
     runs = [dag.test(run_conf={"tenant": "acme"}) for _ in range(2)]
     assert [task_states(run) for run in runs] == [

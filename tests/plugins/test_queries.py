@@ -8,6 +8,10 @@ import pytest
 
 from dp_budget_provider.ledger import queries
 from dp_budget_provider.ledger.queries import AccountFilter, find_accounts
+from tests.plugins.conftest import WINDOW
+
+# The tests seed their ledgers in this process: the ledger's clock is pinned inside WINDOW.
+LEDGER_WINDOWS = (WINDOW,)
 
 RANK = {"ok": 0, "WARNING": 1, "EXHAUSTED": 2}
 

@@ -21,9 +21,13 @@ from dp_budget_provider.sensors import budget
 from dp_budget_provider.sensors.budget import BudgetSensor
 from tests.admin import AdminLedger
 from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
+from tests.ledger_time import ledger_time_at, ledger_time_in
 
 UTC = timezone.utc
 BIG = GaussianMechanism(1.5)  # eps 2.75: one per window under a cap of 3
+# The ledger's clock (this process; dag.test() runs its tasks here too) starts inside the
+# week the tests charge; at() moves it with the sensor's.
+LEDGER_WINDOWS = ("2026-w29",)
 
 
 @pytest.fixture
@@ -47,7 +51,9 @@ def sensor(**overrides):
 
 
 def at(monkeypatch, moment):
+    """The sensor's clock reads ``moment``, and the ledger's clock too (it then runs)."""
     monkeypatch.setattr(budget, "utcnow", lambda: moment)
+    ledger_time_at(monkeypatch, moment)
 
 
 def test_defers_to_the_next_iso_week_and_completes_there(ledger, monkeypatch):
@@ -66,9 +72,9 @@ def test_defers_to_the_next_iso_week_and_completes_there(ledger, monkeypatch):
 
 
 def test_defers_again_when_the_next_window_is_full_too(ledger, monkeypatch):
+    at(monkeypatch, datetime(2026, 7, 20, 0, 0, 1, tzinfo=UTC))
     for window in ("2026-w29", "2026-w30"):
         ledger.spend(key_for("alice", "heatmap", window), BIG)
-    at(monkeypatch, datetime(2026, 7, 20, 0, 0, 1, tzinfo=UTC))
     with pytest.raises(TaskDeferred) as deferred:
         sensor().execute_complete({}, event={"deadline": "2026-08-30T00:00:00+00:00"})
     assert deferred.value.trigger.moment == datetime(2026, 7, 27, tzinfo=UTC)
@@ -122,9 +128,10 @@ def test_a_release_the_ledger_would_refuse_whatever_the_budget_fails_at_once(
     """Not "fits": the release's own reservation would refuse it, and waiting cannot help."""
     from airflow.sdk.exceptions import AirflowFailException
 
+    ledger_time_in(monkeypatch, "2026-w10")
     ledger.spend(key_for("alice", "heatmap", "2026-w10"), BIG)
-    ledger.reset("2026-w10")
     at(monkeypatch, datetime(2026, 7, 14, 12, 0, tzinfo=UTC))
+    ledger.reset("2026-w10")
     with pytest.raises(AirflowFailException, match=message):
         sensor(**overrides).execute({})
 
@@ -132,9 +139,10 @@ def test_a_release_the_ledger_would_refuse_whatever_the_budget_fails_at_once(
 def test_a_sealed_window_waits_like_a_full_one(ledger, monkeypatch):
     """The sensor's one bit: a sealed window (or a quarantine, a re-scoped subject) does not
     fit, like a full cap; told apart, they would say something about other DAGs' data."""
+    ledger_time_in(monkeypatch, "2026-w10")
     ledger.spend(key_for("alice", "heatmap", "2026-w10"), BIG)
-    ledger.reset("2026-w10")
     at(monkeypatch, datetime(2026, 7, 14, 12, 0, tzinfo=UTC))
+    ledger.reset("2026-w10")
     with pytest.raises(TaskDeferred):
         sensor(window="2026-w10").execute({})
 
@@ -190,7 +198,8 @@ def short_windows(ledger, seconds):
     return WindowCalendar("fixed", seconds)
 
 
-def test_dag_defers_until_the_next_window_opens_then_releases_there(ledger):
+def test_dag_defers_until_the_next_window_opens_then_releases_there(ledger, monkeypatch):
+    ledger_time_at(monkeypatch, datetime.now(UTC))  # the real clock's windows, as the DAG's
     calendar = short_windows(ledger, 20)
     now = datetime.now(UTC)
     if (calendar.next_window_start(now) - now).total_seconds() < 15:
@@ -209,7 +218,10 @@ def test_dag_defers_until_the_next_window_opens_then_releases_there(ledger):
 
 @pytest.mark.parametrize("mode", ["poke", "reschedule"])
 @pytest.mark.parametrize(("soft_fail", "state"), [(False, "failed"), (True, "skipped")])
-def test_poke_and_reschedule_modes_honour_timeout_and_soft_fail(ledger, mode, soft_fail, state):
+def test_poke_and_reschedule_modes_honour_timeout_and_soft_fail(
+    ledger, mode, soft_fail, state, monkeypatch
+):
+    ledger_time_at(monkeypatch, datetime.now(UTC))  # the real clock's windows, as the DAG's
     short_windows(ledger, 3600)
     ledger.spend(
         key_for(
@@ -228,7 +240,7 @@ def test_poke_and_reschedule_modes_honour_timeout_and_soft_fail(ledger, mode, so
 def test_the_sensor_log_names_overdue_maintenance(ledger, monkeypatch, capsys):
     from dp_budget_provider.ledger import clock
 
-    now = clock.process_now()
+    now = clock.now()  # the ledger's clock, inside LEDGER_WINDOWS
     window = WindowCalendar().window_of(now)
     at(monkeypatch, now)
     assert sensor(window=window).execute({}) == window
