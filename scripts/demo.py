@@ -151,9 +151,11 @@ def main() -> None:
                 f"{display_window(account.key.window)}{flag}"
             )
         else:
-            lines = log.read_text().splitlines()
-            refusal = next((line for line in lines if "no release:" in line), "")
-            why = admin.open(re.search(r"dpb-ref-1\.[A-Za-z0-9_-]+", refusal).group())
+            text = log.read_text()
+            refusal = next((line for line in text.splitlines() if "no release:" in line), "")
+            # Every reference has the same length; a copy that Airflow's secrets masker
+            # shortened with "***" in one log line is complete in another (the traceback).
+            why = admin.open(max(re.findall(r"dpb-ref-1\.[A-Za-z0-9_-]+", text), key=len))
             say(
                 f"heatmap run {number}: REFUSED, no release and the ledger untouched at eps "
                 f"{account.epsilon:.4f} ({account.state}); the task is told only:\n         "

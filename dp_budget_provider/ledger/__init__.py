@@ -32,7 +32,12 @@ from dp_budget_provider.ledger.records import (
     SpendReceipt,
     VerifyReport,
 )
-from dp_budget_provider.ledger.windows import WindowCalendar, is_closed, window_bounds
+from dp_budget_provider.ledger.windows import (
+    WindowCalendar,
+    display_window,
+    is_closed,
+    window_bounds,
+)
 
 __all__ = [
     "ANY",
@@ -65,6 +70,7 @@ __all__ = [
     "WindowCalendar",
     "WindowClosed",
     "WindowSealed",
+    "display_window",
     "is_closed",
     "key_for",
     "keys_for",

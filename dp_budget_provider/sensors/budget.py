@@ -18,7 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, A
 from dp_budget_provider.accounting import Mechanism
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 from dp_budget_provider.hooks.maintenance import warn_overdue_maintenance
-from dp_budget_provider.ledger import SubjectSource
+from dp_budget_provider.ledger import SubjectSource, display_window
 from dp_budget_provider.ledger.classes import covered_by
 from dp_budget_provider.ledger.gate import ReleaseGate, ReleaseRefused
 from dp_budget_provider.triggers.budget_window import BudgetWindowTrigger
@@ -113,7 +113,9 @@ class BudgetSensor(BaseSensorOperator):
         ledger = self._ledger()
         window = self._window(ledger, utcnow())
         fits = self._fits(ledger, window)
-        self.log.info("window %s %s the release", window, "fits" if fits else "cannot fit")
+        self.log.info(
+            "window %s %s the release", display_window(window), "fits" if fits else "cannot fit"
+        )
         return PokeReturnValue(is_done=fits, xcom_value=window if fits else None)
 
     # ------------------------------------------------------------------ deferrable mode
@@ -134,7 +136,7 @@ class BudgetSensor(BaseSensorOperator):
         now = utcnow()
         window = self._window(ledger, now)
         if self._fits(ledger, window):
-            self.log.info("window %s fits the release", window)
+            self.log.info("window %s fits the release", display_window(window))
             return window
         if self.window:
             wake = now + timedelta(seconds=self.poke_interval)
@@ -149,7 +151,9 @@ class BudgetSensor(BaseSensorOperator):
             if self.soft_fail:
                 raise AirflowSkipException(message)
             raise AirflowSensorTimeout(message)
-        self.log.info("window %s cannot fit the release: deferring until %s", window, wake)
+        self.log.info(
+            "window %s cannot fit the release: deferring until %s", display_window(window), wake
+        )
         self.defer(
             trigger=BudgetWindowTrigger(moment=wake, deadline=deadline),
             method_name="execute_complete",
