@@ -124,10 +124,6 @@ _KEYLESS = ("create", "policy", "adopt-key", "admin-key", "quarantine", "unquara
 _REPRICED = frozenset({"poisson_subsampled_gaussian", "pure_dp", "laplace"})
 
 
-def _key_of(row: Any) -> LedgerKey:
-    return LedgerKey.from_canonical(row.tenant, row.subject, row.query_type, row.window)
-
-
 def _account(scope: tuple[str, str, str], label: str) -> LedgerKey:
     """The key of the account ``label`` of a (tenant, query type, window)."""
     tenant, query_type, window = scope
@@ -705,7 +701,7 @@ class _Replay:
         self._touch(keys, entry.at)
 
     def _on_correction(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
-        key = _key_of(entry)
+        key = LedgerKey.from_row(entry)
         self._refine(entry, payload, [key])
         cost = Spend.from_payload(payload["cost"], self.size)
         priced, repriced = self._priced(entry, payload, cost)
@@ -720,7 +716,7 @@ class _Replay:
         state.updated_at = entry.at
 
     def _on_rescope(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
-        old, new = LedgerKey.from_canonical(**payload["from"]), _key_of(entry)
+        old, new = LedgerKey.from_canonical(**payload["from"]), LedgerKey.from_row(entry)
         self._refine(entry, payload, [old, new])
         carried = Spend.from_payload(payload["carried"], self.size)
         moved = self._state(old)
@@ -1103,7 +1099,7 @@ def _check_store(connection: Connection, replay: _Replay, problems: list[str], t
     count = 0
     for row in connection.execution_options(yield_per=_BATCH).execute(select(table)):
         count += 1
-        key = _key_of(row)
+        key = LedgerKey.from_row(row)
         seen.add(key)
         state = replay.keys.get(key)
         if sealed and (state is None or not state.kept):

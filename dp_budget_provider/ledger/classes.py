@@ -40,7 +40,7 @@ from typing import Any
 
 from sqlalchemy import Connection, select
 
-from dp_budget_provider.ledger import pipeline
+from dp_budget_provider.ledger import pipeline, statements
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.keys import LedgerKey, canonical_part, keys_for
 from dp_budget_provider.ledger.memberships import REFERRING, least_member
@@ -50,7 +50,6 @@ from dp_budget_provider.ledger.statements import newline_joined
 # An account label: never a canonical subject, which is case-folded (no upper case).
 LABEL_PREFIX = "Class-"
 _LABEL = re.compile(re.escape(LABEL_PREFIX) + "[0-9a-f]{12}")
-_CHUNK = 1000
 # Rows one transaction writes into a table past which PostgreSQL re-reads its statistics
 # before the transaction's next join over it: without them it takes a table a release has
 # just filled with a million rows for empty, and plans the join of two such sets as a
@@ -448,8 +447,8 @@ def _refine(
     listed = 0  # members written to dp_members (of split classes that referred to a cohort)
     lock = " FOR UPDATE" if pipe.postgresql else ""
     labels = sorted(covered)
-    for start in range(0, len(labels), _CHUNK):
-        chunk = labels[start : start + _CHUNK]
+    for start in range(0, len(labels), statements.CHUNK):
+        chunk = labels[start : start + statements.CHUNK]
         rows = pipe.query(
             f"SELECT subject, size, open_reservations, cohort_id FROM dp_accounts WHERE {in_scope} "
             f"AND subject IN (SELECT s FROM {_unpack(pipe)}) ORDER BY subject{lock}",
@@ -590,7 +589,7 @@ def _lock_open_reservations(
     """
     held_by: set[str] = set()
     for (tenant, query_type, window), labels in covered:
-        for start in range(0, len(labels), _CHUNK):
+        for start in range(0, len(labels), statements.CHUNK):
             held_by.update(
                 row[0]
                 for row in pipe.query(
@@ -602,16 +601,16 @@ def _lock_open_reservations(
                         "t": tenant,
                         "q": query_type,
                         "w": window,
-                        "subjects": _subjects_param(pipe, labels[start : start + _CHUNK]),
+                        "subjects": _subjects_param(pipe, labels[start : start + statements.CHUNK]),
                     },
                 )
             )
     ordered = sorted(held_by)  # code points: the order of the bytes compared below
-    for start in range(0, len(ordered), _CHUNK):
+    for start in range(0, len(ordered), statements.CHUNK):
         pipe.query(
             f"SELECT r.id FROM dp_reservations r WHERE r.id IN (SELECT s FROM {_unpack(pipe)}) "
             'ORDER BY r.id COLLATE "C" FOR UPDATE',
-            {"subjects": _subjects_param(pipe, ordered[start : start + _CHUNK])},
+            {"subjects": _subjects_param(pipe, ordered[start : start + statements.CHUNK])},
         )
 
 

@@ -35,7 +35,6 @@ from dp_budget_provider.accounting.conversion import check_conversion
 from dp_budget_provider.accounting.orders import validate_orders
 from dp_budget_provider.accounting.rounding import ROUND_UP
 from dp_budget_provider.ledger import (
-    audit,
     classes,
     clock,
     database,
@@ -88,9 +87,8 @@ Charged = LedgerKey | classes.CohortKeys
 # What reserve and the budget checks take: keys, or cohorts' keys in their windows.
 Covered = LedgerKey | classes.CohortKeys | Iterable[LedgerKey] | Sequence[classes.CohortKeys]
 
-_CHUNK = 1000
-_BOUND_CACHE_SIZE = 100_000
-_KEY_COLUMNS = statements.KEY_COLUMNS
+# How many converted spends a ledger keeps (epsilon bounds, costs) before starting afresh.
+BOUND_CACHE_SIZE = 100_000
 _CLEAR = (
     ": verify found the ledger's tables or history inconsistent. Nothing can be released "
     "until an operator has investigated and cleared it (`dp-budget quarantine clear "
@@ -113,28 +111,6 @@ def _not_a_key(admin: object) -> AdminKey:
 def _pin(key: str | AdminPublicKey | None) -> AdminPublicKey | None:
     """The administrator key an opener requires (its text, as a connection holds it)."""
     return key if key is None or isinstance(key, AdminPublicKey) else AdminPublicKey(key)
-
-
-def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-_key_of = audit._key_of  # one way to turn a stored row into a key
-
-
-def _lock_order(connection: Connection, columns: Sequence[Any] = _KEY_COLUMNS) -> list[Any]:
-    """ORDER BY clauses that sort keys (or other rows by ``columns``) exactly like
-    Python's ``sorted`` (code points).
-
-    Every writer locks accounts (and window rows) in this one order, so two transactions
-    can never wait on each other in a cycle. PostgreSQL must compare bytes (collation
-    "C"): a linguistic collation would order some keys differently from the upsert path
-    (or the window lock of a charge) and deadlock.
-    """
-    if connection.dialect.name == "postgresql":
-        return [column.collate("C") for column in columns]
-    return list(columns)
 
 
 class LedgerCore:
@@ -354,7 +330,7 @@ class LedgerCore:
 
     @classmethod
     def _keys(cls, keys: LedgerKey | Iterable[LedgerKey]) -> list[LedgerKey]:
-        """Distinct keys in lock order (see ``_lock_order``)."""
+        """Distinct keys in lock order (see ``statements.lock_order``)."""
         by_parts = cls._key_parts(keys)
         return [by_parts[parts] for parts in sorted(by_parts)]
 
@@ -427,7 +403,7 @@ class LedgerCore:
             )
             return statements.accounts_by_key(rows, keys, size), rows[0][16]
         rows = []
-        for chunk in _chunks(keys):
+        for chunk in statements.chunks(keys):
             rows += pipe.connection.execute(
                 statements.sqlite_upsert(),
                 [
@@ -619,7 +595,7 @@ class LedgerCore:
         the keys by scope (tenant, query type, window)."""
         scope_keys = {(key.tenant, key.query_type, key.window): key for key in keys}
         scope = (WindowRow.tenant, WindowRow.query_type, WindowRow.window)
-        for chunk in _chunks(sorted(scope_keys)):
+        for chunk in statements.chunks(sorted(scope_keys)):
             sealed = connection.execute(
                 select(*scope, WindowRow.sealed_at)
                 .where(tuple_(*scope).in_(chunk), WindowRow.sealed_at.is_not(None))
@@ -651,7 +627,7 @@ class LedgerCore:
                 f"reservation {reservation_id} holds {held} keys but only {len(rows)} "
                 "accounts exist"
             )
-        keys = [_key_of(row) for row in rows]
+        keys = [LedgerKey.from_row(row) for row in rows]
         return keys, statements.accounts_by_key(rows, keys, self._orders.size)
 
     def _add_pending_residual(
@@ -677,7 +653,7 @@ class LedgerCore:
             if pipe.postgresql:
                 pipe.send(statements.PG_SET_PENDING_RESIDUAL, {"residual": stored, "ids": ids})
                 continue
-            for chunk in _chunks(ids):
+            for chunk in statements.chunks(ids):
                 pipe.connection.execute(
                     update(Account).where(Account.id.in_(chunk)).values(pending_residual=stored)
                 )
@@ -692,7 +668,7 @@ class LedgerCore:
         converts its prospective total once, for the check and for the receipt.
         """
         cache = self._bound_cache
-        if len(cache) > _BOUND_CACHE_SIZE:
+        if len(cache) > BOUND_CACHE_SIZE:
             cache.clear()
         bounds = []
         for spend in spends:

@@ -26,6 +26,7 @@ import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from itertools import islice
+from typing import Any
 
 MAX_PART_LENGTH = 256
 _SPACES = re.compile(r" +")
@@ -148,6 +149,12 @@ class LedgerKey:
     def __post_init__(self) -> None:
         for field in ("tenant", "subject", "query_type", "window"):
             object.__setattr__(self, field, canonical_part(field, getattr(self, field)))
+
+    @classmethod
+    def from_row(cls, row: Any) -> LedgerKey:
+        """The key a stored row names (its ``tenant``, ``subject``, ``query_type`` and
+        ``window`` columns, canonical as the ledger wrote them)."""
+        return cls.from_canonical(row.tenant, row.subject, row.query_type, row.window)
 
     @classmethod
     def from_canonical(cls, tenant: str, subject: str, query_type: str, window: str) -> LedgerKey:

@@ -474,10 +474,6 @@ def _full_pass(
     return [found[key] for key in page]
 
 
-def _key_of(row: Any) -> LedgerKey:
-    return LedgerKey(row.tenant, row.subject, row.query_type, row.window)
-
-
 def _sql_order(sort: str, descending: bool) -> list[Any]:
     keys = _account_columns()
     if sort == "key":
@@ -834,7 +830,9 @@ def release(
     return Release(
         reservation=_reservation_item(row, cohorts, _Epsilons(ledger)),
         windows=windows,
-        accounts=Page(total=total, offset=offset, limit=limit, items=[_key_of(k) for k in found]),
+        accounts=Page(
+            total=total, offset=offset, limit=limit, items=[LedgerKey.from_row(k) for k in found]
+        ),
     )
 
 

@@ -21,10 +21,7 @@ from dp_budget_provider.ledger import (
 )
 from dp_budget_provider.ledger.classes import Scope
 from dp_budget_provider.ledger.core import (
-    _KEY_COLUMNS,
     LedgerCore,
-    _chunks,
-    _key_of,
 )
 from dp_budget_provider.ledger.errors import LedgerError
 from dp_budget_provider.ledger.keys import (
@@ -84,10 +81,10 @@ class ReadingRoom(LedgerCore):
         row_columns = on(accounts, statements.ACCOUNT_COLUMNS)
         labelled = [key for key in keys if classes.is_label(key.subject)]
         subjects = [key for key in keys if not classes.is_label(key.subject)]
-        for chunk in _chunks(labelled):
+        for chunk in statements.chunks(labelled):
             rows = connection.execute(
                 select(*row_columns).where(
-                    tuple_(*on(accounts, _KEY_COLUMNS)).in_(
+                    tuple_(*on(accounts, statements.KEY_COLUMNS)).in_(
                         [statements.key_tuple(k) for k in chunk]
                     )
                 )
@@ -102,7 +99,7 @@ class ReadingRoom(LedgerCore):
             return [accounts.id, *key, *row_columns[5:]]
 
         for scope, scoped in by_scope.items():
-            for chunk in _chunks(scoped):
+            for chunk in statements.chunks(scoped):
                 listed = [key.subject for key in chunk]
 
                 def named(arm: Arm, scope: Scope = scope, listed: list[str] = listed) -> list[Any]:
@@ -209,7 +206,7 @@ class ReadingRoom(LedgerCore):
             rows = list(connection.execute(query))
             policies = self._policy_store.read(connection)
         return [
-            AccountStatus.of(row, standing, policy_for(policies, _key_of(row)))
+            AccountStatus.of(row, standing, policy_for(policies, LedgerKey.from_row(row)))
             for row, standing in zip(rows, Standings(self).of_rows(rows), strict=True)
         ]
 
@@ -273,7 +270,7 @@ def _refuse_unkept(connection: Connection, keys: Sequence[LedgerKey]) -> None:
     (revision 0011): the reset deleted their accounts, so whether and how much they were
     charged is only in the history, and reading them as untouched would answer zero."""
     scopes = sorted({(key.tenant, key.query_type, key.window) for key in keys})
-    for chunk in _chunks(scopes):
+    for chunk in statements.chunks(scopes):
         sealed = tuple_(WindowRow.tenant, WindowRow.query_type, WindowRow.window)
         kept = (
             select(func.count())

@@ -30,6 +30,7 @@ import numpy as np
 from sqlalchemy import select, tuple_
 
 import dp_budget_provider
+from dp_budget_provider.ledger import statements
 from dp_budget_provider.ledger.checkpoints import CheckpointStore, verify_and_checkpoint
 from dp_budget_provider.ledger.errors import LedgerUnavailable
 from dp_budget_provider.ledger.keys import LedgerKey, canonical_part, whole_number
@@ -51,7 +52,6 @@ REPORT_FORMAT = 2  # 2: classes by default; the per-subject listing opt-in and p
 SUBJECTS_PAGE_SIZE = 1000  # subjects per page of the per-subject listing, by default
 MAX_SUBJECTS_PAGE_SIZE = 100_000
 SCHEDULE_ACTIONS = ("reserve", "commit", "release", "reap", "correction", "rescope", "reset")
-_CHUNK = 1000
 
 PRIVACY_UNIT = {
     "unit": "subject",
@@ -443,11 +443,15 @@ class SubjectNames:
             by_digest.setdefault((cohort["tenant"], cohort["cohort"]), []).append(cohort)
         names: dict[KeyParts, str] = {}
         digests = sorted(by_digest)
-        for start in range(0, len(digests), _CHUNK):
+        for start in range(0, len(digests), statements.CHUNK):
             rows = connection.execute(
                 select(Cohort.tenant, Cohort.digest, CohortMember.subject)
                 .join(CohortMember, CohortMember.cohort_id == Cohort.id)
-                .where(tuple_(Cohort.tenant, Cohort.digest).in_(digests[start : start + _CHUNK]))
+                .where(
+                    tuple_(Cohort.tenant, Cohort.digest).in_(
+                        digests[start : start + statements.CHUNK]
+                    )
+                )
             )
             for tenant, digest, subject in rows:
                 for cohort in by_digest[(tenant, digest)]:
@@ -490,8 +494,8 @@ def _reservation_keys(
 ) -> dict[str, list[dict[str, str]]]:
     keys: dict[str, list[dict[str, str]]] = {rid: [] for rid in reservation_ids}
     with ledger.reading() as connection:
-        for start in range(0, len(reservation_ids), _CHUNK):
-            chunk = reservation_ids[start : start + _CHUNK]
+        for start in range(0, len(reservation_ids), statements.CHUNK):
+            chunk = reservation_ids[start : start + statements.CHUNK]
             rows = connection.execute(
                 select(ReservationKey)
                 .where(ReservationKey.reservation_id.in_(chunk))

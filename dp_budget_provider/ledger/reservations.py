@@ -43,12 +43,9 @@ from dp_budget_provider.ledger import (
 )
 from dp_budget_provider.ledger.classes import Cohort, CohortKeys
 from dp_budget_provider.ledger.core import (
-    _BOUND_CACHE_SIZE,
-    _CHUNK,
+    BOUND_CACHE_SIZE,
     Covered,
     LedgerCore,
-    _chunks,
-    _key_of,
 )
 from dp_budget_provider.ledger.errors import (
     BudgetExhausted,
@@ -147,7 +144,7 @@ class ReservationRoom(LedgerCore):
             signature = (history.canonical_json(mechanism.to_spec()), count)
         cost = self._cost_cache.get(signature)
         if cost is None:
-            if len(self._cost_cache) > _BOUND_CACHE_SIZE:
+            if len(self._cost_cache) > BOUND_CACHE_SIZE:
                 self._cost_cache.clear()
             cost = self._cost_cache[signature] = Spend.of_release(mechanism, count, self._orders)
         return cost
@@ -273,13 +270,13 @@ class ReservationRoom(LedgerCore):
                 {"reservation_id": reservation_id, **statements.key_parts(keys)},
             )
             return
-        for offset, chunk in enumerate(_chunks(keys)):
+        for offset, chunk in enumerate(statements.chunks(keys)):
             pipe.connection.execute(
                 insert(ReservationKey),
                 [
                     {
                         "reservation_id": reservation_id,
-                        "position": offset * _CHUNK + i,
+                        "position": offset * statements.CHUNK + i,
                         **k.as_dict(),
                     }
                     for i, k in enumerate(chunk)
@@ -313,7 +310,7 @@ class ReservationRoom(LedgerCore):
         rows = connection.execute(
             select(ReservationKey).where(ReservationKey.reservation_id == reservation_id)
         )
-        return sorted(_key_of(row) for row in rows)
+        return sorted(LedgerKey.from_row(row) for row in rows)
 
     def _charge(
         self,
@@ -421,7 +418,7 @@ class ReservationRoom(LedgerCore):
                 "count": charge or 0,
                 "now": now,
             }
-            for chunk in _chunks([locked[key].id for key in keys]):
+            for chunk in statements.chunks([locked[key].id for key in keys]):
                 connection.execute(statement, {**params, "ids": list(chunk)})
             return after
         for key, spend in zip(keys, after, strict=True):

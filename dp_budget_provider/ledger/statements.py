@@ -14,7 +14,7 @@ import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Float, and_, bindparam, case, or_, select, update
+from sqlalchemy import Connection, Float, and_, bindparam, case, or_, select, update
 from sqlalchemy.dialects import sqlite
 
 from dp_budget_provider.accounting.rounding import ROUND_UP
@@ -25,6 +25,28 @@ from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.spend import Pending, Spend
 
 KEY_COLUMNS = (Account.tenant, Account.subject, Account.query_type, Account.window)
+# How many values one IN list or batch carries (well under SQLite's variable limit).
+CHUNK = 1000
+
+
+def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
+    """``items`` in slices of at most ``size``, in order."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def lock_order(connection: Connection, columns: Sequence[Any] = KEY_COLUMNS) -> list[Any]:
+    """ORDER BY clauses that sort keys (or other rows by ``columns``) exactly like
+    Python's ``sorted`` (code points).
+
+    Every writer locks accounts (and window rows) in this one order, so two transactions
+    can never wait on each other in a cycle. PostgreSQL must compare bytes (collation
+    "C"): a linguistic collation would order some keys differently from the upsert path
+    (or the window lock of a charge) and deadlock.
+    """
+    if connection.dialect.name == "postgresql":
+        return [column.collate("C") for column in columns]
+    return list(columns)
 
 
 def key_tuple(key: LedgerKey) -> tuple[str, str, str, str]:
@@ -250,7 +272,7 @@ def sqlite_upsert() -> Any:
 @functools.cache
 def lock_reservation_accounts(postgresql: bool) -> Any:
     """Every account of reservation ``:rid``, locked in key order (one indexed join): the
-    order of every other writer (PostgreSQL compares bytes, see ``core._lock_order``)."""
+    order of every other writer (PostgreSQL compares bytes, see ``lock_order``)."""
     joined = and_(
         ReservationKey.tenant == Account.tenant,
         ReservationKey.subject == Account.subject,

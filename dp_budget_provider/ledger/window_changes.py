@@ -22,11 +22,10 @@ from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.ledger import (
     clock,
     maintenance,
+    statements,
 )
 from dp_budget_provider.ledger.core import (
     LedgerCore,
-    _chunks,
-    _lock_order,
 )
 from dp_budget_provider.ledger.errors import LedgerError, WindowBusy
 from dp_budget_provider.ledger.keys import (
@@ -104,7 +103,9 @@ class WindowRoom(LedgerCore):
                 for row in connection.execute(
                     select(WindowRow.tenant, WindowRow.query_type)
                     .where(WindowRow.window == label, WindowRow.sealed_at.is_(None))
-                    .order_by(*_lock_order(connection, (WindowRow.tenant, WindowRow.query_type)))
+                    .order_by(
+                        *statements.lock_order(connection, (WindowRow.tenant, WindowRow.query_type))
+                    )
                     .with_for_update()
                 )
             ]
@@ -123,7 +124,7 @@ class WindowRoom(LedgerCore):
                 connection.execute(
                     select(Account.id, Account.open_reservations, Account.size)
                     .where(Account.window == label, scoped)
-                    .order_by(*_lock_order(connection))
+                    .order_by(*statements.lock_order(connection))
                     .with_for_update()
                 )
             )
@@ -141,7 +142,7 @@ class WindowRoom(LedgerCore):
                 .values(sealed_at=now)
             )
             moved = [column.key for column in Account.__table__.columns if column.key != "id"]
-            for chunk in _chunks([row.id for row in rows]):
+            for chunk in statements.chunks([row.id for row in rows]):
                 connection.execute(
                     insert(SealedAccount).from_select(
                         [*moved, "sealed_at"],
