@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from dp_budget_provider.ledger import history
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.records import VerifyReport
-
-if TYPE_CHECKING:
-    from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 
 FORMAT = "dp-budget-checkpoint/1"
 
@@ -165,7 +163,20 @@ class CheckpointStore(Protocol):
         """Record ``checkpoint`` as the latest."""
 
 
-def verify_and_checkpoint(ledger: PrivacyBudgetLedger, store: CheckpointStore) -> VerifyReport:
+class AuditedLedger(Protocol):
+    """What a verify-and-checkpoint run needs of a ledger."""
+
+    @property
+    def chain_key(self) -> history.ChainKey: ...
+
+    def verify(self, checkpoint: Checkpoint | None = None) -> VerifyReport: ...
+
+    def checkpoint(self, report: VerifyReport) -> Checkpoint: ...
+
+    def quarantine(self, reason: str, problems: Sequence[str] = ()) -> bool: ...
+
+
+def verify_and_checkpoint(ledger: AuditedLedger, store: CheckpointStore) -> VerifyReport:
     """Verify against the store's latest checkpoint; record a new one if the verify passed.
 
     A checkpoint that cannot be read (forged, edited, another key) fails the verify and

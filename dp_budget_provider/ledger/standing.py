@@ -16,19 +16,33 @@ Accounts charged by the same releases hold the same stored values, so each disti
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from sqlalchemy import Connection, select
 
-from dp_budget_provider.accounting import EpsilonBound
+from dp_budget_provider.accounting import Conversion, EpsilonBound
 from dp_budget_provider.ledger.schema import Account, ReservationKey
 from dp_budget_provider.ledger.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.spend import Pending, Spend, prospective
 
-if TYPE_CHECKING:
-    from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
+
+class ReadableLedger(Protocol):
+    """What a standing needs of a ledger: its delta and conversion, and a read."""
+
+    @property
+    def delta(self) -> float: ...
+
+    @property
+    def orders(self) -> np.ndarray: ...
+
+    @property
+    def conversion(self) -> Conversion: ...
+
+    def reading(self) -> AbstractContextManager[Connection]: ...
+
 
 # The stored columns that decide an account's standing (with its tenant and query type).
 SPEND_COLUMNS = (
@@ -66,7 +80,7 @@ def stored_values(row: Any) -> tuple[Any, ...]:
 class Standings:
     """The standing of account rows of one ledger, converting each distinct value once."""
 
-    def __init__(self, ledger: PrivacyBudgetLedger) -> None:
+    def __init__(self, ledger: ReadableLedger) -> None:
         self._ledger = ledger
         self._orders = np.asarray(ledger.orders)
         self._bounds: dict[tuple[Any, ...], EpsilonBound] = {}
