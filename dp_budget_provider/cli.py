@@ -581,7 +581,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         upkeep = ledger.maintenance(_target(args).maintenance_intervals)
         overdue = [state for state in upkeep if state.overdue]
         if overdue:  # on stderr: stdout stays the command's output
-            print(f"dp-budget: warning: {maintenance.warning(overdue)}", file=sys.stderr)
+            print(f"dp-budget: warning: {maintenance.overdue_warning(overdue)}", file=sys.stderr)
         if args.json:
             document = {
                 "ledger": {

@@ -130,14 +130,6 @@ _CLI_REACHES = (
 )
 KNOWN_ADAPTER_REACHES = {
     *(("cli", f"ledger.{module}") for module in _CLI_REACHES.split()),
-    *(
-        ("hooks.dp_budget", f"ledger.{module}")
-        for module in ("checkpoints", "database", "gate", "history", "lease")
-    ),
-    ("hooks.maintenance", "ledger.gate"),
-    ("hooks.maintenance", "ledger.maintenance"),
-    ("operators.release", "ledger.classes"),
-    ("operators.release", "ledger.gate"),
     ("plugins.admin", "ledger.keys"),
     ("plugins.admin", "ledger.policy"),
     ("plugins.admin", "ledger.windows"),
@@ -160,8 +152,6 @@ KNOWN_ADAPTER_REACHES = {
     ("plugins.chart", "ledger.queries"),
     ("plugins.links", "ledger.keys"),
     ("plugins.templates", "ledger.windows"),
-    ("sensors.budget", "ledger.classes"),
-    ("sensors.budget", "ledger.gate"),
 }
 
 ADAPTERS = ("hooks", "operators", "sensors", "triggers", "plugins", "decorators", "cli")

@@ -42,22 +42,21 @@ from airflow.sdk.log import mask_secret
 from sqlalchemy.engine import URL
 
 from dp_budget_provider.ledger import (
+    CHAIN_KEY_ENV,
+    POSTGRES_DRIVER,
     BudgetCap,
-    LedgerConfigMismatch,
-    PrivacyBudgetLedger,
-    VerifyReport,
-    WindowCalendar,
-    database,
-    history,
-)
-from dp_budget_provider.ledger.checkpoints import (
+    ChainKey,
     Checkpoint,
     CheckpointFile,
     CheckpointStore,
+    LedgerConfigMismatch,
+    PrivacyBudgetLedger,
+    ReleaseGate,
+    VerifyReport,
+    WindowCalendar,
+    lease_of_seconds,
     verify_and_checkpoint,
 )
-from dp_budget_provider.ledger.gate import ReleaseGate
-from dp_budget_provider.ledger.lease import lease_of_seconds
 
 _announced_embedded: set[str] = set()
 _announced_unkeyed: set[str] = set()
@@ -113,12 +112,12 @@ class VariableCheckpoints:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def last(self, key: history.ChainKey) -> Checkpoint | None:
+    def last(self, key: ChainKey) -> Checkpoint | None:
         """The checkpoint the Variable holds, None before the first."""
         text = Variable.get(self.name, default=None)
         return None if not text else Checkpoint.from_json(str(text), key)
 
-    def append(self, checkpoint: Checkpoint, key: history.ChainKey) -> None:
+    def append(self, checkpoint: Checkpoint, key: ChainKey) -> None:
         """Replace the Variable's checkpoint by ``checkpoint``."""
         Variable.set(
             self.name,
@@ -187,7 +186,7 @@ class DPBudgetHook(BaseHook):
                 f"connection {self.dp_budget_conn_id!r} has neither extra.url nor a host"
             )
         return URL.create(
-            database.POSTGRES_DRIVER,
+            POSTGRES_DRIVER,
             username=connection.login or None,
             password=connection.password or None,
             host=connection.host,
@@ -219,7 +218,7 @@ class DPBudgetHook(BaseHook):
                     CHAIN_KEY_FIELD,
                 )
             key = key or legacy
-        key = str(key) if key else os.environ.get(history.CHAIN_KEY_ENV) or None
+        key = str(key) if key else os.environ.get(CHAIN_KEY_ENV) or None
         if key is not None:
             mask_secret(key)
         return key
@@ -264,7 +263,7 @@ class DPBudgetHook(BaseHook):
                 "rewrite it unnoticed after the last checkpoint. Set the connection's extra "
                 "%s (or $%s).",
                 CHAIN_KEY_FIELD,
-                history.CHAIN_KEY_ENV,
+                CHAIN_KEY_ENV,
             )
         cap = default_cap()
         pin = self.admin_public_key()

@@ -19,9 +19,12 @@ from typing import Any
 from airflow.sdk.configuration import conf
 from croniter import croniter
 
-from dp_budget_provider.ledger import maintenance
-from dp_budget_provider.ledger.gate import ReleaseGate
-from dp_budget_provider.ledger.maintenance import MaintenanceState
+from dp_budget_provider.ledger import (
+    MaintenanceState,
+    ReleaseGate,
+    job_intervals,
+    overdue_warning,
+)
 
 # The shipped DAGs' schedules unless configured: every 5 minutes, daily.
 REAP_SCHEDULE = "*/5 * * * *"
@@ -63,17 +66,16 @@ def longest_gap(schedule: str) -> timedelta:
 def maintenance_intervals() -> dict[str, timedelta]:
     """Each maintenance job's interval under this deployment's schedules; ValueError
     naming the option whose value is no cron schedule."""
-    intervals = {}
-    for job, option, schedule in (
-        (maintenance.REAP, "reap_schedule", reap_schedule()),
-        (maintenance.RESET, "reset_schedule", reset_schedule()),
-        (maintenance.VERIFY, "reset_schedule", reset_schedule()),
+    gaps = {}
+    for option, schedule in (
+        ("reap_schedule", reap_schedule()),
+        ("reset_schedule", reset_schedule()),
     ):
         try:
-            intervals[job] = longest_gap(schedule)
+            gaps[option] = longest_gap(schedule)
         except ValueError as error:
             raise ValueError(f"[dp_budget] {option}: {error}") from None
-    return intervals
+    return job_intervals(reap=gaps["reap_schedule"], reset=gaps["reset_schedule"])
 
 
 def overdue_maintenance(gate: ReleaseGate) -> list[MaintenanceState]:
@@ -98,4 +100,4 @@ def warn_overdue_maintenance(
         log.warning("cannot tell whether the ledger's maintenance is overdue: %s", error)
         return
     if overdue:
-        log.warning("%s", maintenance.warning(overdue))
+        log.warning("%s", overdue_warning(overdue))

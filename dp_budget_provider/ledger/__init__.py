@@ -5,7 +5,15 @@ Airflow adapters all use this same API.
 """
 
 from dp_budget_provider.ledger.authority import AdminKey, AdminPublicKey
-from dp_budget_provider.ledger.classes import Cohort, CohortKeys
+from dp_budget_provider.ledger.checkpoints import (
+    Checkpoint,
+    CheckpointFile,
+    CheckpointStore,
+    CheckpointUnreadable,
+    verify_and_checkpoint,
+)
+from dp_budget_provider.ledger.classes import Cohort, CohortKeys, covered_by, subjects_in
+from dp_budget_provider.ledger.database import POSTGRES_DRIVER
 from dp_budget_provider.ledger.errors import (
     AdminAuthorityError,
     BudgetExhausted,
@@ -22,8 +30,12 @@ from dp_budget_provider.ledger.errors import (
     WindowClosed,
     WindowSealed,
 )
+from dp_budget_provider.ledger.gate import ReleaseGate, ReleaseReceipt, ReleaseRefused
+from dp_budget_provider.ledger.history import CHAIN_KEY_ENV, ChainKey
 from dp_budget_provider.ledger.keys import LedgerKey, SubjectSource, key_for, keys_for, subject_ids
+from dp_budget_provider.ledger.lease import lease_of_seconds
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
+from dp_budget_provider.ledger.maintenance import MaintenanceState, job_intervals, overdue_warning
 from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
 from dp_budget_provider.ledger.records import (
     AccountStatus,
@@ -41,25 +53,36 @@ from dp_budget_provider.ledger.windows import (
 
 __all__ = [
     "ANY",
+    "AccountStatus",
     "AdminAuthorityError",
     "AdminKey",
     "AdminPublicKey",
-    "AccountStatus",
     "BudgetCap",
     "BudgetCheck",
     "BudgetExhausted",
+    "CHAIN_KEY_ENV",
+    "ChainKey",
+    "Checkpoint",
+    "CheckpointFile",
+    "CheckpointStore",
+    "CheckpointUnreadable",
     "ClockSkew",
     "Cohort",
     "CohortKeys",
     "LedgerConfigMismatch",
     "LedgerCorrupt",
     "LedgerError",
-    "LedgerQuarantined",
     "LedgerKey",
+    "LedgerQuarantined",
     "LedgerSchemaError",
     "LedgerUnavailable",
+    "MaintenanceState",
+    "POSTGRES_DRIVER",
     "Policy",
     "PrivacyBudgetLedger",
+    "ReleaseGate",
+    "ReleaseReceipt",
+    "ReleaseRefused",
     "Reservation",
     "ReservationClosed",
     "ReservationStateError",
@@ -70,10 +93,16 @@ __all__ = [
     "WindowCalendar",
     "WindowClosed",
     "WindowSealed",
+    "covered_by",
     "display_window",
     "is_closed",
+    "job_intervals",
     "key_for",
     "keys_for",
+    "lease_of_seconds",
+    "overdue_warning",
     "subject_ids",
+    "subjects_in",
+    "verify_and_checkpoint",
     "window_bounds",
 ]

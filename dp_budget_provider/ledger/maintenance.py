@@ -84,7 +84,13 @@ class MaintenanceState:
         }
 
 
-def warning(overdue: Sequence[MaintenanceState]) -> str:
+def job_intervals(reap: timedelta, reset: timedelta) -> dict[str, timedelta]:
+    """Each job's interval when the reap runs every ``reap`` and the reset DAG (which
+    also verifies) every ``reset``."""
+    return {REAP: reap, RESET: reset, VERIFY: reset}
+
+
+def overdue_warning(overdue: Sequence[MaintenanceState]) -> str:
     """One line about every overdue job (the CLI's, the UI's and the tasks' warning)."""
     return "ledger maintenance overdue: " + "; ".join(state.problem for state in overdue)
 

@@ -41,9 +41,16 @@ from dp_budget_provider.accounting.release import (
 )
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 from dp_budget_provider.hooks.maintenance import warn_overdue_maintenance
-from dp_budget_provider.ledger import LedgerKey, SubjectSource
-from dp_budget_provider.ledger.classes import CohortKeys, covered_by, subjects_in
-from dp_budget_provider.ledger.gate import ReleaseGate, ReleaseReceipt, ReleaseRefused
+from dp_budget_provider.ledger import (
+    CohortKeys,
+    LedgerKey,
+    ReleaseGate,
+    ReleaseReceipt,
+    ReleaseRefused,
+    SubjectSource,
+    covered_by,
+    subjects_in,
+)
 from dp_budget_provider.plugins.links import DPBudgetAccountLink
 
 RECEIPT_XCOM_KEY = "dp_budget_receipt"

@@ -341,7 +341,7 @@ def _maintenance_warning(ledger: PrivacyBudgetLedger) -> str | None:
     except ValueError as error:
         return f"cannot tell whether the ledger's maintenance is overdue: {error}"
     overdue = [state for state in ledger.maintenance(intervals) if state.overdue]
-    return maintenance.warning(overdue) if overdue else None
+    return maintenance.overdue_warning(overdue) if overdue else None
 
 
 def _account_model(request: Request, account: AccountStatus, delta: float) -> schemas.AccountModel:

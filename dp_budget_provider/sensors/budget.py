@@ -18,9 +18,13 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout, A
 from dp_budget_provider.accounting import Mechanism
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 from dp_budget_provider.hooks.maintenance import warn_overdue_maintenance
-from dp_budget_provider.ledger import SubjectSource, display_window
-from dp_budget_provider.ledger.classes import covered_by
-from dp_budget_provider.ledger.gate import ReleaseGate, ReleaseRefused
+from dp_budget_provider.ledger import (
+    ReleaseGate,
+    ReleaseRefused,
+    SubjectSource,
+    covered_by,
+    display_window,
+)
 from dp_budget_provider.triggers.budget_window import BudgetWindowTrigger
 
 

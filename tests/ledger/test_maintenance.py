@@ -15,7 +15,7 @@ from dp_budget_provider.ledger import (
     key_for,
 )
 from dp_budget_provider.ledger.checkpoints import CheckpointFile, verify_and_checkpoint
-from dp_budget_provider.ledger.maintenance import DEFAULT_INTERVALS, warning
+from dp_budget_provider.ledger.maintenance import DEFAULT_INTERVALS, overdue_warning
 from tests.ledger_time import ledger_time_at
 
 UTC = timezone.utc
@@ -53,7 +53,7 @@ def test_the_ledger_knows_when_each_job_last_ran_and_which_is_overdue(
         assert [s.job for s in ledger.maintenance() if s.overdue] == ["reap"]
         overdue = [s for s in ledger.maintenance() if s.overdue]
         assert overdue[0].due_by == "2026-11-02T09:10:00.000000Z"
-        assert warning(overdue) == (
+        assert overdue_warning(overdue) == (
             "ledger maintenance overdue: reap has never run (expected every 0:05:00, overdue "
             "since 2026-11-02T09:10:00.000000Z): is the dp_budget_reap DAG paused or failing?"
         )
@@ -81,8 +81,8 @@ def test_the_ledger_knows_when_each_job_last_ran_and_which_is_overdue(
             ("reset", "2026-11-04T09:11:00.000000Z"),
             ("verify", "2026-11-04T09:11:00.000000Z"),
         ]
-        assert "reset has not run since 2026-11-02T09:11:00.000000Z" in warning(late)
-        assert "dp_budget_window_reset DAG" in warning(late)
+        assert "reset has not run since 2026-11-02T09:11:00.000000Z" in overdue_warning(late)
+        assert "dp_budget_window_reset DAG" in overdue_warning(late)
 
         # The deployment's schedules decide: an hourly reset is overdue sooner, a weekly later.
         hourly = {"reset": timedelta(hours=1), "verify": timedelta(hours=1)}
