@@ -16,6 +16,7 @@ from dp_budget_provider.ledger.classes import Cohort, CohortKeys, covered_by, su
 from dp_budget_provider.ledger.database import POSTGRES_DRIVER
 from dp_budget_provider.ledger.errors import (
     AdminAuthorityError,
+    AttemptReused,
     BudgetExhausted,
     ClockSkew,
     LedgerConfigMismatch,
@@ -57,6 +58,7 @@ __all__ = [
     "AdminAuthorityError",
     "AdminKey",
     "AdminPublicKey",
+    "AttemptReused",
     "BudgetCap",
     "BudgetCheck",
     "BudgetExhausted",

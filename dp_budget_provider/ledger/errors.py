@@ -46,6 +46,20 @@ class ReservationStateError(LedgerError):
     """A reservation was used in a state that does not allow it (e.g. commit after release)."""
 
 
+class AttemptReused(ReservationStateError):
+    """An attempt that has already reserved asked to reserve again: an attempt releases at
+    most once, whatever became of its reservation (open, committed, released, reaped)."""
+
+    def __init__(self, attempt_id: str, reservation_id: str, state: str) -> None:
+        self.attempt_id = attempt_id
+        self.reservation_id = reservation_id
+        self.state = state
+        super().__init__(
+            f"attempt {attempt_id!r} has already reserved ({reservation_id}, {state}): an "
+            "attempt releases at most once, and a new try of a task needs a new attempt id"
+        )
+
+
 class ReservationClosed(ReservationStateError):
     """A lease renewal named a reservation that is no longer open (committed, released, or
     reaped: charged); nothing was changed."""

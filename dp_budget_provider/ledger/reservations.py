@@ -48,6 +48,7 @@ from dp_budget_provider.ledger.core import (
     LedgerCore,
 )
 from dp_budget_provider.ledger.errors import (
+    AttemptReused,
     BudgetExhausted,
     LedgerQuarantined,
     ReservationClosed,
@@ -113,15 +114,14 @@ class ReservationRoom(LedgerCore):
             with self._pipelined() as pipe:
                 return self._reserve(pipe, ordered, cohorts, mechanism, count, attempt_id, cost)
         except pipeline.UniqueViolation as error:
-            if "attempt_id" not in str(error):
-                raise
+            # Decided by the stored fact, not by the driver's message: the attempt has a
+            # reservation (another transaction's, committed before ours), or the
+            # violation was something else and is raised as it is.
             with self.reading() as connection:
                 existing = self._reservation_by_attempt(connection, attempt_id)
-            state = "" if existing is None else f" ({existing.id}, {existing.state})"
-            raise ReservationStateError(
-                f"attempt {attempt_id!r} has already reserved{state}: an attempt releases at "
-                "most once, and a new try of a task needs a new attempt id"
-            ) from error
+            if existing is None:
+                raise
+            raise AttemptReused(attempt_id, existing.id, existing.state) from error
 
     def _release(
         self, mechanism: Mechanism | Mapping[str, Any], count: int, attempt: str | None

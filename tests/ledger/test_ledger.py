@@ -20,6 +20,7 @@ from dp_budget_provider.accounting import (
     ZCDPMechanism,
 )
 from dp_budget_provider.ledger import (
+    AttemptReused,
     BudgetCap,
     BudgetExhausted,
     LedgerConfigMismatch,
@@ -143,8 +144,15 @@ def test_commit_is_idempotent_and_an_attempt_reserves_once(ledger_url, ledger):
 
 def test_an_open_attempt_cannot_reserve_again(ledger):
     held = ledger.reserve([KEY], GaussianMechanism(8.0), attempt="d/t/r/-1/1/uuid")
-    with pytest.raises(ReservationStateError, match="already reserved.*open"):
+    with pytest.raises(AttemptReused, match="already reserved.*open") as reused:
         ledger.reserve([KEY], GaussianMechanism(8.0), attempt="d/t/r/-1/1/uuid")
+    # A named outcome: which attempt, its reservation and that reservation's state.
+    assert (reused.value.attempt_id, reused.value.reservation_id, reused.value.state) == (
+        "d/t/r/-1/1/uuid",
+        held.id,
+        "open",
+    )
+    assert isinstance(reused.value, ReservationStateError)
     assert len(ledger.open_reservations()) == 1
     ledger.commit(held)
 
