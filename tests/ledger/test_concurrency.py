@@ -34,11 +34,11 @@ from sqlalchemy.engine import make_url
 
 from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant
 from dp_budget_provider.ledger import (
+    AttemptReused,
     BudgetCap,
     BudgetExhausted,
     LedgerUnavailable,
     PrivacyBudgetLedger,
-    ReservationStateError,
     WindowCalendar,
     key_for,
 )
@@ -663,7 +663,7 @@ def test_the_same_attempt_from_several_processes_is_charged_once(ledger_url, op)
 
     An attempt reserves once, ever: exactly one duplicate gets the reservation and charges
     it (``spend``; or ``commit``: ``reserve``, then ``commit`` of the reservation it got,
-    in its own process), every other one is refused with ReservationStateError naming
+    in its own process), every other one is refused with AttemptReused naming
     that reservation, and the account is charged once. The workers are released together
     from behind a lock, so all of them are under way (on PostgreSQL: inside their reserve
     transactions, queued on the window row, which a reserve locks first and exclusively)
@@ -715,7 +715,7 @@ def test_the_same_attempt_from_several_processes_is_charged_once(ledger_url, op)
 
     assert [r["error"] for r in reports] == [None] * duplicates, reports
     outcomes = Counter(r["outcome"] for r in reports)
-    assert outcomes == {"completed": 1, ReservationStateError.__name__: duplicates - 1}, reports
+    assert outcomes == {"completed": 1, AttemptReused.__name__: duplicates - 1}, reports
     (winner,) = [r for r in reports if r["outcome"] == "completed"]
     assert winner["epsilon"] == pytest.approx(reference_epsilon(4.0, 2), rel=1e-9)
     assert all(r["epsilon"] is None for r in reports if r is not winner)

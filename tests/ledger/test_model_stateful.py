@@ -48,6 +48,7 @@ from sqlalchemy.engine import make_url
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism, RDPAccountant
 from dp_budget_provider.ledger import (
     ANY,
+    AttemptReused,
     BudgetCap,
     BudgetExhausted,
     LedgerError,
@@ -366,7 +367,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             if any(self.closed(key) for key in keys):
                 refusals.add(WindowClosed)
             if attempt in self.granted_attempts:
-                refusals.add(ReservationStateError)
+                refusals.add(AttemptReused)
             tie = False
             for key in keys:
                 prospective = self.prospective(key, mechanism, count)

@@ -32,10 +32,10 @@ from hypothesis.stateful import precondition, rule, run_state_machine_as_test
 from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant
 from dp_budget_provider.accounting.release import plan_noise
 from dp_budget_provider.ledger import (
+    AttemptReused,
     BudgetCap,
     PrivacyBudgetLedger,
     Reservation,
-    ReservationStateError,
     key_for,
 )
 from dp_budget_provider.ledger import clock as ledger_clock
@@ -96,7 +96,7 @@ AGAIN = {**RELEASE, "back_hours": RECENT, "length_hours": RECENT}
 MUST_REACH = (
     "operator: released",
     "operator: BudgetExhausted",
-    "operator: ReservationStateError",
+    "operator: AttemptReused",
     "operator: callable raised, charged",
 )
 
@@ -276,7 +276,7 @@ def operator_machine(clock: Clock, template_url: str) -> type:
                 cause = ValueError
                 assert type(refusal) is AirflowFailException, refusal
             self.refused("operator", cause.__new__(cause), allowed, keys, attempt)
-            if cause is ReservationStateError:
+            if cause is AttemptReused:
                 assert attempt in self.granted_attempts
 
         def operator_charged(self, try_: TaskTry, keys, charged, count, attempt) -> None:
