@@ -447,8 +447,7 @@ def _refine(
     listed = 0  # members written to dp_members (of split classes that referred to a cohort)
     lock = " FOR UPDATE" if pipe.postgresql else ""
     labels = sorted(covered)
-    for start in range(0, len(labels), statements.CHUNK):
-        chunk = labels[start : start + statements.CHUNK]
+    for chunk in statements.chunks(labels):
         rows = pipe.query(
             f"SELECT subject, size, open_reservations, cohort_id FROM dp_accounts WHERE {in_scope} "
             f"AND subject IN (SELECT s FROM {_unpack(pipe)}) ORDER BY subject{lock}",
@@ -589,7 +588,7 @@ def _lock_open_reservations(
     """
     held_by: set[str] = set()
     for (tenant, query_type, window), labels in covered:
-        for start in range(0, len(labels), statements.CHUNK):
+        for chunk in statements.chunks(labels):
             held_by.update(
                 row[0]
                 for row in pipe.query(
@@ -601,16 +600,16 @@ def _lock_open_reservations(
                         "t": tenant,
                         "q": query_type,
                         "w": window,
-                        "subjects": _subjects_param(pipe, labels[start : start + statements.CHUNK]),
+                        "subjects": _subjects_param(pipe, chunk),
                     },
                 )
             )
     ordered = sorted(held_by)  # code points: the order of the bytes compared below
-    for start in range(0, len(ordered), statements.CHUNK):
+    for chunk in statements.chunks(ordered):
         pipe.query(
             f"SELECT r.id FROM dp_reservations r WHERE r.id IN (SELECT s FROM {_unpack(pipe)}) "
             'ORDER BY r.id COLLATE "C" FOR UPDATE',
-            {"subjects": _subjects_param(pipe, ordered[start : start + statements.CHUNK])},
+            {"subjects": _subjects_param(pipe, chunk)},
         )
 
 

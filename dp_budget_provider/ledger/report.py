@@ -443,15 +443,11 @@ class SubjectNames:
             by_digest.setdefault((cohort["tenant"], cohort["cohort"]), []).append(cohort)
         names: dict[KeyParts, str] = {}
         digests = sorted(by_digest)
-        for start in range(0, len(digests), statements.CHUNK):
+        for chunk in statements.chunks(digests):
             rows = connection.execute(
                 select(Cohort.tenant, Cohort.digest, CohortMember.subject)
                 .join(CohortMember, CohortMember.cohort_id == Cohort.id)
-                .where(
-                    tuple_(Cohort.tenant, Cohort.digest).in_(
-                        digests[start : start + statements.CHUNK]
-                    )
-                )
+                .where(tuple_(Cohort.tenant, Cohort.digest).in_(chunk))
             )
             for tenant, digest, subject in rows:
                 for cohort in by_digest[(tenant, digest)]:
@@ -494,8 +490,7 @@ def _reservation_keys(
 ) -> dict[str, list[dict[str, str]]]:
     keys: dict[str, list[dict[str, str]]] = {rid: [] for rid in reservation_ids}
     with ledger.reading() as connection:
-        for start in range(0, len(reservation_ids), statements.CHUNK):
-            chunk = reservation_ids[start : start + statements.CHUNK]
+        for chunk in statements.chunks(reservation_ids):
             rows = connection.execute(
                 select(ReservationKey)
                 .where(ReservationKey.reservation_id.in_(chunk))
