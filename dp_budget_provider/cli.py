@@ -59,28 +59,19 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from dp_budget_provider import __version__
 from dp_budget_provider.accounting import CONVERSIONS
-from dp_budget_provider.ledger import (
-    ANY,
-    BudgetCap,
-    LedgerError,
-    PrivacyBudgetLedger,
-    classes,
-    database,
-    history,
-    key_for,
-    maintenance,
-    queries,
-    report,
-    spend_classes,
-)
-from dp_budget_provider.ledger.authority import ADMIN_KEY_ENV, AdminKey, AdminPublicKey
-from dp_budget_provider.ledger.checkpoints import CheckpointFile, CheckpointUnreadable
-from dp_budget_provider.ledger.keys import MAX_STORED_INT, canonical_part
-from dp_budget_provider.ledger.policy import revised_policy
-from dp_budget_provider.ledger.queries import MAX_PAGE
+from dp_budget_provider.ledger import ANY, BudgetCap, LedgerError, PrivacyBudgetLedger, key_for
+from dp_budget_provider.ledger.accounts import classes
+from dp_budget_provider.ledger.accounts.keys import MAX_STORED_INT, canonical_part
+from dp_budget_provider.ledger.audit.authority import ADMIN_KEY_ENV, AdminKey, AdminPublicKey
+from dp_budget_provider.ledger.audit.checkpoints import CheckpointFile, CheckpointUnreadable
 from dp_budget_provider.ledger.records import AccountStatus
-from dp_budget_provider.ledger.schema import LedgerConfig
-from dp_budget_provider.ledger.windows import CALENDAR_KINDS, display_window, window_bounds
+from dp_budget_provider.ledger.storage import database, history
+from dp_budget_provider.ledger.storage.schema import LedgerConfig
+from dp_budget_provider.ledger.views import queries, report, spend_classes
+from dp_budget_provider.ledger.views.queries import MAX_PAGE
+from dp_budget_provider.ledger.windows import maintenance
+from dp_budget_provider.ledger.windows.calendar import CALENDAR_KINDS, display_window, window_bounds
+from dp_budget_provider.ledger.windows.policy import revised_policy
 
 URL_ENV = "DP_BUDGET_URL"
 WINDOW_LABELS = (

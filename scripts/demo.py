@@ -101,7 +101,7 @@ def main() -> None:
     # Imported only now: Airflow reads AIRFLOW_HOME at import time.
     from dp_budget_provider.hooks.dp_budget import default_cap, embedded_ledger_url
     from dp_budget_provider.ledger import AdminKey, Policy, PrivacyBudgetLedger, WindowCalendar
-    from dp_budget_provider.ledger.windows import display_window
+    from dp_budget_provider.ledger.windows.calendar import display_window
 
     # The administrator creates the embedded ledger with a key no task holds, which signs
     # the policy; the workers pin its public half ([dp_budget] admin_public_key), so no task

@@ -14,9 +14,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from dp_budget_provider.ledger import clock
-from dp_budget_provider.ledger.policy import DEFAULT_GRACE
-from dp_budget_provider.ledger.windows import window_bounds
+from dp_budget_provider.ledger.storage import clock
+from dp_budget_provider.ledger.windows.calendar import window_bounds
+from dp_budget_provider.ledger.windows.policy import DEFAULT_GRACE
 
 # How far into the latest of its windows a pinned clock starts (it then runs).
 _INTO = timedelta(hours=1)

@@ -15,15 +15,9 @@ import sqlalchemy as sa
 from dp_budget_provider import __version__
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
 from dp_budget_provider.cli import main, parse_duration
-from dp_budget_provider.ledger import (
-    AdminKey,
-    BudgetCap,
-    Policy,
-    WindowCalendar,
-    database,
-    key_for,
-)
-from dp_budget_provider.ledger import clock as ledger_clock
+from dp_budget_provider.ledger import AdminKey, BudgetCap, Policy, WindowCalendar, key_for
+from dp_budget_provider.ledger.storage import clock as ledger_clock
+from dp_budget_provider.ledger.storage import database
 from tests.admin import AdminLedger, admin_key_file
 from tests.ledger_time import ledger_time_in
 
@@ -1154,7 +1148,7 @@ def test_verify_prints_its_notes(sqlite_url, capsys, monkeypatch):
     """A cost an earlier version priced lower is a note, not a failure: printed on stderr."""
     from dp_budget_provider.accounting import PureDPMechanism
     from dp_budget_provider.accounting import mechanisms as mechanisms_module
-    from tests.ledger.test_sound_costs import _old_pure_dp_rdp
+    from tests.ledger.releases.test_sound_costs import _old_pure_dp_rdp
 
     today = mechanisms_module._pure_dp_rdp
     monkeypatch.setattr(mechanisms_module, "_pure_dp_rdp_today", today, raising=False)

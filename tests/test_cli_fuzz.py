@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
 from dp_budget_provider.cli import URL_ENV, build_parser, main
-from dp_budget_provider.ledger import BudgetCap, Policy, history, key_for
+from dp_budget_provider.ledger import BudgetCap, Policy, key_for
+from dp_budget_provider.ledger.storage import history
 from tests.admin import AdminLedger, admin_key_file
 from tests.ledger_time import ledger_time_in
 

@@ -125,33 +125,34 @@ def _short(module: str) -> str:
 
 
 _CLI_REACHES = (
-    "authority checkpoints classes database history keys maintenance policy queries records "
-    "report schema spend_classes windows"
+    "accounts.classes accounts.keys audit.authority audit.checkpoints records storage.database "
+    "storage.history storage.schema views.queries views.report views.spend_classes "
+    "windows.calendar windows.maintenance windows.policy"
 )
 KNOWN_ADAPTER_REACHES = {
     *(("cli", f"ledger.{module}") for module in _CLI_REACHES.split()),
-    ("plugins.admin", "ledger.keys"),
-    ("plugins.admin", "ledger.policy"),
-    ("plugins.admin", "ledger.windows"),
+    ("plugins.admin", "ledger.accounts.keys"),
+    ("plugins.admin", "ledger.windows.policy"),
+    ("plugins.admin", "ledger.windows.calendar"),
     ("plugins.admin_routes", "ledger.errors"),
     *(
         ("plugins.app", f"ledger.{module}")
         for module in [
-            "authority",
-            "classes",
-            "keys",
-            "maintenance",
-            "queries",
+            "audit.authority",
+            "accounts.classes",
+            "accounts.keys",
+            "windows.maintenance",
+            "views.queries",
             "records",
-            "report",
-            "spend_classes",
-            "windows",
+            "views.report",
+            "views.spend_classes",
+            "windows.calendar",
         ]
     ),
-    ("plugins.chart", "ledger.policy"),
-    ("plugins.chart", "ledger.queries"),
-    ("plugins.links", "ledger.keys"),
-    ("plugins.templates", "ledger.windows"),
+    ("plugins.chart", "ledger.windows.policy"),
+    ("plugins.chart", "ledger.views.queries"),
+    ("plugins.links", "ledger.accounts.keys"),
+    ("plugins.templates", "ledger.windows.calendar"),
 }
 
 ADAPTERS = ("hooks", "operators", "sensors", "triggers", "plugins", "decorators", "cli")

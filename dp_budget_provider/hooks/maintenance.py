@@ -1,7 +1,7 @@
 """The maintenance DAGs' schedules, and the warning when their jobs are overdue.
 
 The ledger records when reap, reset and verify last ran
-(:mod:`dp_budget_provider.ledger.maintenance`); how often they should run is Airflow's
+(:mod:`dp_budget_provider.ledger.windows.maintenance`); how often they should run is Airflow's
 configuration: ``[dp_budget] reap_schedule`` (the ``dp_budget_reap`` DAG) and
 ``[dp_budget] reset_schedule`` (``dp_budget_window_reset``, which also verifies). The
 DAGs and the warnings read the same options, so changing a schedule moves its warning

@@ -4,16 +4,22 @@ Imports SQLAlchemy and the accounting layer, never Airflow: the CLI, notebooks a
 Airflow adapters all use this same API.
 """
 
-from dp_budget_provider.ledger.authority import AdminKey, AdminPublicKey
-from dp_budget_provider.ledger.checkpoints import (
+from dp_budget_provider.ledger.accounts.classes import Cohort, CohortKeys, covered_by, subjects_in
+from dp_budget_provider.ledger.accounts.keys import (
+    LedgerKey,
+    SubjectSource,
+    key_for,
+    keys_for,
+    subject_ids,
+)
+from dp_budget_provider.ledger.audit.authority import AdminKey, AdminPublicKey
+from dp_budget_provider.ledger.audit.checkpoints import (
     Checkpoint,
     CheckpointFile,
     CheckpointStore,
     CheckpointUnreadable,
     verify_and_checkpoint,
 )
-from dp_budget_provider.ledger.classes import Cohort, CohortKeys, covered_by, subjects_in
-from dp_budget_provider.ledger.database import POSTGRES_DRIVER
 from dp_budget_provider.ledger.errors import (
     AdminAuthorityError,
     AttemptReused,
@@ -32,12 +38,7 @@ from dp_budget_provider.ledger.errors import (
     WindowSealed,
 )
 from dp_budget_provider.ledger.gate import ReleaseGate, ReleaseReceipt, ReleaseRefused
-from dp_budget_provider.ledger.history import CHAIN_KEY_ENV, ChainKey
-from dp_budget_provider.ledger.keys import LedgerKey, SubjectSource, key_for, keys_for, subject_ids
-from dp_budget_provider.ledger.lease import lease_of_seconds
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
-from dp_budget_provider.ledger.maintenance import MaintenanceState, job_intervals, overdue_warning
-from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
 from dp_budget_provider.ledger.records import (
     AccountStatus,
     BudgetCheck,
@@ -45,12 +46,21 @@ from dp_budget_provider.ledger.records import (
     SpendReceipt,
     VerifyReport,
 )
-from dp_budget_provider.ledger.windows import (
+from dp_budget_provider.ledger.releases.lease import lease_of_seconds
+from dp_budget_provider.ledger.storage.database import POSTGRES_DRIVER
+from dp_budget_provider.ledger.storage.history import CHAIN_KEY_ENV, ChainKey
+from dp_budget_provider.ledger.windows.calendar import (
     WindowCalendar,
     display_window,
     is_closed,
     window_bounds,
 )
+from dp_budget_provider.ledger.windows.maintenance import (
+    MaintenanceState,
+    job_intervals,
+    overdue_warning,
+)
+from dp_budget_provider.ledger.windows.policy import ANY, BudgetCap, Policy
 
 __all__ = [
     "ANY",

@@ -34,16 +34,16 @@ from dp_budget_provider.accounting import (
 from dp_budget_provider.accounting.conversion import check_conversion
 from dp_budget_provider.accounting.orders import validate_orders
 from dp_budget_provider.accounting.rounding import ROUND_UP
-from dp_budget_provider.ledger import (
-    classes,
-    clock,
-    database,
-    history,
-    maintenance,
-    pipeline,
-    statements,
+from dp_budget_provider.ledger.accounts import classes
+from dp_budget_provider.ledger.accounts.held import HeldState
+from dp_budget_provider.ledger.accounts.keys import (
+    LedgerKey,
+    canonical_part,
+    free_text,
+    plain_text,
 )
-from dp_budget_provider.ledger.authority import AdminKey, AdminPublicKey
+from dp_budget_provider.ledger.accounts.spend import Spend
+from dp_budget_provider.ledger.audit.authority import AdminKey, AdminPublicKey
 from dp_budget_provider.ledger.errors import (
     LedgerCorrupt,
     LedgerError,
@@ -51,35 +51,29 @@ from dp_budget_provider.ledger.errors import (
     WindowClosed,
     WindowSealed,
 )
-from dp_budget_provider.ledger.held import HeldState
-from dp_budget_provider.ledger.keys import (
-    LedgerKey,
-    canonical_part,
-    free_text,
-    plain_text,
-)
-from dp_budget_provider.ledger.lease import DEFAULT_LEASE, check_lease
 from dp_budget_provider.ledger.opening import NewLedger, open_ledger
-from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
-from dp_budget_provider.ledger.policy_store import (
+from dp_budget_provider.ledger.releases.lease import DEFAULT_LEASE, check_lease
+from dp_budget_provider.ledger.storage import clock, database, history, pipeline, statements
+from dp_budget_provider.ledger.storage.schema import (
+    Account,
+    LedgerConfig,
+    ReservationKey,
+)
+from dp_budget_provider.ledger.storage.schema import Window as WindowRow
+from dp_budget_provider.ledger.windows import maintenance
+from dp_budget_provider.ledger.windows.calendar import (
+    WindowCalendar,
+    display_window,
+    is_closed,
+    window_bounds,
+)
+from dp_budget_provider.ledger.windows.policy import ANY, BudgetCap, Policy
+from dp_budget_provider.ledger.windows.policy_store import (
     Policies,
     PolicyStore,
     policy_lookup,
     policy_of_scope,
     write_policy,
-)
-from dp_budget_provider.ledger.schema import (
-    Account,
-    LedgerConfig,
-    ReservationKey,
-)
-from dp_budget_provider.ledger.schema import Window as WindowRow
-from dp_budget_provider.ledger.spend import Spend
-from dp_budget_provider.ledger.windows import (
-    WindowCalendar,
-    display_window,
-    is_closed,
-    window_bounds,
 )
 
 # What a charge covers in a window: subject keys, or a registered cohort's keys there.

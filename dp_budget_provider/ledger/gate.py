@@ -36,16 +36,16 @@ from typing import Any, TypeVar
 import numpy as np
 
 from dp_budget_provider.accounting import Conversion, Mechanism
-from dp_budget_provider.ledger import history
-from dp_budget_provider.ledger.authority import SEALED_SIZE
-from dp_budget_provider.ledger.classes import Cohort, subjects_in
+from dp_budget_provider.ledger.accounts.classes import Cohort, subjects_in
+from dp_budget_provider.ledger.accounts.keys import LedgerKey
+from dp_budget_provider.ledger.audit.authority import SEALED_SIZE
 from dp_budget_provider.ledger.core import Covered
 from dp_budget_provider.ledger.errors import BudgetExhausted, LedgerError, LedgerUnavailable
-from dp_budget_provider.ledger.keys import LedgerKey
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
-from dp_budget_provider.ledger.maintenance import MaintenanceState
-from dp_budget_provider.ledger.policy import Policy
 from dp_budget_provider.ledger.records import Reservation, SpendReceipt
+from dp_budget_provider.ledger.storage import history
+from dp_budget_provider.ledger.windows.maintenance import MaintenanceState
+from dp_budget_provider.ledger.windows.policy import Policy
 
 T = TypeVar("T")
 UNIFORM_REFUSAL = "the privacy budget ledger refused this release; nothing was released or charged"

@@ -12,11 +12,11 @@ refunded.
 
 from __future__ import annotations
 
-from dp_budget_provider.ledger.auditing import AuditRoom
-from dp_budget_provider.ledger.budget_checks import BudgetCheckRoom
-from dp_budget_provider.ledger.reading import ReadingRoom
-from dp_budget_provider.ledger.reservations import ReservationRoom
-from dp_budget_provider.ledger.window_changes import WindowRoom
+from dp_budget_provider.ledger.audit.auditing import AuditRoom
+from dp_budget_provider.ledger.releases.budget_checks import BudgetCheckRoom
+from dp_budget_provider.ledger.releases.reservations import ReservationRoom
+from dp_budget_provider.ledger.views.reading import ReadingRoom
+from dp_budget_provider.ledger.windows.changes import WindowRoom
 
 
 class PrivacyBudgetLedger(ReservationRoom, BudgetCheckRoom, ReadingRoom, WindowRoom, AuditRoom):

@@ -21,13 +21,13 @@ import numpy as np
 from sqlalchemy import Connection, insert, select, text, update
 
 from dp_budget_provider.accounting import Conversion
-from dp_budget_provider.ledger import clock, database, history
-from dp_budget_provider.ledger.authority import AdminKey, AdminPublicKey, LedgerAuthority
+from dp_budget_provider.ledger.audit.authority import AdminKey, AdminPublicKey, LedgerAuthority
 from dp_budget_provider.ledger.errors import LedgerConfigMismatch, LedgerCorrupt
-from dp_budget_provider.ledger.policy import ANY, BudgetCap, Policy
-from dp_budget_provider.ledger.policy_store import PolicyStore, write_policy
-from dp_budget_provider.ledger.schema import ChainHead, LedgerConfig
-from dp_budget_provider.ledger.windows import WindowCalendar
+from dp_budget_provider.ledger.storage import clock, database, history
+from dp_budget_provider.ledger.storage.schema import ChainHead, LedgerConfig
+from dp_budget_provider.ledger.windows.calendar import WindowCalendar
+from dp_budget_provider.ledger.windows.policy import ANY, BudgetCap, Policy
+from dp_budget_provider.ledger.windows.policy_store import PolicyStore, write_policy
 
 # Taken by every process creating a ledger, so only one initialises it.
 _CREATE_LOCK = 7263514

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dp_budget_provider.accounting import Mechanism
-from dp_budget_provider.ledger.keys import LedgerKey
-from dp_budget_provider.ledger.policy import (
+from dp_budget_provider.ledger.accounts.keys import LedgerKey
+from dp_budget_provider.ledger.accounts.standing import Standing
+from dp_budget_provider.ledger.windows.policy import (
     STATE_EXHAUSTED,
     STATE_OK,
     STATE_RESCOPED,
@@ -15,7 +16,6 @@ from dp_budget_provider.ledger.policy import (
     STATE_WARNING,
     Policy,
 )
-from dp_budget_provider.ledger.standing import Standing
 
 OPEN, COMMITTED, RELEASED, REAPED = "open", "committed", "released", "reaped"
 

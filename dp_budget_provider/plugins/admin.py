@@ -1,7 +1,7 @@
 """The administrator's acts as the UI does them, with the api-server's administrator key.
 
 The administrator's key signs policies and clearings and opens refusal references
-(:mod:`dp_budget_provider.ledger.authority`). Tasks never run on the Airflow 3 api-server,
+(:mod:`dp_budget_provider.ledger.audit.authority`). Tasks never run on the Airflow 3 api-server,
 so it may hold the key, in the file ``[dp_budget] admin_key_file`` names (readable by its
 owner only, as ``dp-budget --admin-key`` wants it); workers never have it. Without that
 option the UI offers no administrator's acts, and the API says why.
@@ -10,7 +10,7 @@ Each act opens the ledger with the key and with the acting Airflow user as the a
 its history entry (the ledger's writes name the actor the ledger was opened with), and
 closes it again: acts are rare, and a ledger that can sign is kept open no longer than
 one act needs. The decisions are the ledger's and the CLI's: a policy change is read by
-:func:`~dp_budget_provider.ledger.policy.revised_policy`, as ``dp-budget policy set``
+:func:`~dp_budget_provider.ledger.windows.policy.revised_policy`, as ``dp-budget policy set``
 reads one; clearing is ``clear_quarantine``; a reference opens with ``AdminKey.open``.
 """
 
@@ -22,9 +22,9 @@ from datetime import timedelta
 from typing import Any
 
 from dp_budget_provider.ledger import AdminKey, Policy, PrivacyBudgetLedger
-from dp_budget_provider.ledger.keys import plain_text
-from dp_budget_provider.ledger.policy import revised_policy
-from dp_budget_provider.ledger.windows import CalendarKind
+from dp_budget_provider.ledger.accounts.keys import plain_text
+from dp_budget_provider.ledger.windows.calendar import CalendarKind
+from dp_budget_provider.ledger.windows.policy import revised_policy
 
 KEY_OPTION = "admin_key_file"
 # Opens the ledger to act with the administrator's key, as the named actor.

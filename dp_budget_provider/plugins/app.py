@@ -31,20 +31,13 @@ from sqlalchemy.engine import make_url
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import dp_budget_provider
-from dp_budget_provider.ledger import (
-    LedgerError,
-    LedgerKey,
-    Policy,
-    PrivacyBudgetLedger,
-    classes,
-    maintenance,
-    queries,
-    spend_classes,
-)
-from dp_budget_provider.ledger.authority import AdminKey
-from dp_budget_provider.ledger.keys import MAX_STORED_INT, canonical_part
+from dp_budget_provider.ledger import LedgerError, LedgerKey, Policy, PrivacyBudgetLedger
+from dp_budget_provider.ledger.accounts import classes
+from dp_budget_provider.ledger.accounts.keys import MAX_STORED_INT, canonical_part
+from dp_budget_provider.ledger.audit.authority import AdminKey
 from dp_budget_provider.ledger.records import AccountStatus
-from dp_budget_provider.ledger.report import (
+from dp_budget_provider.ledger.views import queries, spend_classes
+from dp_budget_provider.ledger.views.report import (
     SUBJECTS_PAGE_SIZE,
     EpsilonAlone,
     SubjectNames,
@@ -54,7 +47,8 @@ from dp_budget_provider.ledger.report import (
     render_markdown,
     verification_record,
 )
-from dp_budget_provider.ledger.windows import display_window
+from dp_budget_provider.ledger.windows import maintenance
+from dp_budget_provider.ledger.windows.calendar import display_window
 from dp_budget_provider.plugins import admin_routes, csrf, schemas
 from dp_budget_provider.plugins.admin import AdminLedgers, key_file
 from dp_budget_provider.plugins.auth import budget_reader, may_administer

@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from dp_budget_provider.ledger.policy import Policy
-from dp_budget_provider.ledger.queries import CLOSINGS, SeriesPoint
+from dp_budget_provider.ledger.views.queries import CLOSINGS, SeriesPoint
+from dp_budget_provider.ledger.windows.policy import Policy
 
 WIDTH, HEIGHT = 760, 300
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 36, 40

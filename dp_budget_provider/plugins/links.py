@@ -24,7 +24,7 @@ from urllib.parse import urlencode, urlsplit
 from airflow.sdk import BaseOperatorLink
 from airflow.sdk.configuration import conf
 
-from dp_budget_provider.ledger.keys import canonical_part
+from dp_budget_provider.ledger.accounts.keys import canonical_part
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from jinja2 import DictLoader, Environment, StrictUndefined
 
-from dp_budget_provider.ledger.windows import display_window
+from dp_budget_provider.ledger.windows.calendar import display_window
 
 _BASE = """<!doctype html>
 <html lang="en">

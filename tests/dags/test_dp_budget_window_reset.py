@@ -22,10 +22,10 @@ from dp_budget_provider.ledger import (
     LedgerQuarantined,
     PrivacyBudgetLedger,
     WindowCalendar,
-    history,
     key_for,
 )
-from dp_budget_provider.ledger.checkpoints import Checkpoint
+from dp_budget_provider.ledger.audit.checkpoints import Checkpoint
+from dp_budget_provider.ledger.storage import history
 from tests.admin import ADMIN
 from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
 from tests.ledger_time import ledger_time_in

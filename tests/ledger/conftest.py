@@ -9,7 +9,7 @@ import pytest
 
 from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger
 from tests.ledger.legacy import LegacyLedger
-from tests.ledger.test_pending_and_server_paths import migrate
+from tests.ledger.storage.test_pending_and_server_paths import migrate
 
 
 @pytest.fixture

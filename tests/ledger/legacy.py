@@ -31,9 +31,10 @@ import numpy as np
 import sqlalchemy as sa
 
 from dp_budget_provider.accounting import Mechanism
-from dp_budget_provider.ledger import LedgerKey, clock, history, statements
-from dp_budget_provider.ledger.lease import DEFAULT_LEASE
-from dp_budget_provider.ledger.spend import Pending, Spend, prospective
+from dp_budget_provider.ledger import LedgerKey
+from dp_budget_provider.ledger.accounts.spend import Pending, Spend, prospective
+from dp_budget_provider.ledger.releases.lease import DEFAULT_LEASE
+from dp_budget_provider.ledger.storage import clock, history, statements
 
 ACTOR = "old-version"
 

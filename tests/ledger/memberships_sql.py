@@ -1,6 +1,6 @@
 """Every subject's account as plain SQL, for tests that read (or tamper with) the tables.
 
-Written independently of ``dp_budget_provider.ledger.memberships``: a ``dp_members`` row,
+Written independently of ``dp_budget_provider.ledger.accounts.memberships``: a ``dp_members`` row,
 or a member of the cohort a class refers to (``dp_accounts.cohort_id``).
 """
 

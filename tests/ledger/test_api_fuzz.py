@@ -38,8 +38,8 @@ from dp_budget_provider.ledger import (
     WindowCalendar,
     key_for,
 )
-from dp_budget_provider.ledger.classes import cohort_digest
-from dp_budget_provider.ledger.schema import (
+from dp_budget_provider.ledger.accounts.classes import cohort_digest
+from dp_budget_provider.ledger.storage.schema import (
     Account,
     ChainHead,
     ChargeCohort,
@@ -52,8 +52,8 @@ from dp_budget_provider.ledger.schema import (
     ReservationKey,
     Window,
 )
-from dp_budget_provider.ledger.schema import Cohort as CohortRow
-from dp_budget_provider.ledger.schema import Reservation as ReservationRow
+from dp_budget_provider.ledger.storage.schema import Cohort as CohortRow
+from dp_budget_provider.ledger.storage.schema import Reservation as ReservationRow
 from tests.admin import AdminLedger
 from tests.ledger_time import ledger_time_in
 

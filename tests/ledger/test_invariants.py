@@ -19,8 +19,8 @@ from dp_budget_provider.ledger import (
     WindowSealed,
     key_for,
 )
-from dp_budget_provider.ledger.policy import DEFAULT_GRACE
-from dp_budget_provider.ledger.windows import window_bounds
+from dp_budget_provider.ledger.windows.calendar import window_bounds
+from dp_budget_provider.ledger.windows.policy import DEFAULT_GRACE
 from tests.ledger_time import ledger_time_at
 
 DELTA = 1e-5

@@ -32,7 +32,7 @@ from dp_budget_provider.ledger import (
     WindowCalendar,
     key_for,
 )
-from dp_budget_provider.ledger import clock as ledger_clock
+from dp_budget_provider.ledger.storage import clock as ledger_clock
 from tests.admin import AdminLedger
 from tests.ledger_time import ledger_time_in
 

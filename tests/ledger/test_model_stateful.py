@@ -63,7 +63,7 @@ from dp_budget_provider.ledger import (
     WindowSealed,
     key_for,
 )
-from dp_budget_provider.ledger import clock as ledger_clock
+from dp_budget_provider.ledger.storage import clock as ledger_clock
 from tests.admin import AdminLedger
 from tests.scratch_postgres import scratch_database
 

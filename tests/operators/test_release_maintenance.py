@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from dp_budget_provider.ledger import WindowCalendar, clock
+from dp_budget_provider.ledger import WindowCalendar
+from dp_budget_provider.ledger.storage import clock
 from tests.airflow.dag_runner import load_dag, task_states
 from tests.ledger_time import ledger_time_at
 

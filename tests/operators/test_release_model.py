@@ -38,9 +38,9 @@ from dp_budget_provider.ledger import (
     Reservation,
     key_for,
 )
-from dp_budget_provider.ledger import clock as ledger_clock
 from dp_budget_provider.ledger import errors as ledger_errors
 from dp_budget_provider.ledger.gate import UNIFORM_REFUSAL
+from dp_budget_provider.ledger.storage import clock as ledger_clock
 from dp_budget_provider.operators.release import (
     RECEIPT_XCOM_KEY,
     DPBudgetExhaustedError,

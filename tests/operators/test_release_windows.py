@@ -12,10 +12,10 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant, ZCDPMechanism
-from dp_budget_provider.ledger import clock as ledger_clock
 from dp_budget_provider.ledger import key_for
-from dp_budget_provider.ledger.policy import DEFAULT_GRACE
-from dp_budget_provider.ledger.windows import window_bounds
+from dp_budget_provider.ledger.storage import clock as ledger_clock
+from dp_budget_provider.ledger.windows.calendar import window_bounds
+from dp_budget_provider.ledger.windows.policy import DEFAULT_GRACE
 from tests.airflow.dag_runner import load_dag, task_states
 from tests.ledger_time import ledger_time_at
 

@@ -11,8 +11,8 @@ import pytest
 
 from dp_budget_provider.accounting import LaplaceMechanism
 from dp_budget_provider.ledger import Policy, key_for
-from dp_budget_provider.ledger.policy import DEFAULT_GRACE
-from dp_budget_provider.ledger.windows import window_bounds
+from dp_budget_provider.ledger.windows.calendar import window_bounds
+from dp_budget_provider.ledger.windows.policy import DEFAULT_GRACE
 from tests.ledger_time import ledger_time_at, ledger_time_in
 from tests.plugins.conftest import WINDOW
 

@@ -332,7 +332,7 @@ def test_pages_show_a_fixed_window_with_iso_8601_letters(client, seeded, monkeyp
 
 
 def test_overdue_maintenance_is_a_banner_on_every_page(client, seeded, monkeypatch):
-    from dp_budget_provider.ledger import clock
+    from dp_budget_provider.ledger.storage import clock
 
     banner = {"id": "maintenance", "class": "warning"}
     for path in ("/accounts", "/classes", "/policies"):

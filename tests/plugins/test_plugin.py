@@ -102,7 +102,7 @@ def test_without_a_receipt_the_link_lists_the_tasks_accounts(monkeypatch):
 
 def test_the_ledger_queries_import_neither_airflow_nor_fastapi():
     code = (
-        "import sys, dp_budget_provider.ledger.queries\n"
+        "import sys, dp_budget_provider.ledger.views.queries\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('airflow', 'fastapi'))\n"
         "assert not bad, bad\n"
     )

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from dp_budget_provider.ledger import queries
-from dp_budget_provider.ledger.queries import AccountFilter, find_accounts
+from dp_budget_provider.ledger.views import queries
+from dp_budget_provider.ledger.views.queries import AccountFilter, find_accounts
 from tests.plugins.conftest import WINDOW
 
 # The tests seed their ledgers in this process: the ledger's clock is pinned inside WINDOW.

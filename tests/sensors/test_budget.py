@@ -238,7 +238,7 @@ def test_poke_and_reschedule_modes_honour_timeout_and_soft_fail(
 
 
 def test_the_sensor_log_names_overdue_maintenance(ledger, monkeypatch, capsys):
-    from dp_budget_provider.ledger import clock
+    from dp_budget_provider.ledger.storage import clock
 
     now = clock.now()  # the ledger's clock, inside LEDGER_WINDOWS
     window = WindowCalendar().window_of(now)

@@ -1,0 +1,12 @@
+"""Accounts, classes and cohorts: who a charge goes to, and what each account holds.
+
+- ``keys``: the account a cost is charged to (tenant, subject, query type, window).
+- ``spend``: an amount of privacy spend as stored; ``standing``: where an account stands
+  against its cap, committed and held.
+- ``classes``: cohorts and spend classes (a release over many subjects costs one row per
+  class); ``memberships``: the one reading of which class holds each subject.
+- ``held``: what many keys hold, read as distinct states; ``concerning``: which history
+  entries and reservations concern a key.
+
+Import the modules themselves; this ``__init__`` imports nothing.
+"""

@@ -1,0 +1,157 @@
+"""Budget checks: would a release fit, and with how much noise (no writes)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection
+
+from dp_budget_provider.accounting import (
+    Mechanism,
+    RDPAccountant,
+)
+from dp_budget_provider.accounting import validation as check
+from dp_budget_provider.ledger.accounts.held import HeldState, cohort_states, held_states
+from dp_budget_provider.ledger.accounts.keys import (
+    LedgerKey,
+)
+from dp_budget_provider.ledger.accounts.spend import Pending, Spend, prospective
+from dp_budget_provider.ledger.core import (
+    Charged,
+    Covered,
+    LedgerCore,
+)
+from dp_budget_provider.ledger.records import (
+    BudgetCheck,
+)
+from dp_budget_provider.ledger.windows.policy import Policy
+from dp_budget_provider.ledger.windows.policy_store import policy_of_scope
+
+
+class BudgetCheckRoom(LedgerCore):
+    """Budget checks: would a release fit, and with how much noise (no writes)."""
+
+    def budget_check(
+        self,
+        keys: Covered,
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int = 1,
+    ) -> BudgetCheck:
+        """Would this release fit every one of ``keys`` now, and which key fits it worst?
+
+        Committed spend and every open reservation count, summed as the reservation's own
+        check sums them, so a release this finds fitting is refused only if something
+        else is reserved or committed first. What the reservation refuses whatever the
+        budget (a quarantined ledger, a sealed window or re-scoped key, a window label
+        that is not its calendar's or has not begun) this raises as the reservation
+        raises it. One grouped read per window (and 10^6 subjects) and one conversion per
+        distinct held state: the subjects of a cohort that has had the same releases hold
+        one state, however many they are.
+        """
+        return self._check(keys, mechanism, count, chargeable=True)
+
+    def _check(
+        self,
+        keys: Covered,
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int,
+        *,
+        chargeable: bool,
+    ) -> BudgetCheck:
+        """:meth:`budget_check`; with ``chargeable`` False, keys no release may charge
+        are priced all the same (what a key would reach, as a number to look at), except
+        those of a sealed window: its final spend is no live state to price on, and a
+        price without it would read below what the key has lost."""
+        cost = self._cost(self._mechanism(mechanism), check.count("count", count))
+        with self.reading() as connection:
+            distinct, states = self._states(connection, keys)
+            policies = self._policy_store.read(connection)
+            if chargeable:
+                self._refuse_unchargeable(connection, distinct, states, policies)
+            else:
+                self._refuse_sealed(connection, distinct)
+        worst: tuple[float, bool, LedgerKey, float, float] | None = None
+        for state in states:
+            cap = policy_of_scope(policies, state.tenant, state.query_type)
+            epsilon = self._bounds([prospective(state.spend, state.pending, cost)])[0].epsilon
+            # Ties go to a state with a named key (see HeldState.example).
+            rank = (epsilon / cap.cap_epsilon, state.example is not None)
+            if state.example is not None and (worst is None or rank > worst[:2]):
+                worst = (*rank, state.example, epsilon, cap.cap_epsilon)
+        assert worst is not None  # every window has a named state: see held_states
+        subjects = sum(state.keys for state in states)
+        return BudgetCheck(subjects, worst[2], worst[3], worst[4], len(states))
+
+    def _states(
+        self, connection: Connection, keys: Covered
+    ) -> tuple[Sequence[Charged], list[HeldState]]:
+        """What ``keys`` cover (distinct keys, or a cohort's keys in a window) and the
+        distinct states they hold."""
+        cohorts = self._cohorts(keys)
+        if cohorts:
+            states = [
+                state
+                for covered in cohorts
+                for state in cohort_states(connection, covered, self._orders.size)
+            ]
+            return cohorts, states
+        distinct = self._distinct_keys(keys)
+        return distinct, held_states(connection, distinct, self._orders.size)
+
+    def would_exceed(
+        self,
+        keys: Covered,
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int = 1,
+    ) -> bool:
+        """True if this release would pass the cap of any of ``keys`` now (counting open
+        reservations): :meth:`budget_check` without the details."""
+        return self.budget_check(keys, mechanism, count).exceeds
+
+    def fits_an_empty_account(
+        self,
+        tenant: str,
+        query_type: str,
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int = 1,
+    ) -> bool:
+        """Whether this release alone fits the cap in force for (tenant, query type): if
+        not, no window will ever fit it. Priced on nothing spent, never on an account (a
+        subject of any name may hold spend)."""
+        cap = self.policy_for_scope(tenant, query_type).cap_epsilon
+        return self.epsilon_alone(mechanism, count) <= cap
+
+    def epsilon_alone(self, mechanism: Mechanism | Mapping[str, Any], count: int = 1) -> float:
+        """What this release costs on its own, in eps at the ledger's delta: priced as the
+        reservation's check prices it on an account with nothing spent."""
+        cost = self._cost(self._mechanism(mechanism), check.count("count", count))
+        return self._bounds([prospective(Spend(), Pending(), cost)])[0].epsilon
+
+    def prospective_accountants(self, keys: Covered) -> list[tuple[RDPAccountant, Policy]]:
+        """Each distinct committed-plus-reserved spend among ``keys`` as an accountant, with
+        the policy over it (for noise planning: one entry per state, not per key)."""
+        with self.reading() as connection:
+            _, states = self._states(connection, keys)
+            policies = self._policy_store.read(connection)
+        planned: dict[tuple[Any, ...], tuple[RDPAccountant, Policy]] = {}
+        for state in states:
+            policy = policy_of_scope(policies, state.tenant, state.query_type)
+            total = state.spend.plus(state.pending.as_spend())
+            planned.setdefault(
+                (total.signature, policy.cap_epsilon), (total.to_accountant(self._orders), policy)
+            )
+        return list(planned.values())
+
+    def prospective_accountant(self, key: LedgerKey) -> RDPAccountant:
+        """An accountant holding ``key``'s committed and reserved spend."""
+        return self.prospective_accountants(self._one_key(key))[0][0]
+
+    def prospective_epsilon(
+        self, key: LedgerKey, mechanism: Mechanism | Mapping[str, Any], count: int = 1
+    ) -> float:
+        """The eps ``key`` would reach with this release on top of committed and reserved
+        spend (also for a key no release may charge any more: see :meth:`budget_check`;
+        a sealed window's key raises :class:`WindowSealed`, never a price without its
+        final spend)."""
+        return self._check(self._one_key(key), mechanism, count, chargeable=False).epsilon

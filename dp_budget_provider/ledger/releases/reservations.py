@@ -1,0 +1,721 @@
+"""Reservations: reserve, commit, release, renew, reap, one-step spend.
+
+Every release is a two-phase spend: ``reserve`` (the prospective check, counting
+committed spend *and* every open reservation, made in the same transaction as the
+reservation under row locks taken in key order), then ``commit`` once the release
+happened, or ``release`` if the data was never touched; ``reap`` charges what dead
+workers left open once its lease has run out. Nothing is ever silently refunded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import math
+import secrets
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    insert,
+    or_,
+    select,
+    update,
+)
+
+from dp_budget_provider.accounting import (
+    EpsilonBound,
+    Mechanism,
+)
+from dp_budget_provider.accounting import validation as check
+from dp_budget_provider.ledger.accounts import classes
+from dp_budget_provider.ledger.accounts.classes import Cohort, CohortKeys
+from dp_budget_provider.ledger.accounts.keys import (
+    LedgerKey,
+    canonical_part,
+    free_text,
+    sorted_subject_ids,
+)
+from dp_budget_provider.ledger.accounts.spend import Pending, Spend
+from dp_budget_provider.ledger.core import (
+    BOUND_CACHE_SIZE,
+    Covered,
+    LedgerCore,
+)
+from dp_budget_provider.ledger.errors import (
+    AttemptReused,
+    BudgetExhausted,
+    LedgerQuarantined,
+    ReservationClosed,
+    ReservationStateError,
+)
+from dp_budget_provider.ledger.records import (
+    COMMITTED,
+    OPEN,
+    REAPED,
+    RELEASED,
+    Reservation,
+    SpendReceipt,
+)
+from dp_budget_provider.ledger.releases.lease import LeaseKeeper, WarningLog
+from dp_budget_provider.ledger.storage import clock, history, pipeline, statements
+from dp_budget_provider.ledger.storage.schema import (
+    Account,
+    ReservationKey,
+)
+from dp_budget_provider.ledger.storage.schema import Reservation as ReservationRow
+from dp_budget_provider.ledger.windows import maintenance
+from dp_budget_provider.ledger.windows.policy import Policy
+from dp_budget_provider.ledger.windows.policy_store import (
+    policy_lookup,
+)
+
+
+class ReservationRoom(LedgerCore):
+    """Reservations: reserve, commit, release, renew, reap, one-step spend."""
+
+    # ------------------------------------------------------------------ two-phase spend
+
+    def reserve(
+        self,
+        keys: Covered,
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int = 1,
+        attempt: str | None = None,
+    ) -> Reservation:
+        """Check and hold the cost of a release on every key, all or nothing.
+
+        Raises :class:`BudgetExhausted` (writing nothing) when any key would pass its
+        cap counting its committed spend and all open reservations. ``attempt`` names
+        the task attempt: an attempt reserves once, ever. Reserving again with an attempt
+        that already reserved (open, committed, released or reaped) is refused with
+        :class:`ReservationStateError`, so one attempt never authorises two releases.
+        The returned reservation carries a secret token: only its holder can commit,
+        release or renew it. Its lease runs for :attr:`lease` from now: keep it alive
+        with :meth:`keep_alive` (or :meth:`renew`) while the release works on the data.
+        """
+        ordered, cohorts = self._covered(keys)
+        mechanism, count, attempt_id, cost = self._release(mechanism, count, attempt)
+        if not cost.finite:  # beyond every cap (a noise multiplier of 1e-200): no row touched
+            first = ordered[0] if ordered else cohorts[0]
+            cap = self.policy_for_scope(first.tenant, first.query_type).cap_epsilon
+            raise BudgetExhausted(first, math.inf, cap)
+        try:
+            with self._pipelined() as pipe:
+                return self._reserve(pipe, ordered, cohorts, mechanism, count, attempt_id, cost)
+        except pipeline.UniqueViolation as error:
+            # Decided by the stored fact, not by the driver's message: the attempt has a
+            # reservation (another transaction's, committed before ours), or the
+            # violation was something else and is raised as it is.
+            with self.reading() as connection:
+                existing = self._reservation_by_attempt(connection, attempt_id)
+            if existing is None:
+                raise
+            raise AttemptReused(attempt_id, existing.id, existing.state) from error
+
+    def _release(
+        self, mechanism: Mechanism | Mapping[str, Any], count: int, attempt: str | None
+    ) -> tuple[Mechanism, int, str, Spend]:
+        """Validate a release's arguments (before any database work) and price it."""
+        mechanism = self._mechanism(mechanism)
+        count = check.count("count", count)
+        return mechanism, count, self._attempt(attempt), self._cost(mechanism, count)
+
+    def _cost(self, mechanism: Mechanism, count: int) -> Spend:
+        """The cost of a release on the ledger's grid (kept: tasks repeat the same release).
+
+        Mechanisms are frozen value objects with validated float fields, so equal ones
+        describe the same release; one that is not hashable is known by its spec.
+        """
+        signature: tuple[Any, int] = (mechanism, count)
+        try:
+            hash(signature)
+        except TypeError:
+            signature = (history.canonical_json(mechanism.to_spec()), count)
+        cost = self._cost_cache.get(signature)
+        if cost is None:
+            if len(self._cost_cache) > BOUND_CACHE_SIZE:
+                self._cost_cache.clear()
+            cost = self._cost_cache[signature] = Spend.of_release(mechanism, count, self._orders)
+        return cost
+
+    @staticmethod
+    def _attempt(attempt: str | None) -> str:
+        if attempt is None:
+            return f"anonymous:{uuid.uuid4()}"
+        if not isinstance(attempt, str) or not attempt.strip() or len(attempt) > 1024:
+            raise ValueError(
+                f"attempt must be a non-empty string of <= 1024 chars, got {attempt!r}"
+            )
+        return free_text("attempt", attempt)
+
+    def _reserve(
+        self,
+        pipe: pipeline.Pipeline,
+        keys: list[LedgerKey],
+        cohorts: list[CohortKeys],
+        mechanism: Mechanism,
+        count: int,
+        attempt_id: str,
+        cost: Spend,
+    ) -> Reservation:
+        moment = clock.now()
+        now = clock.stamp(moment)
+        lease_expires_at = clock.stamp(moment + self._lease)
+        locked, policies, charge = self._lock_chargeable(
+            pipe, keys, moment, reserving=cost, cohorts=cohorts
+        )
+        accounts = charge.keys
+        # The pending spend read back includes this cost but for its residual curve.
+        residual = Spend(0.0, cost.residual, 0.0)
+        # Accounts holding equal values share their Spend objects: convert each once.
+        bounds: dict[tuple[int, int], EpsilonBound] = {}
+        worst = 0.0
+        policy_of = policy_lookup(policies)
+        for key in accounts:
+            held = locked[key]
+            marker = (id(held.spend), id(held.pending))
+            bound = bounds.get(marker)
+            if bound is None:
+                total = held.spend.plus(held.pending.as_spend()).plus(residual)
+                bound = bounds[marker] = self._bounds([total])[0]
+            cap = policy_of(key).cap_epsilon
+            if bound.epsilon > cap:
+                raise BudgetExhausted(classes.example_subject(pipe.core(), key), bound.epsilon, cap)
+            worst = max(worst, bound.epsilon)
+        if cost.residual is not None:
+            self._add_pending_residual(pipe, accounts, locked, cost.residual)
+        reservation_id = str(uuid.uuid4())
+        token = secrets.token_urlsafe(32)
+        token_hash = token_digest(token)
+        digest = history.keys_digest(accounts)
+        spec = mechanism.to_spec()
+        pipe.send(
+            statements.INSERT_RESERVATION,
+            {
+                "id": reservation_id,
+                "attempt_id": attempt_id,
+                "token_hash": token_hash,
+                "state": OPEN,
+                "mechanism": history.canonical_json(spec),
+                "count": count,
+                "cost_rho": cost.rho,
+                "cost_residual": cost.residual_json(),
+                "cost_gaussian_mu2": cost.gaussian_mu2,
+                "key_count": len(accounts),
+                "keys_digest": digest,
+                "prospective_epsilon": worst,
+                "actor": self.actor,
+                "created_at": now,
+                "lease_expires_at": lease_expires_at,
+            },
+        )
+        self._insert_reservation_keys(pipe, reservation_id, accounts)
+        seq = pipe.append_history(
+            self._key,
+            chain=self._chain(accounts[0]),
+            at=now,
+            action="reserve",
+            actor=self.actor,
+            reservation_id=reservation_id,
+            key=accounts[0] if len(accounts) == 1 else None,
+            payload={
+                "attempt_id": attempt_id,
+                "mechanism": spec,
+                "count": count,
+                "cost": cost.as_payload(),
+                "key_count": len(accounts),
+                "keys_digest": digest,
+                "prospective_epsilon": worst,
+                "token_hash": token_hash,
+                "cohorts": charge.payload(),
+            },
+        )
+        charge.link(pipe, seq)
+        return Reservation(
+            id=reservation_id,
+            attempt_id=attempt_id,
+            keys=tuple(accounts),
+            mechanism=mechanism,
+            count=count,
+            state=OPEN,
+            prospective_epsilon=worst,
+            created_at=now,
+            token=token,
+            lease_expires_at=lease_expires_at,
+        )
+
+    def _prospective_epsilon(self, rho: float, mu2: float | None) -> float:
+        """The epsilon of a prospective spend the server recorded (validated as stored)."""
+        spend = Spend.from_columns(rho, None, mu2, self._orders.size)
+        return self._bounds([spend])[0].epsilon
+
+    @staticmethod
+    def _insert_reservation_keys(
+        pipe: pipeline.Pipeline, reservation_id: str, keys: Sequence[LedgerKey]
+    ) -> None:
+        if pipe.postgresql:
+            pipe.send(
+                statements.PG_RESERVATION_KEYS,
+                {"reservation_id": reservation_id, **statements.key_parts(keys)},
+            )
+            return
+        for offset, chunk in enumerate(statements.chunks(keys)):
+            pipe.connection.execute(
+                insert(ReservationKey),
+                [
+                    {
+                        "reservation_id": reservation_id,
+                        "position": offset * statements.CHUNK + i,
+                        **k.as_dict(),
+                    }
+                    for i, k in enumerate(chunk)
+                ],
+            )
+
+    def _reservation_by_attempt(self, connection: Connection, attempt_id: str) -> Any:
+        return connection.execute(
+            select(ReservationRow).where(ReservationRow.attempt_id == attempt_id)
+        ).one_or_none()
+
+    def _reservation_from_row(self, row: Any, keys: tuple[LedgerKey, ...]) -> Reservation:
+        prospective = row.prospective_epsilon
+        if prospective is None:  # decided by the server: it recorded the spend
+            prospective = self._prospective_epsilon(row.prospective_rho, row.prospective_mu2)
+        return Reservation(
+            id=row.id,
+            attempt_id=row.attempt_id,
+            keys=keys,
+            mechanism=Mechanism.from_spec(json.loads(row.mechanism)),
+            count=row.count,
+            state=row.state,
+            prospective_epsilon=prospective,
+            created_at=row.created_at,
+            lease_expires_at=row.lease_expires_at,
+        )
+
+    def _reservation_keys(self, connection: Connection, reservation_id: str) -> list[LedgerKey]:
+        """The accounts a reservation holds, in key order: those it was made on and the
+        parts that splits carried to it later (stored after them)."""
+        rows = connection.execute(
+            select(ReservationKey).where(ReservationKey.reservation_id == reservation_id)
+        )
+        return sorted(LedgerKey.from_row(row) for row in rows)
+
+    def _charge(
+        self,
+        connection: Connection,
+        row: Any,
+        *,
+        state: str,
+        action: str,
+        extra: dict[str, Any] | None = None,
+    ) -> list[SpendReceipt]:
+        """Turn an open reservation into committed spend on each of its keys (general path)."""
+        now = clock.stamp(clock.now())
+        cost = Spend.from_columns(
+            row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, self._orders.size
+        )
+        # Read before the locks: they are held as briefly as possible.
+        policies = self._policy_store.read(connection)
+        keys, accounts = self._lock_reservation(connection, row.id)
+        after = self._close_reservation(connection, keys, accounts, cost, now, charge=row.count)
+        connection.execute(
+            update(ReservationRow)
+            .where(ReservationRow.id == row.id)
+            .values(state=state, resolved_at=now)
+        )
+        history.append(
+            connection,
+            self._key,
+            chain=self._chain(keys[0]),
+            at=now,
+            action=action,
+            actor=self.actor,
+            reservation_id=row.id,
+            key=keys[0] if len(keys) == 1 else None,
+            payload=self._charge_payload(
+                row.attempt_id, cost, row.count, len(keys), history.keys_digest(keys), extra
+            ),
+        )
+        return self._receipts_of(keys, after, policies, [accounts[key].size for key in keys])
+
+    @staticmethod
+    def _charge_payload(
+        attempt_id: str,
+        cost: Spend,
+        count: int,
+        key_count: int,
+        keys_digest: str,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The history payload of a commit or reap."""
+        return {
+            "attempt_id": attempt_id,
+            "cost": cost.as_payload(),
+            "count": count,
+            "key_count": key_count,
+            "keys_digest": keys_digest,
+            **(extra or {}),
+        }
+
+    def _receipts_of(
+        self,
+        keys: Sequence[LedgerKey],
+        spends: Sequence[Spend],
+        policies: Mapping[tuple[str, str], Policy],
+        sizes: Sequence[int],
+    ) -> list[SpendReceipt]:
+        """Receipts of accounts ``keys`` holding ``spends`` for classes of ``sizes``
+        subjects; each distinct (spend, policy) pair is converted once."""
+        policy_of = policy_lookup(policies)
+        made: dict[tuple[int, int], tuple[Any, ...]] = {}
+        receipts = []
+        for key, spend, size in zip(keys, spends, sizes, strict=True):
+            policy = policy_of(key)
+            marker = (id(spend), id(policy))
+            fields = made.get(marker)
+            if fields is None:
+                fields = made[marker] = self._receipt_fields(self._bounds([spend])[0], policy)
+            receipts.append(SpendReceipt(key, *fields, subjects=size))
+        return receipts
+
+    def _close_reservation(
+        self,
+        connection: Connection,
+        keys: list[LedgerKey],
+        locked: Mapping[LedgerKey, statements.LockedAccount],
+        cost: Spend,
+        now: str,
+        *,
+        charge: int | None,
+    ) -> list[Spend]:
+        """Close one open reservation of ``cost`` on every locked account.
+
+        The cost leaves the accounts' pending spend (exactly zero once nothing is open);
+        with ``charge`` (its release count) it is added to their committed spend, as a
+        commit or reap does, while a release adds nothing. Returns the committed spends
+        in key order.
+        """
+        after = [locked[key].spend.plus(cost) if charge else locked[key].spend for key in keys]
+        if cost.residual is None:
+            statement = statements.close_accounts(
+                gaussian=cost.gaussian_mu2 is not None, charge=bool(charge)
+            )
+            params = {
+                "cost_rho": cost.rho,
+                "cost_mu2": cost.gaussian_mu2,
+                "count": charge or 0,
+                "now": now,
+            }
+            for chunk in statements.chunks([locked[key].id for key in keys]):
+                connection.execute(statement, {**params, "ids": list(chunk)})
+            return after
+        for key, spend in zip(keys, after, strict=True):
+            held = locked[key]
+            pending = Pending() if held.open_reservations <= 1 else held.pending.remove(cost)
+            self._store_spend(connection, held.id, spend, charge or 0, now, pending=pending)
+        return after
+
+    @staticmethod
+    def _store_spend(
+        connection: Connection,
+        account_id: int,
+        spend: Spend,
+        releases_added: int,
+        now: str,
+        *,
+        pending: Pending | None = None,
+    ) -> None:
+        """Write one locked account's new spend (its full curve, not an increment).
+
+        With ``pending``, one of its open reservations closes: the count drops and the
+        pending spend becomes ``pending``.
+        """
+        values: dict[str, Any] = {
+            "rho": spend.rho,
+            "residual": spend.residual_json(),
+            "gaussian_mu2": spend.gaussian_mu2,
+            "releases": Account.releases + releases_added,
+            "updated_at": now,
+        }
+        if pending is not None:
+            values["open_reservations"] = Account.open_reservations - 1
+            values["pending_rho"] = pending.rho
+            values["pending_residual"] = pending.residual_json()
+            values["pending_mu2"] = pending.mu2
+            values["pending_others"] = pending.others
+        connection.execute(update(Account).where(Account.id == account_id).values(**values))
+
+    @staticmethod
+    def _open_row(connection: Connection, reservation_id: str) -> Any:
+        """The reservation row, locked for the rest of the transaction."""
+        row = connection.execute(
+            statements.reservation_for_update(), {"rid": reservation_id}
+        ).one_or_none()
+        if row is None:
+            raise ReservationStateError(f"no reservation {reservation_id!r} in this ledger")
+        return row
+
+    def _owned_row(self, connection: Connection, reservation: Reservation, what: str) -> Any:
+        """The reservation row, locked, if ``reservation`` is its holder's (token matches).
+
+        Reservation ids and attempt ids are visible in the UI, XCom and the history, so
+        neither proves that the caller is the attempt that reserved: only the token that
+        ``reserve`` handed to that attempt does (the ledger keeps its digest only).
+        """
+        if (
+            not isinstance(reservation, Reservation)
+            or not isinstance(reservation.id, str)
+            or not isinstance(reservation.token, str)
+            or not (reservation.id + reservation.token).isprintable()
+        ):
+            raise ValueError(
+                f"{what} takes the Reservation that reserve() returned, got {_shown(reservation)}"
+            )
+        row = self._open_row(connection, reservation.id)
+        if row.token_hash is None or not hmac.compare_digest(
+            row.token_hash, token_digest(reservation.token)
+        ):
+            raise ReservationStateError(
+                f"reservation {row.id} belongs to attempt {row.attempt_id!r}; only the attempt "
+                f"that reserved it may {what} it"
+            )
+        return row
+
+    def commit(self, reservation: Reservation) -> list[SpendReceipt]:
+        """Charge a reservation (the release happened); a second commit charges nothing.
+
+        Only the attempt that reserved may commit (see :meth:`_owned_row`).
+        """
+        with self._write() as connection:
+            row = self._owned_row(connection, reservation, "commit")
+            try:
+                self._refuse_if_quarantined(connection)
+            except LedgerQuarantined as refusal:
+                raise LedgerQuarantined(
+                    f"reservation {row.id} is not committed and its release must not be "
+                    f"published: {refusal}; the reservation stays open and is charged when "
+                    "it is reaped"
+                ) from None
+            if row.state in (COMMITTED, REAPED):
+                return self._receipts(connection, self._reservation_keys(connection, row.id))
+            if row.state != OPEN:
+                raise ReservationStateError(
+                    f"reservation {row.id} was {row.state}; it cannot be committed"
+                )
+            return self._charge(connection, row, state=COMMITTED, action="commit")
+
+    def release(self, reservation: Reservation, reason: str = "") -> None:
+        """Drop a reservation whose release never touched the data (nothing is charged).
+
+        Only the attempt that reserved may release, and only before it touched the data:
+        anyone else holding an id could otherwise void the charge of a release that ran.
+        """
+        reason = free_text("reason", reason, limit=2000)
+        with self._write() as connection:
+            row = self._owned_row(connection, reservation, "release")
+            if row.state == RELEASED:
+                return
+            if row.state != OPEN:
+                raise ReservationStateError(
+                    f"reservation {row.id} was {row.state}; it cannot be released"
+                )
+            keys, locked = self._lock_reservation(connection, row.id)
+            now = clock.stamp(clock.now())
+            cost = Spend.from_columns(
+                row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, self._orders.size
+            )
+            self._close_reservation(connection, keys, locked, cost, now, charge=None)
+            connection.execute(
+                update(ReservationRow)
+                .where(ReservationRow.id == row.id)
+                .values(state=RELEASED, resolved_at=now)
+            )
+            history.append(
+                connection,
+                self._key,
+                chain=self._chain(keys[0]),
+                at=now,
+                action="release",
+                actor=self.actor,
+                reservation_id=row.id,
+                key=keys[0] if len(keys) == 1 else None,
+                payload={"attempt_id": row.attempt_id, "reason": reason},
+            )
+
+    def renew(self, reservation: Reservation) -> datetime:
+        """Extend an open reservation's lease to :attr:`lease` from now; returns its end.
+
+        Only the attempt that reserved may renew (the token, as for :meth:`commit`), and
+        only an open reservation: a committed, released or reaped one is refused with
+        :class:`ReservationClosed` and nothing changes. A renewal is no history entry: it
+        changes no spend, and the charge a lease that runs out leads to is (see
+        :mod:`lease`). Renewing works in quarantine too: it keeps a live attempt from
+        being reaped, never lets it publish (its commit is refused).
+        """
+        with self._write() as connection:
+            row = self._owned_row(connection, reservation, "renew")
+            if row.state != OPEN:
+                raise ReservationClosed(
+                    f"reservation {row.id} was {row.state} at {row.resolved_at}; only an open "
+                    "reservation's lease can be renewed"
+                )
+            expires = clock.now() + self._lease
+            connection.execute(
+                update(ReservationRow)
+                .where(ReservationRow.id == row.id)
+                .values(lease_expires_at=clock.stamp(expires))
+            )
+        return expires
+
+    def keep_alive(
+        self,
+        reservation: Reservation,
+        log: WarningLog | None = None,
+    ) -> LeaseKeeper:
+        """A context manager renewing ``reservation``'s lease every third of :attr:`lease`
+        (a daemon thread) until its block ends: wrap the work on the data in it.
+
+        A renewal that fails is a warning on ``log`` and the block goes on: if the lease
+        runs out, the next reap charges the reservation, which is what its commit would
+        have done (see :class:`~dp_budget_provider.ledger.releases.lease.LeaseKeeper`).
+        """
+        if not isinstance(reservation, Reservation) or not isinstance(reservation.id, str):
+            raise ValueError(
+                "keep_alive takes the Reservation that reserve() returned, got "
+                f"{_shown(reservation)}"
+            )
+        return LeaseKeeper(lambda: self.renew(reservation), self._lease, reservation.id, log)
+
+    def reap(self, older_than: timedelta | None = None, now: datetime | None = None) -> list[str]:
+        """Charge every open reservation whose lease has run out (its attempt stopped
+        renewing: the worker died), and with ``older_than`` every one open longer than
+        that, renewed or not (a hard bound on how long budget is held).
+
+        Such a reservation may have touched the data, so it is charged, never refunded;
+        the history records why (the lease that ran out, or the age). ``now`` (default:
+        the ledger's clock, which stamped the leases) is for tests and audits. Each
+        reservation is decided again under its row lock, so one renewed meanwhile is
+        left alone. Returns the reaped reservation ids, oldest first. Records the reap
+        job's run (:mod:`maintenance`).
+        """
+        if older_than is not None and (
+            not isinstance(older_than, timedelta) or older_than < timedelta(0)
+        ):
+            raise ValueError(
+                f"older_than must be a non-negative timedelta, got {_shown(older_than)}"
+            )
+        if now is not None and (not isinstance(now, datetime) or now.utcoffset() is None):
+            raise ValueError(f"now must be a timezone-aware datetime, got {_shown(now)}")
+        with self.reading() as connection:  # the candidates, by this process's clock
+            at, cutoff = _reap_moments(now or clock.now(), older_than)
+            due = [ReservationRow.lease_expires_at.is_(None), ReservationRow.lease_expires_at <= at]
+            if cutoff is not None:
+                due.append(ReservationRow.created_at <= cutoff)
+            stale = list(
+                connection.execute(
+                    select(ReservationRow.id)
+                    .where(ReservationRow.state == OPEN, or_(*due))
+                    .order_by(ReservationRow.created_at, ReservationRow.id)
+                ).scalars()
+            )
+        reaped = []
+        for reservation_id in stale:
+            with self._write() as connection:  # each decided by the ledger's clock
+                at, cutoff = _reap_moments(now or clock.now(), older_than)
+                row = self._open_row(connection, reservation_id)
+                lease = _lease_of(row)
+                why = _reap_reason(row, lease, at, cutoff, older_than)
+                if row.state != OPEN or why is None:
+                    continue
+                self._charge(
+                    connection,
+                    row,
+                    state=REAPED,
+                    action="reap",
+                    extra={"reason": why, "lease_expires_at": lease},
+                )
+                reaped.append(row.id)
+        self._ran(maintenance.REAP)
+        return reaped
+
+    # ------------------------------------------------------------------ cohorts
+
+    def cohort(self, subjects: Iterable[Any], tenant: str = "default") -> Cohort:
+        """Register a release's subjects once and get a handle naming them by content.
+
+        ``subjects`` is any collection of ids (see :func:`~.keys.subject_ids`). The same
+        set of ids is the same cohort: registering it again stores nothing. Hand the
+        handle on (``cohort.as_dict()`` through XCom) and charge
+        ``cohort.in_window(query_type, window)``: the ids never travel or get hashed
+        again, and a release over a cohort its window has seen costs one row per class.
+        Registering charges nothing and writes no history entry: the history names a
+        cohort (by digest) when a charge covers it.
+        """
+        ids = sorted_subject_ids(subjects)
+        tenant = canonical_part("tenant", tenant)
+        with self._pipelined() as pipe:
+            _, digest = classes.register(pipe, tenant, ids, clock.stamp(clock.now()))
+        return Cohort(tenant, digest, len(ids))
+
+    # ------------------------------------------------------------------ one-step spend
+
+    def spend(
+        self,
+        key: LedgerKey,
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int = 1,
+        attempt: str | None = None,
+    ) -> SpendReceipt:
+        """Reserve and commit one release on one key (what a task does, in one call)."""
+        return self.commit(self.reserve(self._one_key(key), mechanism, count, attempt))[0]
+
+
+def _reap_moments(moment: datetime, older_than: timedelta | None) -> tuple[str, str | None]:
+    """The stamps a reap at ``moment`` compares with: the moment, and the creation time
+    before which a reservation is older than ``older_than`` (None: no such bound, or one
+    reaching before the first moment)."""
+    cutoff = None
+    if older_than is not None:
+        with contextlib.suppress(OverflowError):  # before the first moment: none so old
+            cutoff = clock.stamp(moment - older_than)
+    return clock.stamp(moment), cutoff
+
+
+def _reap_reason(
+    row: Any, lease: str | None, at: str, cutoff: str | None, older_than: timedelta | None
+) -> str | None:
+    """Why an open reservation with ``lease`` is due for reaping at ``at``, None if it is
+    not (any more)."""
+    if lease is None:
+        return f"open since {row.created_at}, without a lease"
+    if lease <= at:
+        return f"open since {row.created_at}, its lease ran out at {lease}"
+    if cutoff is not None and row.created_at <= cutoff:
+        return f"open since {row.created_at}, older than {older_than}"
+    return None
+
+
+def _shown(value: object) -> str:
+    """A caller's value as a one-line error may quote it: its repr, or only its type when
+    that is not one short printable line."""
+    text = repr(value)
+    return text if text.isprintable() and len(text) <= 200 else type(value).__name__
+
+
+def token_digest(token: str) -> str:
+    """What the ledger stores of a reservation's token (never the token itself)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _lease_of(row: Any) -> str | None:
+    """A reservation row's lease, None when it holds none: NULL, or a value that is not
+    text (a BLOB written into the SQLite column by hand). The column is no fact verify
+    checks, so a value of it must never stop a reap (and every reservation after it)."""
+    return row.lease_expires_at if isinstance(row.lease_expires_at, str) else None

@@ -1,0 +1,11 @@
+"""Storage: where the ledger keeps what it knows, and how it writes it.
+
+- ``schema``: the tables (SQLAlchemy models); ``migrations``: how a database reaches them.
+- ``database``: engines, transactions, schema checks; ``clock``: the ledger's time.
+- ``history``: the append-only history, a chain of keyed links, written with every change.
+- ``statements``: the write path's hand-written SQL; ``pipeline``: write transactions in
+  as few round trips as the database allows.
+
+Nothing here decides a budget: these modules store and read back what the packages above
+decide. Import the modules themselves; this ``__init__`` imports nothing.
+"""

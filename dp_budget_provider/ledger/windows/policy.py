@@ -1,0 +1,200 @@
+"""Budget policy: caps, warning thresholds, window calendars and where each comes from.
+
+A cap is not a taste decision; it descends from a compliance clause (e.g. GDPR Art. 25
+data minimisation expressed as a maximum cumulative eps per subject). So each policy
+row carries the clause it implements, and reports show it. delta is ledger-wide and
+fixed at creation: letting it vary per query is "delta shopping".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TypeVar
+
+from dp_budget_provider.accounting import validation as check
+from dp_budget_provider.ledger.accounts.keys import canonical_part
+from dp_budget_provider.ledger.windows.calendar import CalendarKind, WindowCalendar
+
+ANY = "*"
+DEFAULT_MIN_WINDOW = timedelta(days=1)
+# How long after a window ends late, retried and backfilled runs may still be charged to
+# it, before maintenance may seal it. Scheduled runs start after their data interval
+# ends, so a window must stay chargeable for a while after its end.
+DEFAULT_GRACE = timedelta(days=3)
+MAX_GRACE = timedelta(days=3660)
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class BudgetCap:
+    """The default cap of a ledger: cumulative eps per account at the fixed delta."""
+
+    epsilon: float
+    delta: float
+    warn_fraction: float = 0.8
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check.positive("epsilon", self.epsilon))
+        object.__setattr__(self, "delta", check.open_unit("delta", self.delta))
+        object.__setattr__(self, "warn_fraction", _warn_fraction(self.warn_fraction))
+
+
+def _warn_fraction(value: object) -> float:
+    fraction = check.positive("warn_fraction", value)
+    if fraction > 1.0:
+        raise ValueError(f"warn_fraction must be in (0, 1], got {value!r}")
+    return fraction
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The cap for one (tenant, query_type) pair; ``"*"`` matches any.
+
+    Lookup prefers an exact tenant and query type, then tenant only, then query type
+    only, then the default ``("*", "*")``.
+    """
+
+    cap_epsilon: float
+    warn_fraction: float = 0.8
+    tenant: str = ANY
+    query_type: str = ANY
+    calendar: WindowCalendar = field(default_factory=WindowCalendar)
+    min_window: timedelta = DEFAULT_MIN_WINDOW
+    compliance_clause: str = ""
+    grace: timedelta = DEFAULT_GRACE
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cap_epsilon", check.positive("cap_epsilon", self.cap_epsilon))
+        object.__setattr__(self, "warn_fraction", _warn_fraction(self.warn_fraction))
+        object.__setattr__(self, "tenant", canonical_part("tenant", self.tenant))
+        object.__setattr__(self, "query_type", canonical_part("query_type", self.query_type))
+        if not isinstance(self.calendar, WindowCalendar):
+            raise ValueError(f"calendar must be a WindowCalendar, got {self.calendar!r}")
+        if not isinstance(self.min_window, timedelta) or self.min_window <= timedelta(0):
+            raise ValueError(f"min_window must be a positive timedelta, got {self.min_window!r}")
+        if self.calendar.shortest_window < self.min_window:
+            raise ValueError(
+                f"calendar windows of {self.calendar.shortest_window} are shorter than the "
+                f"minimum window {self.min_window}: resetting faster than the correlation "
+                "horizon lets cumulative leakage exceed the cap"
+            )
+        if not isinstance(self.compliance_clause, str):
+            raise ValueError("compliance_clause must be a string")
+        if (
+            not isinstance(self.grace, timedelta)
+            or self.grace < timedelta(0)
+            or self.grace.microseconds
+            or self.grace > MAX_GRACE
+        ):
+            raise ValueError(
+                f"grace must be whole seconds between 0 and {MAX_GRACE.days} days, "
+                f"got {self.grace!r}"
+            )
+
+    @property
+    def scope(self) -> tuple[str, str]:
+        """(tenant, query_type) this policy applies to."""
+        return self.tenant, self.query_type
+
+    def as_record(self) -> dict[str, object]:
+        """The policy as plain JSON values: its table row, its history entry, the API."""
+        return {
+            "tenant": self.tenant,
+            "query_type": self.query_type,
+            "cap_epsilon": self.cap_epsilon,
+            "warn_fraction": self.warn_fraction,
+            "calendar": self.calendar.kind,
+            "calendar_length_seconds": self.calendar.length_seconds,
+            "min_window_seconds": int(self.min_window.total_seconds()),
+            "compliance_clause": self.compliance_clause,
+            "grace_seconds": int(self.grace.total_seconds()),
+        }
+
+    def warns_at(self, epsilon: float) -> bool:
+        """True once ``epsilon`` reaches the warning fraction of the cap."""
+        return epsilon >= self.warn_fraction * self.cap_epsilon
+
+    def exhausts_at(self, epsilon: float, next_epsilon: float | None = None) -> bool:
+        """True once ``epsilon`` reaches the cap, or once ``next_epsilon`` passes it.
+
+        ``next_epsilon`` is the eps the cheapest release the account's scope has made
+        would bring it to: past the cap, that release and every dearer one is refused,
+        so the account can take no more of what its scope releases (see
+        :mod:`~dp_budget_provider.ledger.accounts.standing`). Decided at read time because a
+        refused release leaves the ledger untouched.
+        """
+        if epsilon >= self.cap_epsilon:
+            return True
+        return next_epsilon is not None and next_epsilon > self.cap_epsilon
+
+    def state_at(self, epsilon: float, next_epsilon: float | None = None) -> str:
+        """The state an account holding ``epsilon`` is shown in: ``ok``, ``WARNING`` (past
+        the warning fraction) or ``EXHAUSTED`` (:meth:`exhausts_at`)."""
+        if self.exhausts_at(epsilon, next_epsilon):
+            return STATE_EXHAUSTED
+        return STATE_WARNING if self.warns_at(epsilon) else STATE_OK
+
+
+STATE_OK, STATE_WARNING, STATE_EXHAUSTED = "ok", "WARNING", "EXHAUSTED"
+STATE_RESCOPED = "RESCOPED"
+STATE_SEALED = "SEALED"  # the window is sealed: the final spend, never charged again
+
+
+def lookup_order(tenant: str, query_type: str) -> list[tuple[str, str]]:
+    """Policy scopes to try for a key, most specific first."""
+    return [(tenant, query_type), (tenant, ANY), (ANY, query_type), (ANY, ANY)]
+
+
+def revised_policy(
+    policies: Iterable[Policy],
+    tenant: str = ANY,
+    query_type: str = ANY,
+    *,
+    cap_epsilon: float | None = None,
+    warn_fraction: float | None = None,
+    calendar: CalendarKind | None = None,
+    length_seconds: int | None = None,
+    min_window: timedelta | None = None,
+    grace: timedelta | None = None,
+    compliance_clause: str | None = None,
+) -> tuple[Policy, bool]:
+    """The policy an administrator's change makes of a scope's stored one, and whether the
+    scope is new (its policy is created rather than updated).
+
+    What is not given (None) keeps the scope's current value, or the default of a new
+    scope: an administrator changing a warning fraction must not have to restate the cap,
+    and must not reset the calendar by omission. A new scope needs its cap. A fixed
+    calendar's length alone keeps the scope's calendar kind. ``policies`` are the stored
+    ones (``PrivacyBudgetLedger.policies()``). This is the one reading of such a change,
+    for ``dp-budget policy set`` and the UI alike.
+    """
+    tenant = canonical_part("tenant", tenant)
+    query_type = canonical_part("query_type", query_type)
+    current = {policy.scope: policy for policy in policies}.get((tenant, query_type))
+    if cap_epsilon is None and current is None:
+        raise ValueError(
+            f"scope {tenant}/{query_type} has no policy yet: give its cap with cap_epsilon"
+        )
+    if calendar is not None:
+        windows = WindowCalendar(calendar, length_seconds)
+    elif length_seconds is not None:
+        windows = WindowCalendar(current.calendar.kind if current else "iso_week", length_seconds)
+    else:
+        windows = current.calendar if current else WindowCalendar()
+
+    def kept(given: _T | None, now: _T | None, default: _T) -> _T:
+        return given if given is not None else now if now is not None else default
+
+    policy = Policy(
+        cap_epsilon=kept(cap_epsilon, current and current.cap_epsilon, 0.0),
+        warn_fraction=kept(warn_fraction, current and current.warn_fraction, 0.8),
+        tenant=tenant,
+        query_type=query_type,
+        calendar=windows,
+        min_window=kept(min_window, current and current.min_window, DEFAULT_MIN_WINDOW),
+        grace=kept(grace, current and current.grace, DEFAULT_GRACE),
+        compliance_clause=kept(compliance_clause, current and current.compliance_clause, ""),
+    )
+    return policy, current is None
