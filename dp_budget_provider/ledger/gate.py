@@ -37,9 +37,9 @@ import numpy as np
 
 from dp_budget_provider.accounting import Conversion, Mechanism
 from dp_budget_provider.ledger.accounts.classes import Cohort, subjects_in
+from dp_budget_provider.ledger.accounts.covered import Covered, covered
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.audit.authority import SEALED_SIZE
-from dp_budget_provider.ledger.core import Covered
 from dp_budget_provider.ledger.errors import BudgetExhausted, LedgerError, LedgerUnavailable
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.records import Reservation, SpendReceipt
@@ -149,7 +149,7 @@ def _fitting(facts: dict[str, Any]) -> dict[str, Any]:
 def _subjects(keys: Covered) -> int:
     """How many (subject, window) pairs a release covers: its own input, not its classes
     (how the ledger splits them into classes depends on other releases)."""
-    keys_of, cohorts = PrivacyBudgetLedger._covered(keys)
+    keys_of, cohorts = covered(keys)
     return subjects_in(cohorts or keys_of)
 
 

@@ -439,7 +439,7 @@ def test_release_costs_are_kept_per_mechanism_value_hashable_or_not(monkeypatch)
         accountant.compose(mechanism, count)
     # Equal but for the ledger's sums, rounded up at each addition (rounding.ROUND_UP).
     assert ledger.epsilon_of(key) == pytest.approx(accountant.get_epsilon(1e-5)[0], rel=1e-13)
-    assert len(ledger._cost_cache) == 4
+    assert len(ledger._pricing.cost_cache) == 4
     ledger.close()
 
 

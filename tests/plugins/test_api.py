@@ -363,7 +363,7 @@ def test_policies_report_and_verification(client, seeded):
 
 def test_verification_reports_tampering(client, seeded, monkeypatch):
     assert client.get("/api/verification").json()["ok"]
-    with seeded.ledger._engine.begin() as connection:
+    with seeded.ledger._database.engine.begin() as connection:
         connection.execute(
             text("UPDATE dp_history SET actor = 'mallory' WHERE seq = 3")
         )  # an edit that leaves the chain head as it was

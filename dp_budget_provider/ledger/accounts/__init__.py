@@ -5,8 +5,12 @@
   against its cap, committed and held.
 - ``classes``: cohorts and spend classes (a release over many subjects costs one row per
   class); ``memberships``: the one reading of which class holds each subject.
+- ``subject_rows``: the accounts as one row per subject, live or sealed;
+  ``holdings``: the account each key is charged to, read, and its receipt.
 - ``held``: what many keys hold, read as distinct states; ``concerning``: which history
   entries and reservations concern a key.
+- ``covered``: what a release covers, validated and in lock order; ``pricing``: what a
+  release costs and what a spend is worth in eps.
 
 Import the modules themselves; this ``__init__`` imports nothing.
 """

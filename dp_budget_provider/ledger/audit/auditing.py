@@ -11,12 +11,10 @@ from sqlalchemy import (
 )
 
 from dp_budget_provider.ledger.accounts.keys import free_text
+from dp_budget_provider.ledger.accounts.pricing import Pricing
 from dp_budget_provider.ledger.audit import replay as audit
 from dp_budget_provider.ledger.audit.authority import AdminPublicKey, LedgerAuthority
 from dp_budget_provider.ledger.audit.checkpoints import Checkpoint
-from dp_budget_provider.ledger.core import (
-    LedgerCore,
-)
 from dp_budget_provider.ledger.errors import (
     AdminAuthorityError,
     LedgerConfigMismatch,
@@ -27,19 +25,29 @@ from dp_budget_provider.ledger.errors import (
 from dp_budget_provider.ledger.records import (
     VerifyReport,
 )
-from dp_budget_provider.ledger.storage import clock, database, history
+from dp_budget_provider.ledger.storage import clock, history
+from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import (
     ChainHead,
     LedgerConfig,
 )
+from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
 from dp_budget_provider.ledger.windows import maintenance
-from dp_budget_provider.ledger.windows.policy_store import write_policy
+from dp_budget_provider.ledger.windows.policy_store import PolicyStore, write_policy
 
 _QUARANTINE_LISTED = 20
 
 
-class AuditRoom(LedgerCore):
+class Auditor:
     """Audit: verify the tables against the history, checkpoints, quarantine, the chain key."""
+
+    def __init__(
+        self, database: LedgerDatabase, journal: Journal, pricing: Pricing, store: PolicyStore
+    ) -> None:
+        self._database = database
+        self._journal = journal
+        self._pricing = pricing
+        self._store = store
 
     # ------------------------------------------------------------------ audit
 
@@ -59,10 +67,14 @@ class AuditRoom(LedgerCore):
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             raise ValueError(f"checkpoint must be a Checkpoint, got {checkpoint!r}")
         settings = audit.AuditSettings(
-            self._orders, self._delta, self._conversion, self._key, checkpoint
+            self._pricing.orders,
+            self._pricing.delta,
+            self._pricing.conversion,
+            self._journal.key,
+            checkpoint,
         )
         try:
-            with database.transaction(self._pool(), write=False, snapshot=True) as connection:
+            with self._database.snapshot() as connection:
                 report = audit.verify(connection, settings)
         except LedgerUnavailable:
             raise  # nothing was read: no verdict either way
@@ -73,7 +85,7 @@ class AuditRoom(LedgerCore):
                 entries=0,
                 accounts=0,
                 problems=[f"verification could not complete: {type(error).__name__}: {error}"],
-                keyed=self._key.keyed,
+                keyed=self._journal.key.keyed,
             )
         if report.problems and quarantine:
             try:
@@ -104,18 +116,18 @@ class AuditRoom(LedgerCore):
         if not isinstance(report, VerifyReport) or not report.ok:
             raise ValueError("only a verify report that passed can be checkpointed")
         # A verify checkpointed is the maintenance job done (the UI's verifies are not).
-        at = self._ran(maintenance.VERIFY)
-        return Checkpoint.of(report.ledger, at, report.entries, report.heads, self._key)
+        at = maintenance.ran(self._database, maintenance.VERIFY, self._journal.actor)
+        return Checkpoint.of(report.ledger, at, report.entries, report.heads, self._journal.key)
 
     @property
     def chain_key(self) -> history.ChainKey:
         """The key the history is linked with (unkeyed without one): checkpoints use it."""
-        return self._key
+        return self._journal.key
 
     @property
     def admin_public_key(self) -> AdminPublicKey | None:
         """The administrator key this ledger honours (None: it has none yet)."""
-        return self._authority.trusted
+        return self._store.authority.trusted
 
     def maintenance(
         self, intervals: Mapping[str, timedelta] | None = None
@@ -124,12 +136,12 @@ class AuditRoom(LedgerCore):
         twice their interval, :mod:`maintenance`). ``intervals`` are the jobs' schedules'
         (default: the shipped maintenance DAGs'). Says nothing about any account."""
         checked = maintenance.check_intervals(intervals)
-        with self.reading() as connection:
+        with self._database.reading() as connection:
             return maintenance.states(connection, checked, clock.now())
 
     def quarantine_status(self) -> tuple[str, str] | None:
         """(since, reason) while the ledger is quarantined, else None."""
-        with self.reading() as connection:
+        with self._database.reading() as connection:
             row = connection.execute(
                 select(LedgerConfig.quarantined_at, LedgerConfig.quarantine_reason)
             ).one()
@@ -156,7 +168,7 @@ class AuditRoom(LedgerCore):
             )
 
     def _set_quarantine(self, reason: str, problems: Sequence[str], *, audited: bool) -> bool:
-        with self._write() as connection:
+        with self._database.write() as connection:
             now = clock.stamp(clock.now())
             held = connection.execute(
                 select(LedgerConfig.quarantined_at, LedgerConfig.quarantine_epoch)
@@ -176,7 +188,7 @@ class AuditRoom(LedgerCore):
                 )
             )
             if audited:
-                self._log_keyless(
+                self._journal.keyless(
                     connection,
                     "quarantine",
                     now,
@@ -194,7 +206,7 @@ class AuditRoom(LedgerCore):
         history is quarantined again by the next verify.
         """
         reason = _reason(reason)
-        with self._write() as connection:
+        with self._database.write() as connection:
             now = clock.stamp(clock.now())
             row = connection.execute(
                 select(
@@ -207,13 +219,15 @@ class AuditRoom(LedgerCore):
             ).one()
             if row.quarantined_at is None:
                 raise LedgerError("the ledger is not quarantined")
-            clearance = self._authority.sign("clear-quarantine", {"epoch": row.quarantine_epoch})
+            clearance = self._store.authority.sign(
+                "clear-quarantine", {"epoch": row.quarantine_epoch}
+            )
             connection.execute(
                 update(LedgerConfig)
                 .where(LedgerConfig.id == 1)
                 .values(quarantined_at=None, quarantine_reason=None, clearance=clearance)
             )
-            self._log_keyless(
+            self._journal.keyless(
                 connection,
                 "unquarantine",
                 now,
@@ -236,33 +250,35 @@ class AuditRoom(LedgerCore):
         administrator key keeps it; this is trust on first use, so record the key before
         any worker runs, and pin it in every connection.
         """
-        signer = self._authority.signer
+        signer = self._store.authority.signer
         if signer is None:
             raise AdminAuthorityError("admin init needs the administrator's key (admin=...)")
-        if self._authority.trusted is not None:
+        if self._store.authority.trusted is not None:
             raise LedgerError(
-                f"this ledger has administrator key {self._authority.trusted.key_id} already"
+                f"this ledger has administrator key {self._store.authority.trusted.key_id} already"
             )
         self._verified("give an administrator to")
-        with self._write() as connection:
+        with self._database.write() as connection:
             now = clock.stamp(clock.now())
             config = connection.execute(
                 select(LedgerConfig.admin_key).where(LedgerConfig.id == 1).with_for_update()
             ).scalar_one()
             if config is not None:
                 raise LedgerError("this ledger was given an administrator key meanwhile")
-            stored = self._policy_store.read(connection)
+            stored = self._store.read(connection)
             connection.execute(
                 update(LedgerConfig)
                 .where(LedgerConfig.id == 1)
                 .values(admin_key=signer.public.text)
             )
-            self._log_keyless(connection, "admin-key", now, {"admin_key": signer.public.text})
-            self._authority = self._policy_store.authority = LedgerAuthority(
-                self._authority.ledger, signer.public, signer
+            self._journal.keyless(connection, "admin-key", now, {"admin_key": signer.public.text})
+            authority = self._store.authority = LedgerAuthority(
+                self._store.authority.ledger, signer.public, signer
             )
             for policy in stored.values():
-                write_policy(connection, self._key, self._authority, policy, now, self.actor)
+                write_policy(
+                    connection, self._journal.key, authority, policy, now, self._journal.actor
+                )
         return signer.public.text
 
     def adopt_chain_key(self, chain_key: str | bytes) -> None:
@@ -279,11 +295,11 @@ class AuditRoom(LedgerCore):
         key = history.ChainKey(chain_key)
         if not key.keyed:
             raise ValueError("adopt_chain_key needs a chain key")
-        signature = self._authority.sign("adopt-key", {"chain_key_id": key.key_id})
-        if self._key.keyed:
+        signature = self._store.authority.sign("adopt-key", {"chain_key_id": key.key_id})
+        if self._journal.key.keyed:
             raise LedgerError("this ledger's history is keyed already")
         report = self._verified("key")
-        with self._write() as connection:
+        with self._database.write() as connection:
             now = clock.stamp(clock.now())
             heads = connection.execute(
                 select(ChainHead.id, ChainHead.seq, ChainHead.hash)
@@ -299,7 +315,7 @@ class AuditRoom(LedgerCore):
                 chain=history.KEYLESS_CHAIN,
                 at=now,
                 action="adopt-key",
-                actor=self.actor,
+                actor=self._journal.actor,
                 payload={
                     "chain_key_id": key.key_id,
                     "heads": [list(h) for h in report.heads],
@@ -311,7 +327,7 @@ class AuditRoom(LedgerCore):
                 .where(LedgerConfig.id == 1)
                 .values(chain_key_id=key.key_id, keyed_from=seq)
             )
-        self._key = key
+        self._journal.adopt(key)
 
 
 def _reason(reason: object) -> str:

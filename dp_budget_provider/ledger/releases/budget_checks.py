@@ -12,25 +12,46 @@ from dp_budget_provider.accounting import (
     RDPAccountant,
 )
 from dp_budget_provider.accounting import validation as check
+from dp_budget_provider.ledger.accounts.covered import (
+    Charged,
+    Covered,
+    cohorts_of,
+    distinct,
+    mechanism_of,
+    one_key,
+)
 from dp_budget_provider.ledger.accounts.held import HeldState, cohort_states, held_states
 from dp_budget_provider.ledger.accounts.keys import (
     LedgerKey,
 )
+from dp_budget_provider.ledger.accounts.pricing import Pricing
 from dp_budget_provider.ledger.accounts.spend import Pending, Spend, prospective
-from dp_budget_provider.ledger.core import (
-    Charged,
-    Covered,
-    LedgerCore,
-)
 from dp_budget_provider.ledger.records import (
     BudgetCheck,
 )
+from dp_budget_provider.ledger.releases.locks import ChargeLocks, refuse_sealed
+from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
+from dp_budget_provider.ledger.windows.policies import Policies
 from dp_budget_provider.ledger.windows.policy import Policy
-from dp_budget_provider.ledger.windows.policy_store import policy_of_scope
+from dp_budget_provider.ledger.windows.policy_store import PolicyStore, policy_of_scope
 
 
-class BudgetCheckRoom(LedgerCore):
+class BudgetChecks:
     """Budget checks: would a release fit, and with how much noise (no writes)."""
+
+    def __init__(
+        self,
+        database: LedgerDatabase,
+        pricing: Pricing,
+        locks: ChargeLocks,
+        policies: Policies,
+        store: PolicyStore,
+    ) -> None:
+        self._database = database
+        self._pricing = pricing
+        self._locks = locks
+        self._policies = policies
+        self._store = store
 
     def budget_check(
         self,
@@ -63,18 +84,20 @@ class BudgetCheckRoom(LedgerCore):
         are priced all the same (what a key would reach, as a number to look at), except
         those of a sealed window: its final spend is no live state to price on, and a
         price without it would read below what the key has lost."""
-        cost = self._cost(self._mechanism(mechanism), check.count("count", count))
-        with self.reading() as connection:
+        cost = self._pricing.cost(mechanism_of(mechanism), check.count("count", count))
+        with self._database.reading() as connection:
             distinct, states = self._states(connection, keys)
-            policies = self._policy_store.read(connection)
+            policies = self._store.read(connection)
             if chargeable:
-                self._refuse_unchargeable(connection, distinct, states, policies)
+                self._locks.refuse_unchargeable(connection, distinct, states, policies)
             else:
-                self._refuse_sealed(connection, distinct)
+                refuse_sealed(connection, distinct)
         worst: tuple[float, bool, LedgerKey, float, float] | None = None
         for state in states:
             cap = policy_of_scope(policies, state.tenant, state.query_type)
-            epsilon = self._bounds([prospective(state.spend, state.pending, cost)])[0].epsilon
+            epsilon = self._pricing.bounds([prospective(state.spend, state.pending, cost)])[
+                0
+            ].epsilon
             # Ties go to a state with a named key (see HeldState.example).
             rank = (epsilon / cap.cap_epsilon, state.example is not None)
             if state.example is not None and (worst is None or rank > worst[:2]):
@@ -88,16 +111,16 @@ class BudgetCheckRoom(LedgerCore):
     ) -> tuple[Sequence[Charged], list[HeldState]]:
         """What ``keys`` cover (distinct keys, or a cohort's keys in a window) and the
         distinct states they hold."""
-        cohorts = self._cohorts(keys)
+        cohorts = cohorts_of(keys)
         if cohorts:
             states = [
                 state
                 for covered in cohorts
-                for state in cohort_states(connection, covered, self._orders.size)
+                for state in cohort_states(connection, covered, self._pricing.orders.size)
             ]
             return cohorts, states
-        distinct = self._distinct_keys(keys)
-        return distinct, held_states(connection, distinct, self._orders.size)
+        keys = distinct(keys)
+        return keys, held_states(connection, keys, self._pricing.orders.size)
 
     def would_exceed(
         self,
@@ -119,33 +142,34 @@ class BudgetCheckRoom(LedgerCore):
         """Whether this release alone fits the cap in force for (tenant, query type): if
         not, no window will ever fit it. Priced on nothing spent, never on an account (a
         subject of any name may hold spend)."""
-        cap = self.policy_for_scope(tenant, query_type).cap_epsilon
+        cap = self._policies.policy_for_scope(tenant, query_type).cap_epsilon
         return self.epsilon_alone(mechanism, count) <= cap
 
     def epsilon_alone(self, mechanism: Mechanism | Mapping[str, Any], count: int = 1) -> float:
         """What this release costs on its own, in eps at the ledger's delta: priced as the
         reservation's check prices it on an account with nothing spent."""
-        cost = self._cost(self._mechanism(mechanism), check.count("count", count))
-        return self._bounds([prospective(Spend(), Pending(), cost)])[0].epsilon
+        cost = self._pricing.cost(mechanism_of(mechanism), check.count("count", count))
+        return self._pricing.bounds([prospective(Spend(), Pending(), cost)])[0].epsilon
 
     def prospective_accountants(self, keys: Covered) -> list[tuple[RDPAccountant, Policy]]:
         """Each distinct committed-plus-reserved spend among ``keys`` as an accountant, with
         the policy over it (for noise planning: one entry per state, not per key)."""
-        with self.reading() as connection:
+        with self._database.reading() as connection:
             _, states = self._states(connection, keys)
-            policies = self._policy_store.read(connection)
+            policies = self._store.read(connection)
         planned: dict[tuple[Any, ...], tuple[RDPAccountant, Policy]] = {}
         for state in states:
             policy = policy_of_scope(policies, state.tenant, state.query_type)
             total = state.spend.plus(state.pending.as_spend())
             planned.setdefault(
-                (total.signature, policy.cap_epsilon), (total.to_accountant(self._orders), policy)
+                (total.signature, policy.cap_epsilon),
+                (total.to_accountant(self._pricing.orders), policy),
             )
         return list(planned.values())
 
     def prospective_accountant(self, key: LedgerKey) -> RDPAccountant:
         """An accountant holding ``key``'s committed and reserved spend."""
-        return self.prospective_accountants(self._one_key(key))[0][0]
+        return self.prospective_accountants(one_key(key))[0][0]
 
     def prospective_epsilon(
         self, key: LedgerKey, mechanism: Mechanism | Mapping[str, Any], count: int = 1
@@ -154,4 +178,4 @@ class BudgetCheckRoom(LedgerCore):
         spend (also for a key no release may charge any more: see :meth:`budget_check`;
         a sealed window's key raises :class:`WindowSealed`, never a price without its
         final spend)."""
-        return self._check(self._one_key(key), mechanism, count, chargeable=False).epsilon
+        return self._check(one_key(key), mechanism, count, chargeable=False).epsilon

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import json
 import math
 import secrets
 import uuid
@@ -20,33 +19,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import (
-    Connection,
-    insert,
-    or_,
-    select,
-    update,
-)
+from sqlalchemy import Connection, insert, or_, select, update
 
-from dp_budget_provider.accounting import (
-    EpsilonBound,
-    Mechanism,
-)
+from dp_budget_provider.accounting import EpsilonBound, Mechanism
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.ledger.accounts import classes
 from dp_budget_provider.ledger.accounts.classes import Cohort, CohortKeys
+from dp_budget_provider.ledger.accounts.covered import Covered, covered, mechanism_of, one_key
+from dp_budget_provider.ledger.accounts.holdings import Holdings
 from dp_budget_provider.ledger.accounts.keys import (
     LedgerKey,
     canonical_part,
     free_text,
     sorted_subject_ids,
 )
+from dp_budget_provider.ledger.accounts.pricing import Pricing
 from dp_budget_provider.ledger.accounts.spend import Pending, Spend
-from dp_budget_provider.ledger.core import (
-    BOUND_CACHE_SIZE,
-    Covered,
-    LedgerCore,
-)
 from dp_budget_provider.ledger.errors import (
     AttemptReused,
     BudgetExhausted,
@@ -62,22 +50,41 @@ from dp_budget_provider.ledger.records import (
     Reservation,
     SpendReceipt,
 )
+from dp_budget_provider.ledger.releases import reservation_rows
 from dp_budget_provider.ledger.releases.lease import LeaseKeeper, WarningLog
+from dp_budget_provider.ledger.releases.locks import ChargeLocks
 from dp_budget_provider.ledger.storage import clock, history, pipeline, statements
-from dp_budget_provider.ledger.storage.schema import (
-    Account,
-    ReservationKey,
-)
+from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import Reservation as ReservationRow
+from dp_budget_provider.ledger.storage.schema import ReservationKey
+from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
 from dp_budget_provider.ledger.windows import maintenance
-from dp_budget_provider.ledger.windows.policy import Policy
-from dp_budget_provider.ledger.windows.policy_store import (
-    policy_lookup,
-)
+from dp_budget_provider.ledger.windows.policies import Policies
+from dp_budget_provider.ledger.windows.policy_store import PolicyStore, policy_lookup
 
 
-class ReservationRoom(LedgerCore):
+class Reservations:
     """Reservations: reserve, commit, release, renew, reap, one-step spend."""
+
+    def __init__(
+        self,
+        database: LedgerDatabase,
+        journal: Journal,
+        pricing: Pricing,
+        locks: ChargeLocks,
+        holdings: Holdings,
+        policies: Policies,
+        store: PolicyStore,
+        lease: timedelta,
+    ) -> None:
+        self._database = database
+        self._journal = journal
+        self._pricing = pricing
+        self._locks = locks
+        self._holdings = holdings
+        self._policies = policies
+        self._store = store
+        self._lease = lease
 
     # ------------------------------------------------------------------ two-phase spend
 
@@ -99,21 +106,21 @@ class ReservationRoom(LedgerCore):
         release or renew it. Its lease runs for :attr:`lease` from now: keep it alive
         with :meth:`keep_alive` (or :meth:`renew`) while the release works on the data.
         """
-        ordered, cohorts = self._covered(keys)
+        ordered, cohorts = covered(keys)
         mechanism, count, attempt_id, cost = self._release(mechanism, count, attempt)
         if not cost.finite:  # beyond every cap (a noise multiplier of 1e-200): no row touched
             first = ordered[0] if ordered else cohorts[0]
-            cap = self.policy_for_scope(first.tenant, first.query_type).cap_epsilon
+            cap = self._policies.policy_for_scope(first.tenant, first.query_type).cap_epsilon
             raise BudgetExhausted(first, math.inf, cap)
         try:
-            with self._pipelined() as pipe:
+            with self._database.pipelined() as pipe:
                 return self._reserve(pipe, ordered, cohorts, mechanism, count, attempt_id, cost)
         except pipeline.UniqueViolation as error:
             # Decided by the stored fact, not by the driver's message: the attempt has a
             # reservation (another transaction's, committed before ours), or the
             # violation was something else and is raised as it is.
-            with self.reading() as connection:
-                existing = self._reservation_by_attempt(connection, attempt_id)
+            with self._database.reading() as connection:
+                existing = reservation_rows.by_attempt(connection, attempt_id)
             if existing is None:
                 raise
             raise AttemptReused(attempt_id, existing.id, existing.state) from error
@@ -122,27 +129,9 @@ class ReservationRoom(LedgerCore):
         self, mechanism: Mechanism | Mapping[str, Any], count: int, attempt: str | None
     ) -> tuple[Mechanism, int, str, Spend]:
         """Validate a release's arguments (before any database work) and price it."""
-        mechanism = self._mechanism(mechanism)
+        mechanism = mechanism_of(mechanism)
         count = check.count("count", count)
-        return mechanism, count, self._attempt(attempt), self._cost(mechanism, count)
-
-    def _cost(self, mechanism: Mechanism, count: int) -> Spend:
-        """The cost of a release on the ledger's grid (kept: tasks repeat the same release).
-
-        Mechanisms are frozen value objects with validated float fields, so equal ones
-        describe the same release; one that is not hashable is known by its spec.
-        """
-        signature: tuple[Any, int] = (mechanism, count)
-        try:
-            hash(signature)
-        except TypeError:
-            signature = (history.canonical_json(mechanism.to_spec()), count)
-        cost = self._cost_cache.get(signature)
-        if cost is None:
-            if len(self._cost_cache) > BOUND_CACHE_SIZE:
-                self._cost_cache.clear()
-            cost = self._cost_cache[signature] = Spend.of_release(mechanism, count, self._orders)
-        return cost
+        return mechanism, count, self._attempt(attempt), self._pricing.cost(mechanism, count)
 
     @staticmethod
     def _attempt(attempt: str | None) -> str:
@@ -167,7 +156,7 @@ class ReservationRoom(LedgerCore):
         moment = clock.now()
         now = clock.stamp(moment)
         lease_expires_at = clock.stamp(moment + self._lease)
-        locked, policies, charge = self._lock_chargeable(
+        locked, policies, charge = self._locks.lock_chargeable(
             pipe, keys, moment, reserving=cost, cohorts=cohorts
         )
         accounts = charge.keys
@@ -183,13 +172,13 @@ class ReservationRoom(LedgerCore):
             bound = bounds.get(marker)
             if bound is None:
                 total = held.spend.plus(held.pending.as_spend()).plus(residual)
-                bound = bounds[marker] = self._bounds([total])[0]
+                bound = bounds[marker] = self._pricing.bounds([total])[0]
             cap = policy_of(key).cap_epsilon
             if bound.epsilon > cap:
                 raise BudgetExhausted(classes.example_subject(pipe.core(), key), bound.epsilon, cap)
             worst = max(worst, bound.epsilon)
         if cost.residual is not None:
-            self._add_pending_residual(pipe, accounts, locked, cost.residual)
+            self._locks.add_pending_residual(pipe, accounts, locked, cost.residual)
         reservation_id = str(uuid.uuid4())
         token = secrets.token_urlsafe(32)
         token_hash = token_digest(token)
@@ -210,18 +199,17 @@ class ReservationRoom(LedgerCore):
                 "key_count": len(accounts),
                 "keys_digest": digest,
                 "prospective_epsilon": worst,
-                "actor": self.actor,
+                "actor": self._journal.actor,
                 "created_at": now,
                 "lease_expires_at": lease_expires_at,
             },
         )
         self._insert_reservation_keys(pipe, reservation_id, accounts)
-        seq = pipe.append_history(
-            self._key,
-            chain=self._chain(accounts[0]),
+        seq = self._journal.append_piped(
+            pipe,
+            chain=self._journal.chain(accounts[0]),
             at=now,
             action="reserve",
-            actor=self.actor,
             reservation_id=reservation_id,
             key=accounts[0] if len(accounts) == 1 else None,
             payload={
@@ -250,11 +238,6 @@ class ReservationRoom(LedgerCore):
             lease_expires_at=lease_expires_at,
         )
 
-    def _prospective_epsilon(self, rho: float, mu2: float | None) -> float:
-        """The epsilon of a prospective spend the server recorded (validated as stored)."""
-        spend = Spend.from_columns(rho, None, mu2, self._orders.size)
-        return self._bounds([spend])[0].epsilon
-
     @staticmethod
     def _insert_reservation_keys(
         pipe: pipeline.Pipeline, reservation_id: str, keys: Sequence[LedgerKey]
@@ -278,35 +261,6 @@ class ReservationRoom(LedgerCore):
                 ],
             )
 
-    def _reservation_by_attempt(self, connection: Connection, attempt_id: str) -> Any:
-        return connection.execute(
-            select(ReservationRow).where(ReservationRow.attempt_id == attempt_id)
-        ).one_or_none()
-
-    def _reservation_from_row(self, row: Any, keys: tuple[LedgerKey, ...]) -> Reservation:
-        prospective = row.prospective_epsilon
-        if prospective is None:  # decided by the server: it recorded the spend
-            prospective = self._prospective_epsilon(row.prospective_rho, row.prospective_mu2)
-        return Reservation(
-            id=row.id,
-            attempt_id=row.attempt_id,
-            keys=keys,
-            mechanism=Mechanism.from_spec(json.loads(row.mechanism)),
-            count=row.count,
-            state=row.state,
-            prospective_epsilon=prospective,
-            created_at=row.created_at,
-            lease_expires_at=row.lease_expires_at,
-        )
-
-    def _reservation_keys(self, connection: Connection, reservation_id: str) -> list[LedgerKey]:
-        """The accounts a reservation holds, in key order: those it was made on and the
-        parts that splits carried to it later (stored after them)."""
-        rows = connection.execute(
-            select(ReservationKey).where(ReservationKey.reservation_id == reservation_id)
-        )
-        return sorted(LedgerKey.from_row(row) for row in rows)
-
     def _charge(
         self,
         connection: Connection,
@@ -319,31 +273,29 @@ class ReservationRoom(LedgerCore):
         """Turn an open reservation into committed spend on each of its keys (general path)."""
         now = clock.stamp(clock.now())
         cost = Spend.from_columns(
-            row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, self._orders.size
+            row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, self._pricing.orders.size
         )
         # Read before the locks: they are held as briefly as possible.
-        policies = self._policy_store.read(connection)
-        keys, accounts = self._lock_reservation(connection, row.id)
+        policies = self._store.read(connection)
+        keys, accounts = self._locks.lock_reservation(connection, row.id)
         after = self._close_reservation(connection, keys, accounts, cost, now, charge=row.count)
         connection.execute(
             update(ReservationRow)
             .where(ReservationRow.id == row.id)
             .values(state=state, resolved_at=now)
         )
-        history.append(
+        self._journal.append(
             connection,
-            self._key,
-            chain=self._chain(keys[0]),
+            chain=self._journal.chain(keys[0]),
             at=now,
             action=action,
-            actor=self.actor,
             reservation_id=row.id,
             key=keys[0] if len(keys) == 1 else None,
             payload=self._charge_payload(
                 row.attempt_id, cost, row.count, len(keys), history.keys_digest(keys), extra
             ),
         )
-        return self._receipts_of(keys, after, policies, [accounts[key].size for key in keys])
+        return self._pricing.receipts(keys, after, policies, [accounts[key].size for key in keys])
 
     @staticmethod
     def _charge_payload(
@@ -363,27 +315,6 @@ class ReservationRoom(LedgerCore):
             "keys_digest": keys_digest,
             **(extra or {}),
         }
-
-    def _receipts_of(
-        self,
-        keys: Sequence[LedgerKey],
-        spends: Sequence[Spend],
-        policies: Mapping[tuple[str, str], Policy],
-        sizes: Sequence[int],
-    ) -> list[SpendReceipt]:
-        """Receipts of accounts ``keys`` holding ``spends`` for classes of ``sizes``
-        subjects; each distinct (spend, policy) pair is converted once."""
-        policy_of = policy_lookup(policies)
-        made: dict[tuple[int, int], tuple[Any, ...]] = {}
-        receipts = []
-        for key, spend, size in zip(keys, spends, sizes, strict=True):
-            policy = policy_of(key)
-            marker = (id(spend), id(policy))
-            fields = made.get(marker)
-            if fields is None:
-                fields = made[marker] = self._receipt_fields(self._bounds([spend])[0], policy)
-            receipts.append(SpendReceipt(key, *fields, subjects=size))
-        return receipts
 
     def _close_reservation(
         self,
@@ -419,38 +350,8 @@ class ReservationRoom(LedgerCore):
         for key, spend in zip(keys, after, strict=True):
             held = locked[key]
             pending = Pending() if held.open_reservations <= 1 else held.pending.remove(cost)
-            self._store_spend(connection, held.id, spend, charge or 0, now, pending=pending)
+            statements.store_spend(connection, held.id, spend, charge or 0, now, pending=pending)
         return after
-
-    @staticmethod
-    def _store_spend(
-        connection: Connection,
-        account_id: int,
-        spend: Spend,
-        releases_added: int,
-        now: str,
-        *,
-        pending: Pending | None = None,
-    ) -> None:
-        """Write one locked account's new spend (its full curve, not an increment).
-
-        With ``pending``, one of its open reservations closes: the count drops and the
-        pending spend becomes ``pending``.
-        """
-        values: dict[str, Any] = {
-            "rho": spend.rho,
-            "residual": spend.residual_json(),
-            "gaussian_mu2": spend.gaussian_mu2,
-            "releases": Account.releases + releases_added,
-            "updated_at": now,
-        }
-        if pending is not None:
-            values["open_reservations"] = Account.open_reservations - 1
-            values["pending_rho"] = pending.rho
-            values["pending_residual"] = pending.residual_json()
-            values["pending_mu2"] = pending.mu2
-            values["pending_others"] = pending.others
-        connection.execute(update(Account).where(Account.id == account_id).values(**values))
 
     @staticmethod
     def _open_row(connection: Connection, reservation_id: str) -> Any:
@@ -493,10 +394,10 @@ class ReservationRoom(LedgerCore):
 
         Only the attempt that reserved may commit (see :meth:`_owned_row`).
         """
-        with self._write() as connection:
+        with self._database.write() as connection:
             row = self._owned_row(connection, reservation, "commit")
             try:
-                self._refuse_if_quarantined(connection)
+                self._locks.refuse_if_quarantined(connection)
             except LedgerQuarantined as refusal:
                 raise LedgerQuarantined(
                     f"reservation {row.id} is not committed and its release must not be "
@@ -504,7 +405,9 @@ class ReservationRoom(LedgerCore):
                     "it is reaped"
                 ) from None
             if row.state in (COMMITTED, REAPED):
-                return self._receipts(connection, self._reservation_keys(connection, row.id))
+                return self._holdings.receipts(
+                    connection, reservation_rows.keys_of(connection, row.id)
+                )
             if row.state != OPEN:
                 raise ReservationStateError(
                     f"reservation {row.id} was {row.state}; it cannot be committed"
@@ -518,7 +421,7 @@ class ReservationRoom(LedgerCore):
         anyone else holding an id could otherwise void the charge of a release that ran.
         """
         reason = free_text("reason", reason, limit=2000)
-        with self._write() as connection:
+        with self._database.write() as connection:
             row = self._owned_row(connection, reservation, "release")
             if row.state == RELEASED:
                 return
@@ -526,10 +429,10 @@ class ReservationRoom(LedgerCore):
                 raise ReservationStateError(
                     f"reservation {row.id} was {row.state}; it cannot be released"
                 )
-            keys, locked = self._lock_reservation(connection, row.id)
+            keys, locked = self._locks.lock_reservation(connection, row.id)
             now = clock.stamp(clock.now())
             cost = Spend.from_columns(
-                row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, self._orders.size
+                row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, self._pricing.orders.size
             )
             self._close_reservation(connection, keys, locked, cost, now, charge=None)
             connection.execute(
@@ -537,13 +440,11 @@ class ReservationRoom(LedgerCore):
                 .where(ReservationRow.id == row.id)
                 .values(state=RELEASED, resolved_at=now)
             )
-            history.append(
+            self._journal.append(
                 connection,
-                self._key,
-                chain=self._chain(keys[0]),
+                chain=self._journal.chain(keys[0]),
                 at=now,
                 action="release",
-                actor=self.actor,
                 reservation_id=row.id,
                 key=keys[0] if len(keys) == 1 else None,
                 payload={"attempt_id": row.attempt_id, "reason": reason},
@@ -559,7 +460,7 @@ class ReservationRoom(LedgerCore):
         :mod:`lease`). Renewing works in quarantine too: it keeps a live attempt from
         being reaped, never lets it publish (its commit is refused).
         """
-        with self._write() as connection:
+        with self._database.write() as connection:
             row = self._owned_row(connection, reservation, "renew")
             if row.state != OPEN:
                 raise ReservationClosed(
@@ -613,7 +514,7 @@ class ReservationRoom(LedgerCore):
             )
         if now is not None and (not isinstance(now, datetime) or now.utcoffset() is None):
             raise ValueError(f"now must be a timezone-aware datetime, got {_shown(now)}")
-        with self.reading() as connection:  # the candidates, by this process's clock
+        with self._database.reading() as connection:  # the candidates, by this process's clock
             at, cutoff = _reap_moments(now or clock.now(), older_than)
             due = [ReservationRow.lease_expires_at.is_(None), ReservationRow.lease_expires_at <= at]
             if cutoff is not None:
@@ -627,7 +528,7 @@ class ReservationRoom(LedgerCore):
             )
         reaped = []
         for reservation_id in stale:
-            with self._write() as connection:  # each decided by the ledger's clock
+            with self._database.write() as connection:  # each decided by the ledger's clock
                 at, cutoff = _reap_moments(now or clock.now(), older_than)
                 row = self._open_row(connection, reservation_id)
                 lease = _lease_of(row)
@@ -642,7 +543,7 @@ class ReservationRoom(LedgerCore):
                     extra={"reason": why, "lease_expires_at": lease},
                 )
                 reaped.append(row.id)
-        self._ran(maintenance.REAP)
+        maintenance.ran(self._database, maintenance.REAP, self._journal.actor)
         return reaped
 
     # ------------------------------------------------------------------ cohorts
@@ -660,7 +561,7 @@ class ReservationRoom(LedgerCore):
         """
         ids = sorted_subject_ids(subjects)
         tenant = canonical_part("tenant", tenant)
-        with self._pipelined() as pipe:
+        with self._database.pipelined() as pipe:
             _, digest = classes.register(pipe, tenant, ids, clock.stamp(clock.now()))
         return Cohort(tenant, digest, len(ids))
 
@@ -674,7 +575,7 @@ class ReservationRoom(LedgerCore):
         attempt: str | None = None,
     ) -> SpendReceipt:
         """Reserve and commit one release on one key (what a task does, in one call)."""
-        return self.commit(self.reserve(self._one_key(key), mechanism, count, attempt))[0]
+        return self.commit(self.reserve(one_key(key), mechanism, count, attempt))[0]
 
 
 def _reap_moments(moment: datetime, older_than: timedelta | None) -> tuple[str, str | None]:

@@ -1,4 +1,4 @@
-"""The ledger's clock: every room reads the time here, so tests can move it in one place.
+"""The ledger's clock: every part of the ledger reads the time here, so tests move it once.
 
 Every decision the ledger takes with a moment (a window has begun, is past its grace
 period and may be sealed, a lease has run out, what a history entry is stamped) is taken

@@ -328,3 +328,33 @@ def close_accounts(*, gaussian: bool, charge: bool) -> Any:
         .values(**values)
         .execution_options(synchronize_session=False)
     )
+
+
+def store_spend(
+    connection: Connection,
+    account_id: int,
+    spend: Spend,
+    releases_added: int,
+    now: str,
+    *,
+    pending: Pending | None = None,
+) -> None:
+    """Write one locked account's new spend (its full curve, not an increment).
+
+    With ``pending``, one of its open reservations closes: the count drops and the
+    pending spend becomes ``pending``.
+    """
+    values: dict[str, Any] = {
+        "rho": spend.rho,
+        "residual": spend.residual_json(),
+        "gaussian_mu2": spend.gaussian_mu2,
+        "releases": Account.releases + releases_added,
+        "updated_at": now,
+    }
+    if pending is not None:
+        values["open_reservations"] = Account.open_reservations - 1
+        values["pending_rho"] = pending.rho
+        values["pending_residual"] = pending.residual_json()
+        values["pending_mu2"] = pending.mu2
+        values["pending_others"] = pending.others
+    connection.execute(update(Account).where(Account.id == account_id).values(**values))

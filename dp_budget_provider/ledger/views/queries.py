@@ -56,15 +56,7 @@ from dp_budget_provider.ledger.accounts.standing import (
     Standings,
     stored_values,
 )
-from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
-from dp_budget_provider.ledger.records import COMMITTED, OPEN, REAPED, RELEASED, AccountStatus
-from dp_budget_provider.ledger.storage import history
-from dp_budget_provider.ledger.storage.schema import (
-    HistoryEntry,
-    ReservationKey,
-)
-from dp_budget_provider.ledger.storage.schema import Reservation as ReservationRow
-from dp_budget_provider.ledger.views.subject_rows import (
+from dp_budget_provider.ledger.accounts.subject_rows import (
     LIVE,
     SEALED,
     STORES,
@@ -74,6 +66,14 @@ from dp_budget_provider.ledger.views.subject_rows import (
     subject_rows,
     subjects_of,
 )
+from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
+from dp_budget_provider.ledger.records import COMMITTED, OPEN, REAPED, RELEASED, AccountStatus
+from dp_budget_provider.ledger.storage import history
+from dp_budget_provider.ledger.storage.schema import (
+    HistoryEntry,
+    ReservationKey,
+)
+from dp_budget_provider.ledger.storage.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.windows.policy import (
     STATE_EXHAUSTED,
     STATE_OK,

@@ -32,6 +32,7 @@ from sqlalchemy import select, tuple_
 import dp_budget_provider
 from dp_budget_provider.ledger.accounts.keys import LedgerKey, canonical_part, whole_number
 from dp_budget_provider.ledger.accounts.spend import Spend
+from dp_budget_provider.ledger.accounts.subject_rows import LIVE, STORES, subjects_of
 from dp_budget_provider.ledger.audit.checkpoints import CheckpointStore, verify_and_checkpoint
 from dp_budget_provider.ledger.errors import LedgerUnavailable
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
@@ -44,7 +45,6 @@ from dp_budget_provider.ledger.storage.schema import (
 )
 from dp_budget_provider.ledger.views.queries import AccountFilter, reserve_cohorts
 from dp_budget_provider.ledger.views.spend_classes import SpendClass, every_class
-from dp_budget_provider.ledger.views.subject_rows import LIVE, STORES, subjects_of
 from dp_budget_provider.ledger.windows.calendar import display_window
 from dp_budget_provider.ledger.windows.policy import ANY, lookup_order
 

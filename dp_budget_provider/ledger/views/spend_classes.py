@@ -24,6 +24,7 @@ from sqlalchemy import ColumnElement, and_, func, literal, null, select
 from dp_budget_provider.ledger.accounts.keys import canonical_part
 from dp_budget_provider.ledger.accounts.memberships import least_member
 from dp_budget_provider.ledger.accounts.standing import SPEND_COLUMNS, Standings
+from dp_budget_provider.ledger.accounts.subject_rows import LIVE, STORES, Store, on, subjects_of
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.storage.schema import Account
@@ -36,7 +37,6 @@ from dp_budget_provider.ledger.views.queries import (
     holds,
     page_bounds,
 )
-from dp_budget_provider.ledger.views.subject_rows import LIVE, STORES, Store, on, subjects_of
 
 # What the members of a class share: their window, and everything their status reads.
 SHARED = (

@@ -19,33 +19,50 @@ from dp_budget_provider.accounting import (
     Mechanism,
 )
 from dp_budget_provider.accounting import validation as check
+from dp_budget_provider.ledger.accounts.covered import mechanism_of, one_key
 from dp_budget_provider.ledger.accounts.keys import (
     LedgerKey,
     canonical_part,
     free_text,
 )
-from dp_budget_provider.ledger.core import (
-    LedgerCore,
-)
+from dp_budget_provider.ledger.accounts.pricing import Pricing
 from dp_budget_provider.ledger.errors import LedgerError, WindowBusy
 from dp_budget_provider.ledger.records import (
     SpendReceipt,
 )
+from dp_budget_provider.ledger.releases.locks import ChargeLocks
 from dp_budget_provider.ledger.storage import clock, statements
+from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import (
     Account,
     SealedAccount,
 )
 from dp_budget_provider.ledger.storage.schema import Window as WindowRow
+from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
 from dp_budget_provider.ledger.windows import maintenance
 from dp_budget_provider.ledger.windows.calendar import NEVER, is_closed, window_bounds
-from dp_budget_provider.ledger.windows.policy_store import (
-    policy_lookup,
-)
+from dp_budget_provider.ledger.windows.policies import Policies
+from dp_budget_provider.ledger.windows.policy_store import PolicyStore, policy_lookup
 
 
-class WindowRoom(LedgerCore):
+class WindowChanges:
     """Windows and re-scoring: reset of closed windows, rescope and correction of accounts."""
+
+    def __init__(
+        self,
+        database: LedgerDatabase,
+        journal: Journal,
+        pricing: Pricing,
+        locks: ChargeLocks,
+        policies: Policies,
+        store: PolicyStore,
+    ) -> None:
+        self._database = database
+        self._journal = journal
+        self._pricing = pricing
+        self._locks = locks
+        self._policies = policies
+        self._store = store
 
     # ------------------------------------------------------------------ windows and re-scoring
 
@@ -57,7 +74,7 @@ class WindowRoom(LedgerCore):
         The scope's calendar decides (``end`` omitted: the moment ``start``); the
         reservation checks the labels again against the policy in force when it is made.
         """
-        calendar = self.policy_for_scope(tenant, query_type).calendar
+        calendar = self._policies.policy_for_scope(tenant, query_type).calendar
         return calendar.windows_overlapping(start, start if end is None else end)
 
     def reset(self, window: str) -> int:
@@ -84,7 +101,7 @@ class WindowRoom(LedgerCore):
             raise LedgerError(
                 f"window {label!r} is not a calendar window, so it can never be proven closed"
             ) from error
-        with self._write() as connection:
+        with self._database.write() as connection:
             moment = clock.now()
             now = clock.stamp(moment)
             if not is_closed(label, moment):
@@ -94,7 +111,7 @@ class WindowRoom(LedgerCore):
                 raise LedgerError(
                     f"window {label!r} is open, it has not closed: it {ends} (now {now})"
                 )
-            policy_of = policy_lookup(self._policy_store.read(connection))
+            policy_of = policy_lookup(self._store.read(connection))
             scopes = [
                 (row.tenant, row.query_type)
                 for row in connection.execute(
@@ -149,7 +166,7 @@ class WindowRoom(LedgerCore):
                     )
                 )
                 connection.execute(delete(Account).where(Account.id.in_(chunk)))
-            self._log_keyless(
+            self._journal.keyless(
                 connection,
                 "reset",
                 now,
@@ -174,8 +191,8 @@ class WindowRoom(LedgerCore):
         what must wait for its reservations to close. Only a run that left no due window
         unsealed counts as the reset job's run (:mod:`maintenance`)."""
         moment = clock.now()
-        with self.reading() as connection:
-            policy_of = policy_lookup(self._policy_store.read(connection))
+        with self._database.reading() as connection:
+            policy_of = policy_lookup(self._store.read(connection))
             rows = connection.execute(
                 select(WindowRow.tenant, WindowRow.query_type, WindowRow.window).where(
                     WindowRow.sealed_at.is_(None)
@@ -195,7 +212,7 @@ class WindowRoom(LedgerCore):
         if waiting:
             reset = ", ".join(f"{label} ({n} accounts)" for label, n in done.items()) or "none"
             raise WindowBusy(f"reset {reset}; not yet: {'; '.join(waiting)}")
-        self._ran(maintenance.RESET)
+        maintenance.ran(self._database, maintenance.RESET, self._journal.actor)
         return done
 
     def rescope(self, old: LedgerKey, new: LedgerKey, reason: str = "") -> SpendReceipt:
@@ -219,28 +236,29 @@ class WindowRoom(LedgerCore):
             raise ValueError("rescope needs a different query type")
         reason = free_text("reason", reason, limit=2000)
         keys = sorted([old, new])
-        with self._pipelined() as pipe:
+        with self._database.pipelined() as pipe:
             moment = clock.now()
             now = clock.stamp(moment)
-            locked, policies, charge = self._lock_chargeable(pipe, keys, moment)
+            locked, policies, charge = self._locks.lock_chargeable(pipe, keys, moment)
             source, target = charge.account_of(old), charge.account_of(new)
             if locked[source].open_reservations:
                 raise LedgerError(f"{old} has open reservations; commit or reap them first")
             carried = locked[source].spend
             merged = locked[target].spend.plus(carried)
             connection = pipe.core()
-            self._store_spend(connection, locked[target].id, merged, locked[source].releases, now)
+            statements.store_spend(
+                connection, locked[target].id, merged, locked[source].releases, now
+            )
             connection.execute(
                 update(Account)
                 .where(Account.id == locked[source].id)
                 .values(rescoped_to=new.query_type, updated_at=now)
             )
-            seq = pipe.append_history(
-                self._key,
-                chain=self._chain(target),
+            seq = self._journal.append_piped(
+                pipe,
+                chain=self._journal.chain(target),
                 at=now,
                 action="rescope",
-                actor=self.actor,
                 key=target,
                 payload={
                     "from": source.as_dict(),
@@ -251,7 +269,7 @@ class WindowRoom(LedgerCore):
                 },
             )
             charge.link(pipe, seq)
-            return self._receipts_of([new], [merged], policies, [1])[0]
+            return self._pricing.receipts([new], [merged], policies, [1])[0]
 
     def correct(
         self,
@@ -267,28 +285,27 @@ class WindowRoom(LedgerCore):
         window or re-scoped key is refused like a release (its accounts are gone or moved);
         record such a correction on the key its spend lives on.
         """
-        keys = self._one_key(key)
-        mechanism = self._mechanism(mechanism)
+        keys = one_key(key)
+        mechanism = mechanism_of(mechanism)
         count = check.count("count", count)
         if not isinstance(reason, str) or not reason.strip():
             raise ValueError("a correction needs a reason")
         free_text("reason", reason, limit=2000)
-        cost = self._cost(mechanism, count)
-        with self._pipelined() as pipe:
+        cost = self._pricing.cost(mechanism, count)
+        with self._database.pipelined() as pipe:
             moment = clock.now()
             now = clock.stamp(moment)
-            locked, policies, charge = self._lock_chargeable(pipe, keys, moment)
+            locked, policies, charge = self._locks.lock_chargeable(pipe, keys, moment)
             account = charge.account_of(keys[0])
             held = locked[account]
             after = held.spend.plus(cost)
             connection = pipe.core()
-            self._store_spend(connection, held.id, after, count, now)
-            seq = pipe.append_history(
-                self._key,
-                chain=self._chain(account),
+            statements.store_spend(connection, held.id, after, count, now)
+            seq = self._journal.append_piped(
+                pipe,
+                chain=self._journal.chain(account),
                 at=now,
                 action="correction",
-                actor=self.actor,
                 key=account,
                 payload={
                     "mechanism": mechanism.to_spec(),
@@ -299,4 +316,4 @@ class WindowRoom(LedgerCore):
                 },
             )
             charge.link(pipe, seq)
-            return self._receipts_of(keys, [after], policies, [1])[0]
+            return self._pricing.receipts(keys, [after], policies, [1])[0]

@@ -29,6 +29,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from dp_budget_provider.ledger.storage import clock
 from dp_budget_provider.ledger.storage.schema import LedgerConfig, MaintenanceRun
+from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
 from dp_budget_provider.ledger.windows.calendar import NEVER
 
 REAP, RESET, VERIFY = "reap", "reset", "verify"
@@ -122,6 +123,15 @@ def record(connection: Connection, job: str, at: str, actor: str) -> None:
             set_={"last_run_at": statement.excluded.last_run_at, "actor": actor},
         )
     )
+
+
+def ran(database: LedgerDatabase, job: str, actor: str) -> str:
+    """Record that ``job`` completed now, by the ledger's clock, in a small write
+    transaction of its own (the job's work may span many); returns the stamp."""
+    with database.write() as connection:
+        at = clock.stamp(clock.now())
+        record(connection, job, at, actor)
+    return at
 
 
 def states(

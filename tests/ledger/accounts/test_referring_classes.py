@@ -209,7 +209,7 @@ def test_many_small_classes_of_new_subjects_verify_in_one_count_per_window(ledge
         ledger.commit(ledger.reserve(keys_for([subject], "heatmap", [W]), RELEASE))
     assert len(referring(ledger_url)) == 30
     statements: list[str] = []
-    engine = ledger._engine
+    engine = ledger._database.engine
 
     def record(conn, cursor, statement, parameters, context, executemany):
         if "theirs" in statement:

@@ -143,7 +143,7 @@ def test_many_keys_are_one_grouped_read_per_window_and_chunk(ledger, monkeypatch
         if "FROM dp_members" in statement and "GROUP BY" in statement:
             reads.append(statement)
 
-    engine = ledger._engine
+    engine = ledger._database.engine
     sa.event.listen(engine, "before_cursor_execute", count_reads)
     try:
         check = ledger.budget_check(keys, GaussianMechanism(5.0))

@@ -150,7 +150,7 @@ def test_a_renewal_landing_between_the_read_and_the_lock_saves_the_reservation(
     worker = make_ledger(url=ledger_url, lease=LEASE)
     reservation = worker.reserve([KEY], NOISE)
     clock.moment = START + LEASE + timedelta(seconds=1)
-    write = ledger._write
+    write = ledger._database.write
     calls = []
 
     def renew_first() -> object:
@@ -158,7 +158,7 @@ def test_a_renewal_landing_between_the_read_and_the_lock_saves_the_reservation(
             calls.append(worker.renew(reservation))
         return write()
 
-    ledger._write = renew_first  # type: ignore[method-assign]
+    ledger._database.write = renew_first  # type: ignore[method-assign]
     assert ledger.reap() == []
     assert calls == [START + 2 * LEASE + timedelta(seconds=1)]
     assert [r.id for r in ledger.open_reservations()] == [reservation.id]

@@ -244,13 +244,13 @@ def close(ledger: PrivacyBudgetLedger, reservation: Reservation, how: str) -> No
 def spy_on_general_path(ledger: PrivacyBudgetLedger, monkeypatch: Any) -> list[str]:
     """Record the reservation ids charged through the Python general path (``_charge``)."""
     charged: list[str] = []
-    original: Callable[..., Any] = ledger._charge
+    original: Callable[..., Any] = ledger._reservations._charge
 
     def charge(connection: Any, row: Any, **kwargs: Any) -> Any:
         charged.append(row.id)
         return original(connection, row, **kwargs)
 
-    monkeypatch.setattr(ledger, "_charge", charge)
+    monkeypatch.setattr(ledger._reservations, "_charge", charge)
     return charged
 
 

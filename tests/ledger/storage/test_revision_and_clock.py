@@ -278,7 +278,7 @@ def test_an_upgrade_waits_for_the_write_under_way_and_later_writes_see_its_revis
     try:
         upgrade = _Run(lambda: _upgrade_to_a_newer_release(engine, tmp_path))
         later = _Run(lambda: ledger.set_policy(Policy(cap_epsilon=50.0, tenant="t")))
-        with ledger._write():  # a write under way, proven at this code's revision
+        with ledger._database.write():  # a write under way, proven at this code's revision
             upgrade.start()
             if postgresql:
                 assert _until(lambda: _waiting_on_a_lock(ledger_url, "LOCK TABLE"))

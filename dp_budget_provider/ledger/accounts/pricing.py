@@ -1,0 +1,106 @@
+"""Pricing: what a release costs on the ledger's grid, and what a spend is worth in eps.
+
+Both are pure functions of values the ledger fixes for its life (grid, delta,
+conversion), so one :class:`Pricing` per ledger keeps their results: tasks repeat the
+same release, and the subjects of a cohort hold the same spend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from dp_budget_provider.accounting import Conversion, EpsilonBound, Mechanism
+from dp_budget_provider.ledger.accounts.keys import LedgerKey
+from dp_budget_provider.ledger.accounts.spend import Spend
+from dp_budget_provider.ledger.records import SpendReceipt
+from dp_budget_provider.ledger.storage import history
+from dp_budget_provider.ledger.windows.policy import Policy
+from dp_budget_provider.ledger.windows.policy_store import policy_lookup
+
+# How many converted spends (epsilon bounds, costs) are kept before starting afresh.
+CACHE_SIZE = 100_000
+
+
+class Pricing:
+    """Costs and epsilon bounds on one ledger's grid, delta and conversion, kept."""
+
+    def __init__(self, orders: np.ndarray, delta: float, conversion: Conversion) -> None:
+        self.orders = orders
+        self.delta = delta
+        self.conversion: Conversion = conversion
+        self.bound_cache: dict[tuple[Any, ...], EpsilonBound] = {}
+        self.cost_cache: dict[tuple[Any, int], Spend] = {}
+
+    def cost(self, mechanism: Mechanism, count: int) -> Spend:
+        """The cost of a release on the ledger's grid.
+
+        Mechanisms are frozen value objects with validated float fields, so equal ones
+        describe the same release; one that is not hashable is known by its spec.
+        """
+        signature: tuple[Any, int] = (mechanism, count)
+        try:
+            hash(signature)
+        except TypeError:
+            signature = (history.canonical_json(mechanism.to_spec()), count)
+        cost = self.cost_cache.get(signature)
+        if cost is None:
+            if len(self.cost_cache) > CACHE_SIZE:
+                self.cost_cache.clear()
+            cost = self.cost_cache[signature] = Spend.of_release(mechanism, count, self.orders)
+        return cost
+
+    def bounds(self, spends: Sequence[Spend]) -> list[EpsilonBound]:
+        """Epsilon of many spends, converting each distinct spend once (and kept across
+        calls: a one-step spend converts its prospective total once, for the check and
+        for the receipt)."""
+        cache = self.bound_cache
+        if len(cache) > CACHE_SIZE:
+            cache.clear()
+        bounds = []
+        for spend in spends:
+            signature = spend.signature
+            if signature not in cache:
+                cache[signature] = spend.epsilon(self.orders, self.delta, self.conversion)
+            bounds.append(cache[signature])
+        return bounds
+
+    def stored_epsilon(self, rho: float, mu2: float | None) -> float:
+        """The epsilon of a prospective spend the server recorded (validated as stored)."""
+        spend = Spend.from_columns(rho, None, mu2, self.orders.size)
+        return self.bounds([spend])[0].epsilon
+
+    def receipts(
+        self,
+        keys: Sequence[LedgerKey],
+        spends: Sequence[Spend],
+        policies: Mapping[tuple[str, str], Policy],
+        sizes: Sequence[int],
+    ) -> list[SpendReceipt]:
+        """Receipts of accounts ``keys`` holding ``spends`` for classes of ``sizes``
+        subjects; each distinct (spend, policy) pair is converted once."""
+        policy_of = policy_lookup(policies)
+        made: dict[tuple[int, int], tuple[Any, ...]] = {}
+        receipts = []
+        for key, spend, size in zip(keys, spends, sizes, strict=True):
+            policy = policy_of(key)
+            marker = (id(spend), id(policy))
+            fields = made.get(marker)
+            if fields is None:
+                fields = made[marker] = _receipt_fields(self.bounds([spend])[0], policy)
+            receipts.append(SpendReceipt(key, *fields, subjects=size))
+        return receipts
+
+
+def _receipt_fields(bound: EpsilonBound, policy: Policy) -> tuple[Any, ...]:
+    """A receipt's values after its key (SpendReceipt's field order)."""
+    return (
+        bound.epsilon,
+        max(0.0, policy.cap_epsilon - bound.epsilon),
+        bound.epsilon / policy.cap_epsilon,
+        policy.warns_at(bound.epsilon),
+        policy.cap_epsilon,
+        bound.method,
+    )

@@ -1,0 +1,92 @@
+"""The ledger's policies as its administrator sets them and every release reads them.
+
+Setting a policy is an administrator's act (signed with the administrator key, an audited
+history entry); reading one goes through the ledger's :class:`PolicyStore`, which refuses
+a policy its administrator did not sign.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from dp_budget_provider.ledger.accounts.covered import one_key
+from dp_budget_provider.ledger.accounts.keys import LedgerKey, canonical_part, free_text
+from dp_budget_provider.ledger.errors import LedgerError
+from dp_budget_provider.ledger.storage import clock
+from dp_budget_provider.ledger.storage.journal import Journal
+from dp_budget_provider.ledger.storage.schema import Window as WindowRow
+from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
+from dp_budget_provider.ledger.windows.policy import ANY, Policy
+from dp_budget_provider.ledger.windows.policy_store import (
+    PolicyStore,
+    policy_lookup,
+    policy_of_scope,
+    write_policy,
+)
+
+
+class Policies:
+    """Sets and reads the caps, calendars and grace periods of a ledger's scopes."""
+
+    def __init__(self, database: LedgerDatabase, journal: Journal, store: PolicyStore) -> None:
+        self._database = database
+        self._journal = journal
+        self._store = store
+
+    def set_policy(self, policy: Policy) -> None:
+        """Create or replace the policy of ``policy.scope`` (an audited history entry).
+
+        An administrator's act: the ledger must have been opened with its administrator
+        key (``admin=``), which signs the policy; no worker holds it (:mod:`authority`).
+
+        A scope that has been charged keeps its calendar for the ledger's life: a second
+        calendar would cut the same time into a second set of windows, each with a full
+        cap. So a policy that would change the calendar of any charged (tenant, query
+        type) is refused; give new query types a calendar of their own instead.
+        """
+        if not isinstance(policy, Policy):
+            raise ValueError(f"policy must be a Policy, got {policy!r}")
+        free_text("compliance_clause", policy.compliance_clause)
+        self._store.authority.sign_policy(policy.as_record())  # refused without the admin key
+        with self._database.write() as connection:
+            stored = self._store.read(connection, honoured=False)
+            before, after = policy_lookup(stored), policy_lookup({**stored, policy.scope: policy})
+            charged = connection.execute(
+                select(WindowRow.tenant, WindowRow.query_type).distinct()
+            ).all()
+            for tenant, query_type in charged:
+                probe = LedgerKey.from_canonical(tenant, "-", query_type, "-")
+                was, becomes = before(probe).calendar, after(probe).calendar
+                if was != becomes:
+                    raise LedgerError(
+                        f"tenant {tenant!r}, query type {query_type!r} has been charged in "
+                        f"{was.kind} windows; a policy giving it {becomes.kind} windows would "
+                        "open a second set of windows over the same time. Keep its calendar "
+                        "(or use a new query type)"
+                    )
+            write_policy(
+                connection,
+                self._journal.key,
+                self._store.authority,
+                policy,
+                clock.stamp(clock.now()),
+                self._journal.actor,
+            )
+
+    def policies(self) -> list[Policy]:
+        """Every stored policy, default first."""
+        with self._database.reading() as connection:
+            stored = self._store.read(connection)
+        return sorted(stored.values(), key=lambda p: (p.scope != (ANY, ANY), p.scope))
+
+    def policy_for(self, key: LedgerKey) -> Policy:
+        """The policy that applies to ``key``."""
+        key = one_key(key)[0]
+        return self.policy_for_scope(key.tenant, key.query_type)
+
+    def policy_for_scope(self, tenant: str, query_type: str) -> Policy:
+        """The policy for a tenant and query type (what decides a key's window calendar)."""
+        tenant = canonical_part("tenant", tenant)
+        query_type = canonical_part("query_type", query_type)
+        with self._database.reading() as connection:
+            return policy_of_scope(self._store.read(connection), tenant, query_type)
