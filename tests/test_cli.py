@@ -1,10 +1,15 @@
 """The ``dp-budget`` CLI, run as a real subprocess and in-process, on SQLite and PostgreSQL."""
 
+import contextlib
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
 import time
+import traceback
+import warnings
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -42,16 +47,17 @@ def administrator(monkeypatch):
 def charging(*windows):
     """Within the block the ledger's clock (this process only) is inside ``windows``: a
     past window such as CLOSED takes new releases only until its grace period is over, so
-    the tests charge it there, then read and reset it on the real clock (the CLI's
-    processes have no other)."""
+    the tests charge it there, then read and reset it on the real clock (the CLI's runs
+    have no other: a process's own, or the one :func:`as_a_process` gives ``main``)."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         ledger_time_in(monkeypatch, *windows)
         yield
 
 
-def run(*args, url=None, env_url=None, chain_key=None):
-    """The CLI as a user runs it: a separate process, DP_BUDGET_URL and DP_BUDGET_CHAIN_KEY
-    only when asked."""
+def run_process(*args, url=None, env_url=None, chain_key=None):
+    """The CLI as a user starts it: a separate process, DP_BUDGET_URL and DP_BUDGET_CHAIN_KEY
+    only when asked. For what only a process shows (its start, exit, Airflow imported in
+    it); every other test runs the CLI in this process with :func:`run`."""
     env = {k: v for k, v in os.environ.items() if k not in ("DP_BUDGET_URL", "DP_BUDGET_CHAIN_KEY")}
     if env_url is not None:
         env["DP_BUDGET_URL"] = env_url
@@ -62,6 +68,95 @@ def run(*args, url=None, env_url=None, chain_key=None):
     return subprocess.run(
         [*command, *args], capture_output=True, text=True, env=env, timeout=120, check=False
     )
+
+
+def run(*args, url=None, env_url=None, chain_key=None):
+    """The CLI as a user runs it, in this process: ``main(argv)`` with what a fresh
+    ``python -m dp_budget_provider.cli`` process would have (see :func:`as_a_process`).
+    Returns its exit code, stdout and stderr as :func:`run_process` does."""
+    argv = [*(["--url", url] if url else []), *args]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with as_a_process(argv, stdout, stderr, env_url=env_url, chain_key=chain_key):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:  # argparse: usage errors, --help, --version
+            code = exit_.code
+        except Exception:  # the interpreter's report of an uncaught exception
+            traceback.print_exc(file=sys.stderr)
+            code = 1
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)  # sys.exit("text"): printed, exit 1
+            code = 1
+    return subprocess.CompletedProcess(
+        ["dp-budget", *argv], code or 0, stdout.getvalue(), stderr.getvalue()
+    )
+
+
+# The ledger's clock of a separate process (a pin of this one is monkeypatched over it).
+_REAL_CLOCK = ledger_clock.now
+
+
+@contextmanager
+def as_a_process(argv, stdout, stderr, *, env_url=None, chain_key=None):
+    """Within the block, this process looks to ``main`` as a new CLI process would:
+
+    * the environment of the test without DP_BUDGET_URL and DP_BUDGET_CHAIN_KEY, only
+      ``env_url`` and ``chain_key`` when given; what the command sets in it (e.g.
+      ``_AIRFLOW_PROCESS_CONTEXT`` for ``--conn-id``) is undone afterwards;
+    * the real ledger clock, whatever pin or ``charging`` the test is under;
+    * sys.stdout and sys.stderr are ``stdout`` and ``stderr``;
+    * logging shows on stderr what a process shows: WARNING and above, the bare message
+      (Python's last-resort handler); with ``--conn-id``, where Airflow's logging is set
+      up on stderr, INFO and above; levels the command sets (alembic's) are undone;
+    * warnings are printed on stderr under Python's default filters, not collected by
+      pytest.
+    """
+    conn_id = any(arg == "--conn-id" or arg.startswith("--conn-id=") for arg in argv)
+    root = logging.getLogger()
+    alembic_log = logging.getLogger("alembic")
+    saved_logging = (root.handlers[:], root.level, alembic_log.level)
+    handler = logging.StreamHandler(stderr)
+    handler.setLevel(logging.INFO if conn_id else logging.WARNING)
+    if conn_id:
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    with pytest.MonkeyPatch.context() as monkeypatch, warnings.catch_warnings():
+        monkeypatch.delenv("DP_BUDGET_URL", raising=False)
+        monkeypatch.delenv("DP_BUDGET_CHAIN_KEY", raising=False)
+        if env_url is not None:
+            monkeypatch.setenv("DP_BUDGET_URL", env_url)
+        if chain_key is not None:
+            monkeypatch.setenv("DP_BUDGET_CHAIN_KEY", chain_key)
+        environment = dict(os.environ)
+        monkeypatch.setattr(ledger_clock, "now", _REAL_CLOCK)
+        warnings.resetwarnings()
+        warnings.filterwarnings(
+            "default", category=DeprecationWarning, module=r"dp_budget_provider\.cli"
+        )
+        for category in (
+            DeprecationWarning,
+            PendingDeprecationWarning,
+            ImportWarning,
+            ResourceWarning,
+        ):
+            warnings.simplefilter("ignore", category, append=True)
+        warnings.showwarning = _show_warning
+        root.handlers = [handler]
+        root.setLevel(handler.level)
+        try:
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                yield
+        finally:
+            root.handlers = saved_logging[0]
+            root.setLevel(saved_logging[1])
+            alembic_log.setLevel(saved_logging[2])
+            for name in set(os.environ) - set(environment):
+                del os.environ[name]
+            os.environ.update(environment)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """Python's own display of a warning, on the stderr of the moment."""
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def call(capsys, *args):
@@ -116,7 +211,7 @@ def open_ledger(url):
 
 
 def test_no_url_is_a_usage_error():
-    result = run("status")
+    result = run_process("status")
     assert result.returncode == 2
     assert_one_line_error(result)
     assert "DP_BUDGET_URL" in result.stderr
@@ -137,7 +232,7 @@ def test_missing_sqlite_file_is_not_created(tmp_path):
 
 
 def test_unreachable_database_is_one_line():
-    result = run("status", url="postgresql+psycopg2://nobody@127.0.0.1:1/none")
+    result = run_process("status", url="postgresql+psycopg2://nobody@127.0.0.1:1/none")
     assert result.returncode == 1
     assert_one_line_error(result)
 
@@ -156,9 +251,19 @@ def test_console_script_is_installed(seeded):
 
 def define_connection(monkeypatch, conn_id, **fields):
     """An Airflow connection as a deployment defines it: ``AIRFLOW_CONN_<ID>`` (JSON), seen
-    by the CLI's subprocess through the environment."""
+    by the CLI through the environment."""
     value = json.dumps({"conn_type": "dpbudget", **fields})
     monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", value)
+
+
+@pytest.fixture(scope="module")
+def airflow_loaded():
+    """Airflow imported in this process once, before the CLI's first ``--conn-id`` (which
+    would import it inside its captured output): a new process imports it on every call,
+    the in-process runs share one import; a test of the import in a process of its own is
+    test_conn_id_reads_the_metadata_database_and_stdout_is_only_output."""
+    import dp_budget_provider.hooks.dp_budget  # noqa: F401
+    import dp_budget_provider.hooks.maintenance  # noqa: F401
 
 
 def without_airflow(*args):
@@ -173,7 +278,9 @@ def without_airflow(*args):
     )
 
 
-def test_conn_id_opens_the_ledger_and_chain_key_the_tasks_use(monkeypatch, ledger_url):
+def test_conn_id_opens_the_ledger_and_chain_key_the_tasks_use(
+    monkeypatch, airflow_loaded, ledger_url
+):
     """The connection's extra.url and extra.chain_key, exactly as DPBudgetHook reads them:
     the keyed ledger opens with no DP_BUDGET_URL or DP_BUDGET_CHAIN_KEY anywhere."""
     from dp_budget_provider.hooks.dp_budget import DPBudgetHook
@@ -195,7 +302,9 @@ def test_conn_id_opens_the_ledger_and_chain_key_the_tasks_use(monkeypatch, ledge
     assert "Running upgrade" not in created.stdout + created.stderr
 
 
-def test_conn_id_with_host_fields_builds_the_postgresql_url(monkeypatch, postgres_url):
+def test_conn_id_with_host_fields_builds_the_postgresql_url(
+    monkeypatch, airflow_loaded, postgres_url
+):
     parsed = sa.engine.make_url(postgres_url)
     define_connection(
         monkeypatch,
@@ -234,19 +343,19 @@ def test_conn_id_reads_the_metadata_database_and_stdout_is_only_output(
     with charging(CLOSED):
         ledger.spend(ALICE, GaussianMechanism(4.0))
     ledger.close()
-    classes = run("--conn-id", conn_id, "classes", "--json")
+    classes = run_process("--conn-id", conn_id, "classes", "--json")
     assert classes.returncode == 0, classes.stderr
     assert json.loads(classes.stdout)["total"] == 1
     assert ("shall not contain '_'" in classes.stderr) == (conn_type == "dp_budget")
     if conn_type == "dp_budget":
         return  # the earlier type: found, and warned about on stderr only
-    report = run("--conn-id", conn_id, "report", "--format", "md")
+    report = run_process("--conn-id", conn_id, "report", "--format", "md")
     assert report.returncode == 0, report.stderr
     assert report.stdout.startswith("# Privacy report\n")
     assert "shall not contain" not in report.stderr
 
 
-def test_conn_id_from_the_environment_gives_parseable_json(monkeypatch, sqlite_url):
+def test_conn_id_from_the_environment_gives_parseable_json(monkeypatch, airflow_loaded, sqlite_url):
     define_connection(monkeypatch, "ledger_env", extra={"url": sqlite_url})
     assert (
         run("--conn-id", "ledger_env", "init", "--epsilon", "3", "--delta", "1e-5").returncode == 0
@@ -256,7 +365,7 @@ def test_conn_id_from_the_environment_gives_parseable_json(monkeypatch, sqlite_u
     assert json.loads(result.stdout)["total"] == 0
 
 
-def test_an_unknown_conn_id_is_one_line_naming_it():
+def test_an_unknown_conn_id_is_one_line_naming_it(airflow_loaded):
     result = run("--conn-id", "no_such_ledger", "status")
     assert result.returncode == 1
     assert_one_line_error(result)
@@ -264,7 +373,7 @@ def test_an_unknown_conn_id_is_one_line_naming_it():
     assert "AIRFLOW_CONN_NO_SUCH_LEDGER" in result.stderr
 
 
-def test_a_connection_without_url_or_host_is_one_line(monkeypatch):
+def test_a_connection_without_url_or_host_is_one_line(monkeypatch, airflow_loaded):
     define_connection(monkeypatch, "ledger_empty")
     result = run("--conn-id", "ledger_empty", "status")
     assert_one_line_error(result)
