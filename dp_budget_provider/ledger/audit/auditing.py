@@ -11,9 +11,10 @@ from sqlalchemy import (
 )
 
 from dp_budget_provider.ledger.accounts.keys import free_text
-from dp_budget_provider.ledger.audit import replay as audit
+from dp_budget_provider.ledger.audit import verification
 from dp_budget_provider.ledger.audit.authority import AdminPublicKey, LedgerAuthority
 from dp_budget_provider.ledger.audit.checkpoints import Checkpoint
+from dp_budget_provider.ledger.audit.replay_state import AuditSettings
 from dp_budget_provider.ledger.core import (
     LedgerCore,
 )
@@ -46,7 +47,7 @@ class AuditRoom(LedgerCore):
     def verify(
         self, checkpoint: Checkpoint | None = None, *, quarantine: bool = True
     ) -> VerifyReport:
-        """Prove the ledger's facts from its history (:mod:`audit`); quarantine on failure.
+        """Prove the ledger's facts from its history (:mod:`verification`); quarantine on failure.
 
         Checks every link (HMACs under the chain key when the ledger has one), every entry
         ``checkpoint`` recorded (so checkpointed history cannot have been erased,
@@ -58,12 +59,10 @@ class AuditRoom(LedgerCore):
         """
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             raise ValueError(f"checkpoint must be a Checkpoint, got {checkpoint!r}")
-        settings = audit.AuditSettings(
-            self._orders, self._delta, self._conversion, self._key, checkpoint
-        )
+        settings = AuditSettings(self._orders, self._delta, self._conversion, self._key, checkpoint)
         try:
             with database.transaction(self._pool(), write=False, snapshot=True) as connection:
-                report = audit.verify(connection, settings)
+                report = verification.verify(connection, settings)
         except LedgerUnavailable:
             raise  # nothing was read: no verdict either way
         except Exception as error:  # noqa: BLE001 - a verify that crashes is a verify that failed
