@@ -12,9 +12,10 @@ from sqlalchemy import (
 
 from dp_budget_provider.ledger.accounts.keys import free_text
 from dp_budget_provider.ledger.accounts.pricing import Pricing
-from dp_budget_provider.ledger.audit import replay as audit
+from dp_budget_provider.ledger.audit import verification
 from dp_budget_provider.ledger.audit.authority import AdminPublicKey, LedgerAuthority
 from dp_budget_provider.ledger.audit.checkpoints import Checkpoint
+from dp_budget_provider.ledger.audit.replay_state import AuditSettings
 from dp_budget_provider.ledger.errors import (
     AdminAuthorityError,
     LedgerConfigMismatch,
@@ -54,7 +55,7 @@ class Auditor:
     def verify(
         self, checkpoint: Checkpoint | None = None, *, quarantine: bool = True
     ) -> VerifyReport:
-        """Prove the ledger's facts from its history (:mod:`audit`); quarantine on failure.
+        """Prove the ledger's facts from its history (:mod:`verification`); quarantine on failure.
 
         Checks every link (HMACs under the chain key when the ledger has one), every entry
         ``checkpoint`` recorded (so checkpointed history cannot have been erased,
@@ -66,7 +67,7 @@ class Auditor:
         """
         if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
             raise ValueError(f"checkpoint must be a Checkpoint, got {checkpoint!r}")
-        settings = audit.AuditSettings(
+        settings = AuditSettings(
             self._pricing.orders,
             self._pricing.delta,
             self._pricing.conversion,
@@ -75,7 +76,7 @@ class Auditor:
         )
         try:
             with self._database.snapshot() as connection:
-                report = audit.verify(connection, settings)
+                report = verification.verify(connection, settings)
         except LedgerUnavailable:
             raise  # nothing was read: no verdict either way
         except Exception as error:  # noqa: BLE001 - a verify that crashes is a verify that failed

@@ -22,7 +22,7 @@ import pytest
 
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
 from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for, keys_for
-from dp_budget_provider.ledger.audit import replay as audit
+from dp_budget_provider.ledger.audit import class_checks as audit
 from dp_budget_provider.ledger.storage import clock as ledger_clock
 from dp_budget_provider.ledger.storage import history
 from tests.ledger.audit.test_tamper import KEY, Copies, assert_caught, fetch, recompute_chain
