@@ -1,4 +1,5 @@
-"""The README's DAG examples marked ``<!-- runnable-dag -->`` load as written, so the
+"""The DAG examples marked ``<!-- runnable-dag -->`` in the README and the guides under
+``docs/`` (every Markdown file of the project) load and run as written, so the
 documentation cannot drift from the operator's and the decorator's signatures."""
 
 from __future__ import annotations
@@ -7,34 +8,49 @@ import pytest
 
 from dp_budget_provider.ledger import PrivacyBudgetLedger
 from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
-from tests.docs.markdown import ROOT, code_blocks
+from tests.docs.markdown import ROOT, code_blocks, markdown_files
 from tests.ledger_time import ledger_time_in, this_week
 
-README = ROOT / "README.md"
-RUNNABLE = [block for block in code_blocks(README.read_text()) if block.runnable]
+# (document relative to the root, block) for every marked block of every Markdown file
+RUNNABLE = [
+    (path.relative_to(ROOT).as_posix(), block)
+    for path in markdown_files()
+    for block in code_blocks(path.read_text())
+    if block.runnable
+]
 
 
-def test_the_readme_marks_its_dag_examples():
-    assert len(RUNNABLE) >= 2
-    assert all(block.language == "python" for block in RUNNABLE)
+def where(example) -> str:
+    document, block = example
+    return f"{document}:{block.line}"
 
 
-@pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: f"README.md:{b.line}")
-def test_a_runnable_readme_dag_loads(block):
-    compile(block.text, f"README.md:{block.line}", "exec")  # a SyntaxError names the line
+def test_the_docs_mark_their_dag_examples():
+    documents = [document for document, _block in RUNNABLE]
+    assert documents.count("README.md") >= 1  # the landing page's minimal DAG
+    assert documents.count("docs/operators.md") >= 2  # the operator's and TaskFlow's
+    assert len(RUNNABLE) >= 3
+    assert all(block.language == "python" for _document, block in RUNNABLE)
+
+
+@pytest.mark.parametrize("example", RUNNABLE, ids=where)
+def test_a_runnable_dag_example_loads(example):
+    _document, block = example
+    compile(block.text, where(example), "exec")  # a SyntaxError names the line
     dag = load_dag(block.text)
     assert dag.task_ids, "the example defines no task"
 
 
-@pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: f"README.md:{b.line}")
-def test_a_runnable_readme_dag_releases_on_a_fresh_ledger(
-    airflow_db, sqlite_url, monkeypatch, block
+@pytest.mark.parametrize("example", RUNNABLE, ids=where)
+def test_a_runnable_dag_example_releases_on_a_fresh_ledger(
+    airflow_db, sqlite_url, monkeypatch, example
 ):
     """Run as written with ``dag.test()``: every task succeeds and the release is charged.
 
     ``dag.test()`` runs the tasks in this process; a weekly run's data interval is the ISO
     week before this one, so the ledger's clock is an hour into this week, as when the
     scheduler starts that run (later, past the grace period, the week takes no release)."""
+    _document, block = example
     ledger_time_in(monkeypatch, this_week())
     ledger_connection(monkeypatch, sqlite_url, admin_public_key=None)  # the task creates it
     monkeypatch.setenv("AIRFLOW__DP_BUDGET__ALLOW_UNPINNED", "True")  # (a development ledger)
