@@ -51,10 +51,12 @@ import sqlalchemy
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for, keys_for
+from tests.ledger_time import this_week  # noqa: E402
 from tests.scratch_postgres import dsn_part, scratch_database  # noqa: E402
 
 PROCESSES = 8
-WINDOW = "2026-w45"
+# The current week: a past one takes no new release once its grace period is over.
+WINDOW = this_week()
 # A cap no benchmark can reach, and a tiny cost per release: nothing is ever refused.
 CAP = BudgetCap(epsilon=1e9, delta=1e-5)
 MECHANISM = GaussianMechanism(1000.0)
@@ -413,7 +415,7 @@ def _cohort_rows(backend: str, size: int, url: str) -> list[tuple]:
     assert not check.exceeds and check.states == 1
     while sum(1 for e in ledger.history() if e["action"] == "commit") < VERIFIED_RELEASES:
         ledger.commit(ledger.reserve(covered, MECHANISM))
-    if backend == "PostgreSQL":  # what autovacuum does after a fill (keep it on; README)
+    if backend == "PostgreSQL":  # what autovacuum does after a fill (keep it on; docs/deploying.md)
         with ledger.reading() as connection:
             connection.execute(sqlalchemy.text("ANALYZE"))
     timed["verify"], timed["verify MiB"] = _verify_in_a_child(url)

@@ -158,11 +158,14 @@ def run_dag(dag: Any, tasks: int) -> tuple[float, float, float]:
 
 def time_ledger(repeats: int) -> dict[str, float]:
     """Median seconds of the ledger's work, without Airflow, three ways."""
+    from datetime import datetime, timezone
+
     from dp_budget_provider.accounting import GaussianMechanism
     from dp_budget_provider.hooks.dp_budget import DPBudgetHook
-    from dp_budget_provider.ledger import key_for
+    from dp_budget_provider.ledger import WindowCalendar, key_for
 
-    key = key_for("city:bench-direct", "heatmap", "2026-w48")
+    week = WindowCalendar().window_of(datetime.now(timezone.utc))  # a past one would be closed
+    key = key_for("city:bench-direct", "heatmap", week)
     mechanism = GaussianMechanism(SIGMA)
     opens, cycles, spends = [], [], []
     for i in range(repeats // 4):

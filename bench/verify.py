@@ -74,9 +74,11 @@ import psycopg2
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tests.ledger_time import this_week  # noqa: E402
 from tests.scratch_postgres import PG_ADMIN_DSN, dsn_part, scratch_database  # noqa: E402
 
-WINDOW = "2026-w45"
+# The current week: a past one takes no new release once its grace period is over.
+WINDOW = this_week()
 QUERY_TYPE = "count"
 MANY = 10**4
 SINGLE_PER_ROUND = 20  # one-key releases per round (each timed on its own)

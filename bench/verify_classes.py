@@ -37,9 +37,11 @@ import psycopg2
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tests.ledger_time import this_week  # noqa: E402
 from tests.scratch_postgres import dsn_part, scratch_database, url_of  # noqa: E402
 
-WINDOW = "2026-w45"
+# The current week: a past one takes no new release once its grace period is over.
+WINDOW = this_week()
 STREAM_BATCH = 5000
 STREAMED = (
     'SELECT * FROM dp_members ORDER BY tenant, query_type, "window", subject',

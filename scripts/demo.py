@@ -40,7 +40,7 @@ _LIFECYCLE = {
     "yielding event": "trigger fired",
     "fits the release": "sensor",
 }
-# What the demo says after a release, by the account's state (the ledger's rule, README).
+# What the demo says after a release, by the account's state (the ledger's rule, docs/ledger.md).
 _STATE_NOTES = {
     "WARNING": "  <-- WARNING: past 80% of the cap",
     "EXHAUSTED": "  <-- EXHAUSTED: the next heatmap release no longer fits",

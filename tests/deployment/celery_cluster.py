@@ -2,7 +2,7 @@
 dag-processor and Celery workers, each its own OS process (group), on a PostgreSQL
 metadata database and Redis as the Celery broker.
 
-Every component gets the same configuration (the README's "Scaling out"); the workers
+Every component gets the same configuration (docs/deploying.md, "Scaling out"); the workers
 reach the ledger only through the ``dp_budget_default`` connection given here. Each
 cluster has queues of its own, so clusters of concurrent test runs sharing one Redis
 database never take each other's tasks. Every step has a timeout, and everything started

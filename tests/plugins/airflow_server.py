@@ -36,7 +36,7 @@ START_TIMEOUT = 180
 STEP_TIMEOUT = 300
 PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # SimpleAuthManager writes it
 USERS = "admin:admin,viewer:viewer"  # [core] simple_auth_manager_users: name:role
-# The ledger is keyed, its key in the connection as the README's deployment has it. The
+# The ledger is keyed, its key in the connection as docs/deploying.md deploys it. The
 # connection is in the environment (the seeding's DAG runs read it there) and, the same, in
 # the metadata database, where the connections API shows it.
 CHAIN_KEY = "ui-server-chain-key-0123456789abcdef"
@@ -65,7 +65,7 @@ from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook, default_cap
 from dp_budget_provider.ledger import AdminKey, Policy, PrivacyBudgetLedger, key_for
 
-# The administrator creates the ledger with its key (README, Deploying step 4).
+# The administrator creates the ledger with its key (docs/deploying.md, step 4).
 hook = DPBudgetHook()
 ledger = PrivacyBudgetLedger(
     default_cap(), url=hook.ledger_url(), chain_key=hook.chain_key(),

@@ -11,7 +11,7 @@ from dp_budget_provider.ledger import BudgetCap, LedgerKey, Policy, PrivacyBudge
 from tests.admin import AdminLedger
 
 WINDOW = "2026-w28"
-# The UI's ledgers are keyed, as the README's deployment has them: a keyed ledger refuses to
+# The UI's ledgers are keyed, as docs/deploying.md deploys them: a keyed ledger refuses to
 # open without its key, which the UI once forgot (every page a 503).
 CHAIN_KEY = "ui-test-chain-key-0123456789abcdef"
 XSS = "<script>alert(1)</script>"

@@ -1,4 +1,4 @@
-"""The real `airflow api-server` with a keyed ledger, as the README deploys it, without a
+"""The real `airflow api-server` with a keyed ledger, as docs/deploying.md deploys it, without a
 browser: what the connections API shows of the chain key, the plugin's pages, and the
 administrator's acts (the api-server holds the administrator's key, the users are the
 simple auth manager's ``admin`` and ``viewer``)."""
