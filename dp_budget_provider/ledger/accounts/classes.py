@@ -31,7 +31,6 @@ both parts and its release frees both.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import secrets
 from collections.abc import Sequence
@@ -50,11 +49,6 @@ from dp_budget_provider.ledger.storage.statements import newline_joined
 # An account label: never a canonical subject, which is case-folded (no upper case).
 LABEL_PREFIX = "Class-"
 _LABEL = re.compile(re.escape(LABEL_PREFIX) + "[0-9a-f]{12}")
-# Rows one transaction writes into a table past which PostgreSQL re-reads its statistics
-# before the transaction's next join over it: without them it takes a table a release has
-# just filled with a million rows for empty, and plans the join of two such sets as a
-# rescan of one per row of the other (hours, not seconds). Autovacuum comes after commit.
-_ANALYZE_AFTER = 10_000
 
 Scope = tuple[str, str, str]  # (tenant, query_type, window)
 
@@ -239,18 +233,6 @@ class Charge:
         raise KeyError(key)
 
 
-def _subjects_param(pipe: pipeline.Pipeline, subjects: Sequence[str]) -> str:
-    """A list of subjects as one parameter the server unpacks (see ``_UNPACK``)."""
-    return newline_joined(subjects) if pipe.postgresql else json.dumps(list(subjects))
-
-
-def _unpack(pipe: pipeline.Pipeline) -> str:
-    """SQL unpacking the ``%(subjects)s`` parameter into rows of one column ``s``."""
-    if pipe.postgresql:
-        return "unnest(string_to_array(%(subjects)s, E'\\n')) AS u(s)"
-    return "(SELECT value AS s FROM json_each(%(subjects)s))"
-
-
 def accounts_for(
     pipe: pipeline.Pipeline,
     keys: Sequence[LedgerKey],
@@ -290,8 +272,7 @@ def accounts_for(
         listed = _listed(pipe, scope, cohort_id, digest, size)
         covered = {} if listed is not None else _covered(pipe, scope, cohort_id)
         found.append((scope, cohort_id, digest, size, listed, covered))
-    if pipe.postgresql:
-        _lock_open_reservations(pipe, [(item[0], sorted(item[5])) for item in found])
+    _lock_open_reservations(pipe, [(item[0], sorted(item[5])) for item in found])
     for scope, cohort_id, digest, size, listed, covered in found:
         cohort = listed or _refine(pipe, scope, cohort_id, digest, size, now, covered)
         charge.cohorts.append(cohort)
@@ -338,7 +319,7 @@ def register(
         "SELECT id, size FROM dp_cohorts WHERE tenant = %(tenant)s AND digest = %(digest)s", named
     )
     if not found:
-        conflict = "ON CONFLICT (tenant, digest) DO NOTHING " if pipe.postgresql else ""
+        conflict = pipe.dialect.insert_once
         made = pipe.query(
             "INSERT INTO dp_cohorts (tenant, digest, size, created_at) "
             f"VALUES (%(tenant)s, %(digest)s, %(size)s, %(now)s) {conflict}RETURNING id",
@@ -346,8 +327,8 @@ def register(
         )
         if made:
             cohort_id = made[0][0]
-            _store_members(pipe, cohort_id, subjects)
-            _analyze(pipe, "dp_cohort_members", len(subjects))
+            pipe.dialect.store_members(pipe, cohort_id, subjects)
+            pipe.dialect.written(pipe, "dp_cohort_members", len(subjects))
             return cohort_id, digest
         # A concurrent charge stored it first (and committed: ON CONFLICT waited for it).
         found = pipe.query(
@@ -361,38 +342,6 @@ def register(
             f"digest names {len(subjects)}: dp_cohorts was edited"
         )
     return cohort_id, digest
-
-
-def _store_members(pipe: pipeline.Pipeline, cohort_id: int, subjects: Sequence[str]) -> None:
-    """Store a new cohort's members: PostgreSQL by COPY (the cheapest way in), SQLite in
-    chunks of one statement each."""
-    if pipe.postgresql:
-        # COPY's text format: a tab between the columns, a backslash escaped; canonical
-        # subjects hold no tab or newline (control characters are refused).
-        prefix = f"{int(cohort_id)}\t"
-        text = "\n".join(subjects).replace("\\", "\\\\")
-        pipe.copy_in(
-            "COPY dp_cohort_members (cohort_id, subject) FROM STDIN",
-            prefix + text.replace("\n", "\n" + prefix) + "\n",
-        )
-        return
-    for start in range(0, len(subjects), 10**5):
-        pipe.query(
-            "INSERT INTO dp_cohort_members (cohort_id, subject) "
-            f"SELECT %(cohort)s, s FROM {_unpack(pipe)}",
-            {
-                "cohort": cohort_id,
-                "subjects": _subjects_param(pipe, subjects[start : start + 10**5]),
-            },
-        )
-
-
-def _analyze(pipe: pipeline.Pipeline, table: str, written: int) -> None:
-    """Refresh ``table``'s statistics inside the transaction after it wrote ``written``
-    rows there, when that is many (see ``_ANALYZE_AFTER``; PostgreSQL's ANALYZE counts the
-    transaction's own rows). SQLite plans by its indexes, without statistics."""
-    if pipe.postgresql and written >= _ANALYZE_AFTER:
-        pipe.query(f"ANALYZE {table}")
 
 
 def _listed(
@@ -445,13 +394,13 @@ def _refine(
     kept: list[str] = []
     splits: list[list[Any]] = []
     listed = 0  # members written to dp_members (of split classes that referred to a cohort)
-    lock = " FOR UPDATE" if pipe.postgresql else ""
+    lock = pipe.dialect.row_lock
     labels = sorted(covered)
     for chunk in statements.chunks(labels):
         rows = pipe.query(
             f"SELECT subject, size, open_reservations, cohort_id FROM dp_accounts WHERE {in_scope} "
-            f"AND subject IN (SELECT s FROM {_unpack(pipe)}) ORDER BY subject{lock}",
-            {**where, "subjects": _subjects_param(pipe, chunk)},
+            f"AND subject IN (SELECT s FROM {pipe.dialect.unpack()}) ORDER BY subject{lock}",
+            {**where, "subjects": pipe.dialect.subjects_param(chunk)},
         )
         if len(rows) != len(chunk):
             raise LedgerCorrupt(
@@ -470,7 +419,7 @@ def _refine(
             splits.append([label, child, moved, carried])
             _split(pipe, where, in_scope, label, child, moved, referred)
             listed += held if referred is not None else 0
-    _analyze(pipe, "dp_members", listed)
+    pipe.dialect.written(pipe, "dp_members", listed)
     new: list[Any] | None = None
     fresh = size - sum(covered.values())
     if fresh:
@@ -505,7 +454,7 @@ def _refine(
                 'AND a."window" = %(w)s) f',
                 {**where, "label": label},
             )
-            _analyze(pipe, "dp_members", fresh)
+            pipe.dialect.written(pipe, "dp_members", fresh)
     accounts = sorted(kept + [split[1] for split in splits] + ([new[0]] if new else []))
     for label in accounts:
         pipe.query(
@@ -586,31 +535,30 @@ def _lock_open_reservations(
     could each hold one the other waits for. No reservation can open on these accounts
     meanwhile, nor gain a key: either needs their windows' locks, which the charge holds.
     """
-    held_by: set[str] = set()
-    for (tenant, query_type, window), labels in covered:
-        for chunk in statements.chunks(labels):
-            held_by.update(
-                row[0]
-                for row in pipe.query(
-                    "SELECT DISTINCT k.reservation_id FROM dp_reservation_keys k "
-                    "JOIN dp_reservations r ON r.id = k.reservation_id WHERE r.state = 'open' "
-                    'AND k.tenant = %(t)s AND k.query_type = %(q)s AND k."window" = %(w)s '
-                    f"AND k.subject IN (SELECT s FROM {_unpack(pipe)})",
-                    {
-                        "t": tenant,
-                        "q": query_type,
-                        "w": window,
-                        "subjects": _subjects_param(pipe, chunk),
-                    },
+
+    def held_by() -> set[str]:
+        held: set[str] = set()
+        for (tenant, query_type, window), labels in covered:
+            for chunk in statements.chunks(labels):
+                held.update(
+                    row[0]
+                    for row in pipe.query(
+                        "SELECT DISTINCT k.reservation_id FROM dp_reservation_keys k "
+                        "JOIN dp_reservations r ON r.id = k.reservation_id "
+                        "WHERE r.state = 'open' AND k.tenant = %(t)s AND k.query_type = %(q)s "
+                        'AND k."window" = %(w)s '
+                        f"AND k.subject IN (SELECT s FROM {pipe.dialect.unpack()})",
+                        {
+                            "t": tenant,
+                            "q": query_type,
+                            "w": window,
+                            "subjects": pipe.dialect.subjects_param(chunk),
+                        },
+                    )
                 )
-            )
-    ordered = sorted(held_by)  # code points: the order of the bytes compared below
-    for chunk in statements.chunks(ordered):
-        pipe.query(
-            f"SELECT r.id FROM dp_reservations r WHERE r.id IN (SELECT s FROM {_unpack(pipe)}) "
-            'ORDER BY r.id COLLATE "C" FOR UPDATE',
-            {"subjects": _subjects_param(pipe, chunk)},
-        )
+        return held
+
+    pipe.dialect.lock_reservations(pipe, held_by)
 
 
 def _carry(pipe: pipeline.Pipeline, scope: Scope, parent: str, child: str) -> list[str]:

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, func, select, text, tuple_, update
+from sqlalchemy import Connection, func, select, text, tuple_
 
 from dp_budget_provider.accounting.rounding import ROUND_UP
 from dp_budget_provider.ledger.accounts import classes
@@ -29,7 +29,7 @@ from dp_budget_provider.ledger.errors import (
     WindowSealed,
 )
 from dp_budget_provider.ledger.storage import clock, pipeline, statements
-from dp_budget_provider.ledger.storage.schema import Account, LedgerConfig, ReservationKey
+from dp_budget_provider.ledger.storage.schema import LedgerConfig, ReservationKey
 from dp_budget_provider.ledger.storage.schema import Window as WindowRow
 from dp_budget_provider.ledger.windows.calendar import display_window, is_closed, window_bounds
 from dp_budget_provider.ledger.windows.policy import Policy
@@ -76,33 +76,8 @@ class ChargeLocks:
             "add_others": 0 if gaussian else 1,
             "round_up": ROUND_UP,
         }
-        if pipe.postgresql:
-            rows = pipe.query(
-                statements.PG_UPSERT, {**added, "now": now, **statements.key_parts(keys)}
-            )
-            return statements.accounts_by_key(rows, keys, size), rows[0][16]
-        rows = []
-        for chunk in statements.chunks(keys):
-            rows += pipe.connection.execute(
-                statements.sqlite_upsert(),
-                [
-                    {
-                        **key.as_dict(),
-                        "rho": 0.0,
-                        "residual": None,
-                        "gaussian_mu2": 0.0,
-                        "releases": 0,
-                        "open_reservations": added["add_open"],
-                        "pending_rho": added["add_rho"],
-                        "pending_residual": None,
-                        "pending_mu2": added["add_mu2"],
-                        "pending_others": added["add_others"],
-                        "updated_at": now,
-                    }
-                    for key in chunk
-                ],
-            ).all()
-        return statements.accounts_by_key(rows, keys, size), None
+        rows, version = pipe.dialect.upsert_accounts(pipe, keys, added, now)
+        return statements.accounts_by_key(rows, keys, size), version
 
     def lock_chargeable(
         self,
@@ -146,19 +121,7 @@ class ChargeLocks:
         The same statement reads the quarantine: a quarantined ledger charges nothing.
         """
         scopes = sorted({(key.tenant, key.query_type, key.window) for key in keys})
-        if pipe.postgresql:
-            parts = {
-                "tenants": statements.newline_joined([scope[0] for scope in scopes]),
-                "query_types": statements.newline_joined([scope[1] for scope in scopes]),
-                "windows": statements.newline_joined([scope[2] for scope in scopes]),
-            }
-            rows = pipe.query(statements.PG_LOCK_WINDOWS, {**parts, "now": now})
-        else:
-            rows = []
-            for tenant, query_type, window in scopes:
-                scope = {"tenant": tenant, "query_type": query_type, "window": window}
-                pipe.query(statements.SQLITE_NEW_WINDOW, {**scope, "now": now})
-                rows += pipe.query(statements.SQLITE_WINDOW, scope)
+        rows = pipe.dialect.window_rows(pipe, scopes, now)
         if len(rows) != len(scopes):
             raise LedgerCorrupt(f"{len(scopes)} windows charged but {len(rows)} window rows found")
         self.refuse_quarantined(
@@ -242,7 +205,7 @@ class ChargeLocks:
         it was open (see :mod:`classes`). One indexed join instead of key lists.
         """
         rows = connection.execute(
-            statements.lock_reservation_accounts(connection.dialect.name == "postgresql"),
+            statements.lock_reservation_accounts(connection),
             {"rid": reservation_id},
         ).all()
         held = connection.execute(
@@ -278,13 +241,7 @@ class ChargeLocks:
                 group = groups[pending.signature] = (added.residual_json(), [])
             group[1].append(locked[key].id)
         for stored, ids in groups.values():
-            if pipe.postgresql:
-                pipe.send(statements.PG_SET_PENDING_RESIDUAL, {"residual": stored, "ids": ids})
-                continue
-            for chunk in statements.chunks(ids):
-                pipe.connection.execute(
-                    update(Account).where(Account.id.in_(chunk)).values(pending_residual=stored)
-                )
+            pipe.dialect.set_pending_residual(pipe, stored, ids)
 
 
 def _sealed(tenant: str, query_type: str, window: str, sealed_at: str) -> WindowSealed:

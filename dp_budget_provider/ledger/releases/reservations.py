@@ -15,11 +15,11 @@ import hmac
 import math
 import secrets
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, insert, or_, select, update
+from sqlalchemy import Connection, or_, select, update
 
 from dp_budget_provider.accounting import EpsilonBound, Mechanism
 from dp_budget_provider.accounting import validation as check
@@ -56,7 +56,6 @@ from dp_budget_provider.ledger.releases.locks import ChargeLocks
 from dp_budget_provider.ledger.storage import clock, history, pipeline, statements
 from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import Reservation as ReservationRow
-from dp_budget_provider.ledger.storage.schema import ReservationKey
 from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
 from dp_budget_provider.ledger.windows import maintenance
 from dp_budget_provider.ledger.windows.policies import Policies
@@ -204,7 +203,7 @@ class Reservations:
                 "lease_expires_at": lease_expires_at,
             },
         )
-        self._insert_reservation_keys(pipe, reservation_id, accounts)
+        pipe.dialect.insert_reservation_keys(pipe, reservation_id, accounts)
         seq = self._journal.append_piped(
             pipe,
             chain=self._journal.chain(accounts[0]),
@@ -237,29 +236,6 @@ class Reservations:
             token=token,
             lease_expires_at=lease_expires_at,
         )
-
-    @staticmethod
-    def _insert_reservation_keys(
-        pipe: pipeline.Pipeline, reservation_id: str, keys: Sequence[LedgerKey]
-    ) -> None:
-        if pipe.postgresql:
-            pipe.send(
-                statements.PG_RESERVATION_KEYS,
-                {"reservation_id": reservation_id, **statements.key_parts(keys)},
-            )
-            return
-        for offset, chunk in enumerate(statements.chunks(keys)):
-            pipe.connection.execute(
-                insert(ReservationKey),
-                [
-                    {
-                        "reservation_id": reservation_id,
-                        "position": offset * statements.CHUNK + i,
-                        **k.as_dict(),
-                    }
-                    for i, k in enumerate(chunk)
-                ],
-            )
 
     def _charge(
         self,

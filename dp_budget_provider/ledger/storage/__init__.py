@@ -4,7 +4,10 @@
 - ``database``: engines, transactions, schema checks; ``clock``: the ledger's time.
 - ``history``: the append-only history, a chain of keyed links, written with every change.
 - ``statements``: the write path's hand-written SQL; ``pipeline``: write transactions in
-  as few round trips as the database allows.
+  as few round trips as the database allows; ``dialects``: what the write path does
+  differently on PostgreSQL and SQLite (locks, upserts, batching), behind one interface.
+- ``transactions``: the ledger's database as its parts use it (``LedgerDatabase``);
+  ``journal``: how every part appends to the history under the chain key.
 
 Nothing here decides a budget: these modules store and read back what the packages above
 decide. Import the modules themselves; this ``__init__`` imports nothing.

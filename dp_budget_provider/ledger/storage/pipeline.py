@@ -29,6 +29,7 @@ from dp_budget_provider.ledger.errors import (
     LedgerSchemaError,
 )
 from dp_budget_provider.ledger.storage import clock, database, history
+from dp_budget_provider.ledger.storage.dialects import WriteDialect, for_dialect
 
 # Every write reads what it locked as of after the lock: each statement a fresh snapshot
 # (a server or role whose default is REPEATABLE READ would read, after a window's lock
@@ -46,7 +47,9 @@ class Pipeline:
 
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
-        self.postgresql = connection.dialect.name == "postgresql"
+        self._postgresql = connection.dialect.name == "postgresql"
+        # What the write path does differently on this database (:mod:`dialects`).
+        self.dialect: WriteDialect = for_dialect(connection.dialect.name)
         self._cursor: Any = None
         self._queued: list[bytes] = []
         self._begun = False
@@ -58,7 +61,7 @@ class Pipeline:
 
     def query(self, sql: str, params: Mapping[str, Any] | None = None) -> list[Any]:
         """Run ``sql`` now (inside the transaction) and return its rows."""
-        if not self.postgresql:
+        if not self._postgresql:
             result = self.connection.exec_driver_sql(history.named(sql), dict(params or {}))
             return list(result) if result.returns_rows else []
         cursor = self._pg_cursor()
@@ -75,7 +78,7 @@ class Pipeline:
 
     def copy_in(self, sql: str, text: str) -> None:
         """PostgreSQL: ``COPY ... FROM STDIN`` of ``text`` now, inside the transaction."""
-        if not self.postgresql:
+        if not self._postgresql:
             raise RuntimeError("COPY is PostgreSQL's")
         self._pg_cursor().copy_expert(sql, io.StringIO(text))
 
@@ -85,7 +88,7 @@ class Pipeline:
 
     def send(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
         """A write whose result nobody needs: queued until the commit on PostgreSQL."""
-        if not self.postgresql:
+        if not self._postgresql:
             self.connection.exec_driver_sql(history.named(sql), dict(params or {}))
             return
         self._queued.append(self._pg_cursor().mogrify(sql, params))
@@ -97,7 +100,7 @@ class Pipeline:
         entry), the link is made here with ``key``, and the entry and the head's move go
         with the commit. Returns the entry's number.
         """
-        if not self.postgresql:
+        if not self._postgresql:
             return history.append(self.connection, chain_key, **entry)
         row = history.entry_columns(**entry)
         heads = self.query(history.PG_LOCK_HEAD, {"chain": row["chain"]})
@@ -107,14 +110,14 @@ class Pipeline:
         return int(values["seq"])
 
     def _commit(self) -> None:
-        if not self.postgresql:
+        if not self._postgresql:
             return
         self._pg_cursor().execute(b";\n".join([*self._queued, b"COMMIT"]))
         self._queued.clear()
         self._begun = False
 
     def _rollback(self) -> None:
-        if self.postgresql and self._begun:
+        if self._postgresql and self._begun:
             with contextlib.suppress(Exception):
                 self._pg_cursor().execute("ROLLBACK")
             self._begun = False

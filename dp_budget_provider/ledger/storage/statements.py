@@ -269,10 +269,14 @@ def sqlite_upsert() -> Any:
     ).returning(*ACCOUNT_COLUMNS)
 
 
-@functools.cache
-def lock_reservation_accounts(postgresql: bool) -> Any:
+def lock_reservation_accounts(connection: Connection) -> Any:
     """Every account of reservation ``:rid``, locked in key order (one indexed join): the
     order of every other writer (PostgreSQL compares bytes, see ``lock_order``)."""
+    return _accounts_of_reservation(connection.dialect.name == "postgresql")
+
+
+@functools.cache
+def _accounts_of_reservation(postgresql: bool) -> Any:
     joined = and_(
         ReservationKey.tenant == Account.tenant,
         ReservationKey.subject == Account.subject,

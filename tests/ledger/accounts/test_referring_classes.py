@@ -22,7 +22,7 @@ from dp_budget_provider.ledger import (
     key_for,
     keys_for,
 )
-from dp_budget_provider.ledger.accounts import classes
+from dp_budget_provider.ledger.storage import dialects
 from dp_budget_provider.ledger.views.queries import AccountFilter, find_accounts
 from tests.ledger.audit.test_tamper import KEY, assert_caught, fetch
 from tests.ledger.memberships_sql import MEMBERS
@@ -173,16 +173,17 @@ def test_statistics_refreshed_inside_the_release_change_no_result(ledger, ledger
     join (PostgreSQL's ANALYZE, inside the transaction): with every write past the mark,
     splits, new classes and cohorts read and verify the same."""
     statements: list[str] = []
-    monkeypatch.setattr(classes, "_ANALYZE_AFTER", 1)
-    monkeypatch.setattr(classes, "_analyze", _recording(classes._analyze, statements), raising=True)
+    monkeypatch.setattr(dialects, "ANALYZE_AFTER", 1)
+    for dialect in (dialects.PostgreSQLWrites, dialects.SQLiteWrites):
+        monkeypatch.setattr(dialect, "written", _recording(dialect.written, statements))
     test_a_cohort_that_splits_the_class_lists_its_members_first(ledger, ledger_url)
     assert {"dp_cohort_members", "dp_members"} <= set(statements)
 
 
 def _recording(analyze, statements):
-    def record(pipe, table, written):
+    def record(dialect, pipe, table, written):
         statements.append(table)
-        return analyze(pipe, table, written)
+        return analyze(dialect, pipe, table, written)
 
     return record
 
