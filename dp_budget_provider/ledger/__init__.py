@@ -47,6 +47,12 @@ from dp_budget_provider.ledger.records import (
     VerifyReport,
 )
 from dp_budget_provider.ledger.releases.lease import lease_of_seconds
+from dp_budget_provider.ledger.releases.service import (
+    DeclaredRelease,
+    ReleaseOutcome,
+    ReleaseResult,
+    make_release,
+)
 from dp_budget_provider.ledger.storage.database import POSTGRES_DRIVER
 from dp_budget_provider.ledger.storage.history import CHAIN_KEY_ENV, ChainKey
 from dp_budget_provider.ledger.windows.calendar import (
@@ -81,6 +87,7 @@ __all__ = [
     "ClockSkew",
     "Cohort",
     "CohortKeys",
+    "DeclaredRelease",
     "LedgerConfigMismatch",
     "LedgerCorrupt",
     "LedgerError",
@@ -93,8 +100,10 @@ __all__ = [
     "Policy",
     "PrivacyBudgetLedger",
     "ReleaseGate",
+    "ReleaseOutcome",
     "ReleaseReceipt",
     "ReleaseRefused",
+    "ReleaseResult",
     "Reservation",
     "ReservationClosed",
     "ReservationStateError",
@@ -112,6 +121,7 @@ __all__ = [
     "key_for",
     "keys_for",
     "lease_of_seconds",
+    "make_release",
     "overdue_warning",
     "subject_ids",
     "subjects_in",

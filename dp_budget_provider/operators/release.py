@@ -15,41 +15,38 @@ so every answer of the declared type and shape ends in a noisy release. An answe
 another shape or type (more than ``cells`` values, a float under ``integer=True``) fails
 before any noise is added, but after the callable ran: that attempt stays charged. Shape
 and dtype are the code's, not the data's, so such a failure says nothing about the data.
+
+The sequence itself is the ledger's release service (``make_release``,
+``dp_budget_provider/ledger/releases/service.py``, no Airflow): the operator finds the
+keys and the attempt in the task's context and turns the service's named outcome into
+XCom, metrics and Airflow exceptions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timezone
+from functools import partial
 from typing import Any
 
 from airflow.sdk import BaseNotifier, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.sdk.observability.stats import Stats
 
-from dp_budget_provider.accounting import (
-    GaussianMechanism,
-    Mechanism,
-    RDPAccountant,
-    plan_noise_multiplier_for,
-)
+from dp_budget_provider.accounting import Mechanism
 from dp_budget_provider.accounting.answer_rule import AnswerRule
-from dp_budget_provider.accounting.release import (
-    NoisePlan,
-    check_noise,
-    plan_noise,
-)
+from dp_budget_provider.accounting.release import check_noise
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 from dp_budget_provider.hooks.maintenance import warn_overdue_maintenance
 from dp_budget_provider.ledger import (
     CohortKeys,
+    DeclaredRelease,
     LedgerKey,
     ReleaseGate,
-    ReleaseReceipt,
-    ReleaseRefused,
+    ReleaseResult,
     SubjectSource,
     covered_by,
-    subjects_in,
+    make_release,
 )
 from dp_budget_provider.plugins.links import DPBudgetAccountLink
 
@@ -186,15 +183,8 @@ class DPReleaseOperator(BaseOperator):
             raise ValueError(f"on_exhausted must be one of {ON_EXHAUSTED}, got {on_exhausted!r}")
         self.python_callable = python_callable
         self.mechanism = mechanism if isinstance(mechanism, Mechanism) else dict(mechanism)
-        self._auto = self._is_auto(self.mechanism)
         self.l2_sensitivity = l2_sensitivity
         self.l1_sensitivity = l1_sensitivity
-        if self._auto and l2_sensitivity is None:
-            raise ValueError(
-                'noise_multiplier="auto" is for Gaussian releases: give l2_sensitivity'
-            )
-        # At parse time, so that a bad spec, sensitivity or granularity never reaches a run.
-        self._plan(GaussianMechanism(1.0) if self._auto else self._fixed_mechanism())
         self.subject = subject
         self.subjects = subjects
         self.tenant = tenant
@@ -207,46 +197,26 @@ class DPReleaseOperator(BaseOperator):
         self.op_kwargs = dict(op_kwargs or {})
         self.on_budget_warning = on_budget_warning
         self.dp_budget_conn_id = dp_budget_conn_id
+        # At parse time, so that a bad spec, sensitivity or granularity never reaches a run.
+        self._declared()
 
-    # ------------------------------------------------------------------ mechanism
+    # ------------------------------------------------------------------ declaration
 
-    @staticmethod
-    def _is_auto(mechanism: Mechanism | dict[str, Any]) -> bool:
-        return (
-            isinstance(mechanism, dict)
-            and mechanism.get("kind") == GaussianMechanism.kind
-            and mechanism.get("noise_multiplier") == "auto"
-        )
-
-    def _plan(self, mechanism: Mechanism) -> NoisePlan:
-        return plan_noise(
-            mechanism,
+    def _declared(self) -> DeclaredRelease:
+        """The release as declared, in its scope as rendered for this run (ValueError if
+        its mechanism, sensitivity or granularity cannot be released)."""
+        return DeclaredRelease(
+            self.mechanism,
+            self.tenant,
+            self.query_type,
+            count=self.count,
             noise=self.noise,
             l2_sensitivity=self.l2_sensitivity,
             l1_sensitivity=self.l1_sensitivity,
             granularity=self.granularity,
             rule=self.rule,
+            target_epsilon=self.target_epsilon,
         )
-
-    def _fixed_mechanism(self) -> Mechanism:
-        if isinstance(self.mechanism, Mechanism):
-            return self.mechanism
-        return Mechanism.from_spec(self.mechanism)
-
-    def _auto_mechanism(self, gate: ReleaseGate) -> Mechanism:
-        """The least noise with which the release alone fits its target (the cap by
-        default): planned on nothing spent, so the choice tells nothing about anyone."""
-        cap = gate.policy_for_scope(self.tenant, self.query_type).cap_epsilon
-        target = min(cap, self.target_epsilon or cap)
-        needed = plan_noise_multiplier_for(
-            [(RDPAccountant(gate.orders), target)],
-            gate.delta,
-            self.count,
-            gate.conversion,
-            mechanism_for=lambda z: self._plan(GaussianMechanism(z)).charged,
-        )
-        self.log.info("noise_multiplier='auto' resolved to %.6g (target eps %g)", needed, target)
-        return GaussianMechanism(needed)
 
     # ------------------------------------------------------------------ keys
 
@@ -278,58 +248,34 @@ class DPReleaseOperator(BaseOperator):
         warn_overdue_maintenance(gate, self.log)
         try:
             keys = self._keys(gate, context)
-            mechanism = self._auto_mechanism(gate) if self._auto else self._fixed_mechanism()
-        except ValueError as refusal:
-            # Bad subjects or windows, a release no noise fits: the same on every try.
+        except ValueError as refusal:  # bad subjects or windows: the same on every try
             raise AirflowFailException(f"no release: {refusal}") from None
-        plan = self._plan(mechanism)
-        try:
-            granted = gate.reserve(keys, plan.charged, self.count, attempt=attempt_id(context))
-        except ValueError as refusal:
-            raise AirflowFailException(f"no release: {refusal}") from None
-        except ReleaseRefused as refusal:
-            Stats.incr("dp_budget.refusals", tags={"query_type": self.query_type})
-            context["ti"].xcom_push(
-                key=RECEIPT_XCOM_KEY,
-                value={
-                    "refused": True,
-                    "mechanism": plan.charged.to_spec(),
-                    "keys": subjects_in(keys),
-                    "reference": refusal.reference,
-                },
-            )
-            self.log.error("no release: %s", refusal)
-            if self.on_exhausted == "skip":
-                raise AirflowSkipException(f"no release: {refusal}") from None
-            raise DPBudgetExhaustedError(f"no release: {refusal}") from None
-        self.log.info(
-            "reserved %s on %d subject(s) (reservation %s); its lease (until %s) is renewed "
-            "while the query runs",
-            plan.charged.to_spec(),
-            granted.subjects,
-            granted.id,
-            granted.lease_expires_at,
+        answer = partial(self.python_callable, *self.op_args, **self.op_kwargs)
+        outcome = make_release(
+            gate, self._declared(), keys, answer, attempt=attempt_id(context), log=self.log
         )
-        try:
-            with gate.keep_alive(granted, self.log):
-                answer = self.python_callable(*self.op_args, **self.op_kwargs)
-                release = plan.add_noise(answer)
-        finally:
-            # From here on the data was touched: charged on success and on failure alike,
-            # and the receipt says so either way.
-            try:
-                receipt = gate.commit(granted)
-            except ReleaseRefused as refusal:
-                # Quarantined meanwhile: the release is withheld, its reservation stays
-                # open and is charged when reaped.
-                self.log.error("release withheld: %s", refusal)
-                raise AirflowFailException(f"release withheld: {refusal}") from None
-            summary = {**receipt.as_dict(), "granularity": plan.granularity}
-            context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
-        self._report(receipt, summary, context)
-        return release
+        summary = outcome.summary
+        match outcome.result:
+            case ReleaseResult.invalid:  # a release no noise fits, bad keys: on every try
+                raise AirflowFailException(f"no release: {outcome.error}")
+            case ReleaseResult.refused:
+                Stats.incr("dp_budget.refusals", tags={"query_type": self.query_type})
+                context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
+                self.log.error("no release: %s", outcome.refusal)
+                if self.on_exhausted == "skip":
+                    raise AirflowSkipException(f"no release: {outcome.refusal}")
+                raise DPBudgetExhaustedError(f"no release: {outcome.refusal}")
+            case ReleaseResult.withheld:  # quarantined meanwhile: charged when reaped
+                self.log.error("release withheld: %s", outcome.refusal)
+                raise AirflowFailException(f"release withheld: {outcome.refusal}")
+        # released or failed: the data was touched, charged either way, and the receipt says so
+        context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
+        if outcome.error is not None:
+            raise outcome.error
+        self._report(summary, context)
+        return outcome.value
 
-    def _report(self, receipt: ReleaseReceipt, summary: dict[str, Any], context: Any) -> None:
+    def _report(self, summary: dict[str, Any], context: Any) -> None:
         """Count the release; in an exposed gate, warn (and notify) past the warning
         fraction. A gate that exposes nothing has no account state to warn about: warnings
         are the administrator's, in the UI."""

@@ -1,0 +1,237 @@
+"""The release service: one release through a :class:`ReleaseGate`, from its declaration
+to a named outcome, without Airflow.
+
+``make_release`` plans the mechanism (a declared one, or the least noise with which the
+release alone fits its target), reserves its cost on the keys, runs the caller's query
+under the reservation's lease (``keep_alive``), puts the exact answer through the declared
+rule and adds the noise once, and commits. It raises nothing about the release itself;
+it returns a :class:`ReleaseOutcome` whose :class:`ReleaseResult` names what happened,
+one code per outcome (as TigerBeetle's result codes name theirs):
+
+==========  =============================================================================
+released    the query ran, the noise was added, the commit charged it: ``value`` and
+            ``receipt``
+invalid     the declaration cannot be released here (bad keys or windows, a release no
+            noise fits): nothing ran, nothing was written; the same on every attempt
+refused     the gate refused the reservation (``refusal``, one uniform message and a
+            sealed reference): nothing ran, nothing was written
+failed      the query or the noise raised after the reservation (``error``, whatever it
+            was, a timeout included): the data was touched, so the attempt is charged
+            (``receipt``) and nothing is released
+withheld    the commit was refused (``refusal``: the ledger was quarantined meanwhile): no
+            value; the reservation stays open and the reap charges it
+==========  =============================================================================
+
+What the caller does with an outcome (exceptions, XCom, metrics) is the caller's; the
+service only logs its own steps (the resolved noise, the reservation, its lease).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dp_budget_provider.accounting import (
+    GaussianMechanism,
+    Mechanism,
+    RDPAccountant,
+    plan_noise_multiplier_for,
+)
+from dp_budget_provider.accounting.answer_rule import AnswerRule
+from dp_budget_provider.accounting.release import NoiseKind, NoisePlan, plan_noise
+from dp_budget_provider.ledger.accounts.classes import subjects_in
+from dp_budget_provider.ledger.accounts.covered import Covered
+from dp_budget_provider.ledger.gate import (
+    GrantedRelease,
+    ReleaseGate,
+    ReleaseReceipt,
+    ReleaseRefused,
+)
+
+
+class ReleaseResult(enum.Enum):
+    """How a release ended (see the module docstring)."""
+
+    released = "released"
+    invalid = "invalid"
+    refused = "refused"
+    failed = "failed"
+    withheld = "withheld"
+
+
+@dataclass(frozen=True)
+class DeclaredRelease:
+    """A release as its author declared it: the mechanism (or its spec; a Gaussian spec may
+    say ``"noise_multiplier": "auto"``), its scope, and how the answer is noised.
+
+    Checked when made (ValueError), so that a bad spec, sensitivity or granularity is
+    found before any run.
+    """
+
+    mechanism: Mechanism | Mapping[str, Any]
+    tenant: str
+    query_type: str
+    count: int = 1
+    noise: NoiseKind = "lattice"
+    l2_sensitivity: float | None = None
+    l1_sensitivity: float | None = None
+    granularity: float | None = None
+    rule: AnswerRule = field(default_factory=AnswerRule)
+    target_epsilon: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mechanism, Mechanism):
+            object.__setattr__(self, "mechanism", dict(self.mechanism))
+        if self.auto and self.l2_sensitivity is None:
+            raise ValueError(
+                'noise_multiplier="auto" is for Gaussian releases: give l2_sensitivity'
+            )
+        self.plan(GaussianMechanism(1.0) if self.auto else self.fixed_mechanism())
+
+    @property
+    def auto(self) -> bool:
+        """Whether the noise is resolved at run time (``"noise_multiplier": "auto"``)."""
+        return (
+            isinstance(self.mechanism, dict)
+            and self.mechanism.get("kind") == GaussianMechanism.kind
+            and self.mechanism.get("noise_multiplier") == "auto"
+        )
+
+    def plan(self, mechanism: Mechanism) -> NoisePlan:
+        """The noise ``mechanism`` adds at the declared sensitivity, and what it is charged
+        as (ValueError if it cannot be added as declared)."""
+        return plan_noise(
+            mechanism,
+            noise=self.noise,
+            l2_sensitivity=self.l2_sensitivity,
+            l1_sensitivity=self.l1_sensitivity,
+            granularity=self.granularity,
+            rule=self.rule,
+        )
+
+    def fixed_mechanism(self) -> Mechanism:
+        """The declared mechanism (not ``auto``)."""
+        if isinstance(self.mechanism, Mechanism):
+            return self.mechanism
+        return Mechanism.from_spec(self.mechanism)
+
+    def mechanism_on(
+        self, gate: ReleaseGate, log: logging.Logger | logging.LoggerAdapter[Any]
+    ) -> Mechanism:
+        """The mechanism to release with: the declared one, or for ``auto`` the least noise
+        with which the release alone fits its target (the scope's cap by default). Planned
+        on nothing spent, so the choice tells nothing about anyone."""
+        if not self.auto:
+            return self.fixed_mechanism()
+        cap = gate.policy_for_scope(self.tenant, self.query_type).cap_epsilon
+        target = min(cap, self.target_epsilon or cap)
+        needed = plan_noise_multiplier_for(
+            [(RDPAccountant(gate.orders), target)],
+            gate.delta,
+            self.count,
+            gate.conversion,
+            mechanism_for=lambda z: self.plan(GaussianMechanism(z)).charged,
+        )
+        log.info("noise_multiplier='auto' resolved to %.6g (target eps %g)", needed, target)
+        return GaussianMechanism(needed)
+
+
+@dataclass(frozen=True)
+class ReleaseOutcome:
+    """What became of one release (see :class:`ReleaseResult`).
+
+    ``plan`` is the noise planned and charged (None when ``invalid`` before planning);
+    ``keys``, of a refused release, how many (subject, window) pairs it covers.
+    """
+
+    result: ReleaseResult
+    plan: NoisePlan | None = None
+    keys: int | None = None
+    value: Any = None
+    receipt: ReleaseReceipt | None = None
+    refusal: ReleaseRefused | None = None
+    error: BaseException | None = None
+
+    @property
+    def summary(self) -> dict[str, Any] | None:
+        """The outcome as plain JSON values, for the task that made it: a charged release's
+        receipt and granularity (``released``, ``failed``), or a refusal's mechanism, keys
+        and sealed reference (``refused``); None otherwise."""
+        if self.receipt is not None and self.plan is not None:
+            return {**self.receipt.as_dict(), "granularity": self.plan.granularity}
+        if self.result is ReleaseResult.refused and self.plan is not None:
+            return {
+                "refused": True,
+                "mechanism": self.plan.charged.to_spec(),
+                "keys": self.keys,
+                "reference": self.refusal.reference if self.refusal else None,
+            }
+        return None
+
+
+def make_release(
+    gate: ReleaseGate,
+    declared: DeclaredRelease,
+    keys: Covered,
+    compute: Callable[[], Any],
+    *,
+    attempt: str,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+) -> ReleaseOutcome:
+    """Reserve ``declared`` on ``keys`` (a list, read twice on a refusal) as ``attempt``,
+    run ``compute`` (the exact, clipped answer), add the noise and commit; the outcome
+    says which of these happened.
+
+    Once ``compute`` has started the attempt is charged whatever happens next (the commit
+    runs on success and on any failure alike), and the noise is added at most once.
+    """
+    try:
+        mechanism = declared.mechanism_on(gate, log)
+    except ValueError as error:  # a release no noise fits: the same on every attempt
+        return ReleaseOutcome(ReleaseResult.invalid, error=error)
+    plan = declared.plan(mechanism)
+    try:
+        granted = gate.reserve(keys, plan.charged, declared.count, attempt=attempt)
+    except ValueError as error:  # bad keys or windows
+        return ReleaseOutcome(ReleaseResult.invalid, plan, error=error)
+    except ReleaseRefused as refusal:
+        return ReleaseOutcome(ReleaseResult.refused, plan, subjects_in(keys), refusal=refusal)
+    log.info(
+        "reserved %s on %d subject(s) (reservation %s); its lease (until %s) is renewed "
+        "while the query runs",
+        plan.charged.to_spec(),
+        granted.subjects,
+        granted.id,
+        granted.lease_expires_at,
+    )
+    try:
+        with gate.keep_alive(granted, log):
+            value = plan.add_noise(compute())
+    except BaseException as error:
+        # The data was touched: charged whatever ended the attempt (a timeout included),
+        # and the receipt says so. Committed inside the handler, so that an error of the
+        # commit itself keeps this one as its context.
+        return _charged(gate, granted, plan, ReleaseResult.failed, error=error)
+    return _charged(gate, granted, plan, ReleaseResult.released, value=value)
+
+
+def _charged(
+    gate: ReleaseGate,
+    granted: GrantedRelease,
+    plan: NoisePlan,
+    result: ReleaseResult,
+    *,
+    value: Any = None,
+    error: BaseException | None = None,
+) -> ReleaseOutcome:
+    """Commit a release whose data was touched: ``result``, or ``withheld`` if the gate
+    refuses the commit (quarantined meanwhile: the reservation stays open and is charged
+    when reaped)."""
+    try:
+        receipt = gate.commit(granted)
+    except ReleaseRefused as refusal:
+        return ReleaseOutcome(ReleaseResult.withheld, plan, refusal=refusal)
+    return ReleaseOutcome(result, plan, value=value, receipt=receipt, error=error)
