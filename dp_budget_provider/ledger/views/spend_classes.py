@@ -28,7 +28,7 @@ from dp_budget_provider.ledger.accounts.subject_rows import LIVE, STORES, Store,
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.storage.schema import Account
-from dp_budget_provider.ledger.views.queries import (
+from dp_budget_provider.ledger.views.pages import (
     AccountFilter,
     Page,
     PolicyCache,
@@ -73,7 +73,7 @@ def _class_id(row: Any) -> str:
 
 def _grouped(filters: AccountFilter, store: Store = LIVE) -> Any:
     """The classes of the subjects matching ``filters`` in ``store``: the rows of
-    :func:`~queries.grouped_source` grouped by what they share, with their subject count
+    :func:`~pages.grouped_source` grouped by what they share, with their subject count
     and least subject (of an account: its least member, from its memberships), and when
     their window was sealed (NULL while it is live)."""
     entity = grouped_source(filters, store)

@@ -23,7 +23,8 @@ from dp_budget_provider.ledger import (
     keys_for,
 )
 from dp_budget_provider.ledger.accounts import classes
-from dp_budget_provider.ledger.views.queries import AccountFilter, find_accounts
+from dp_budget_provider.ledger.views.pages import AccountFilter
+from dp_budget_provider.ledger.views.queries import find_accounts
 from tests.ledger.audit.test_tamper import KEY, assert_caught, fetch
 from tests.ledger.memberships_sql import MEMBERS
 from tests.ledger.storage.test_pending_and_server_paths import execute
