@@ -3,10 +3,11 @@
 The CLI and the UI list accounts, spend classes, history entries and reservations a page
 at a time, each page with the total it is part of. The pages agree on how filters read
 (:class:`AccountFilter`: key fields exactly as keys are canonicalised, or as a ``*``
-pattern; a state), on the bounds of a page (:func:`page_bounds`), on which rows a grouped
-read takes (:func:`grouped_source`: an account counts for the ``size`` subjects of its
-class unless the subjects themselves are filtered), and they look up a scope's policy and
-a stored spend's epsilon once per page (:class:`PolicyCache`, :class:`Epsilons`).
+pattern; a state), on the bounds of a page (:func:`page_bounds`), on what a count or a
+grouped read takes (:attr:`AccountFilter.per_subject`: an account counts for the ``size``
+subjects of its class unless the subjects themselves are filtered), and they look up a
+scope's policy and a stored spend's epsilon once per page (:class:`PolicyCache`,
+:class:`Epsilons`).
 """
 
 from __future__ import annotations
@@ -88,6 +89,24 @@ class AccountFilter:
         one_window = self.window not in (None, "") and WILDCARD not in self.window
         return STORES if self.sealed or one_window else (LIVE,)
 
+    @property
+    def per_subject(self) -> bool:
+        """Whether these filters ask something of the subjects (a subject, or a pattern):
+        only the per-subject rows answer that, so a count or a grouped read of the matching
+        subjects reads them one row per subject, instead of one row per class (each
+        account standing for its ``size`` subjects)."""
+        return _condition("subject", self.subject, SubjectRow.subject) is not None
+
+    def conditions(self, source: Any) -> list[ColumnElement[bool]]:
+        """What these filters ask of the key columns of ``source``: per-subject rows, an
+        arm of the memberships, or (when the subject is left open) a store's accounts."""
+        found = []
+        for name, column in zip(KEY_FIELDS, key_columns(source), strict=True):
+            condition = _condition(name, getattr(self, name), column)
+            if condition is not None:
+                found.append(condition)
+        return found
+
 
 def key_columns(entity: Any = SubjectRow) -> tuple[Any, ...]:
     """The key columns of ``entity`` (per-subject rows, or a store's accounts), in key order."""
@@ -121,22 +140,8 @@ def _condition(name: str, value: str | None, column: Any) -> ColumnElement[bool]
 def filtered(query: Select[Any], filters: AccountFilter, entity: Any = SubjectRow) -> Select[Any]:
     """``query`` restricted to the rows of ``entity`` matching ``filters``' key fields:
     per-subject rows, or with ``entity=Account`` accounts (only when ``filters`` leaves
-    the subject open, see :func:`grouped_source`)."""
-    for name, column in zip(KEY_FIELDS, key_columns(entity), strict=True):
-        condition = _condition(name, getattr(filters, name), column)
-        if condition is not None:
-            query = query.where(condition)
-    return query
-
-
-def grouped_source(filters: AccountFilter, store: Store = LIVE) -> Any:
-    """What a grouped read of the subjects matching ``filters`` reads in ``store``: the
-    accounts, each counting the ``size`` subjects of its class (one row per class), unless
-    the subjects are filtered, which only the per-subject rows can do (one row per
-    subject)."""
-    if _condition("subject", filters.subject, SubjectRow.subject) is None:
-        return store.accounts
-    return store.rows
+    the subject open, see :attr:`AccountFilter.per_subject`)."""
+    return query.where(*filters.conditions(entity))
 
 
 def page_bounds(limit: int, offset: int) -> tuple[int, int]:

@@ -10,7 +10,8 @@ usable from the CLI or a notebook (no Airflow import).
 The accounts a page lists are subjects: one row per subject of a live account, at its
 account's (its spend class's) spend, read through the memberships (``subject_rows``).
 Counts and groups read the stored accounts instead, each standing for its ``size``
-subjects, unless a subject filter needs the per-subject rows (:func:`~pages.grouped_source`).
+subjects, unless a subject filter needs the per-subject rows
+(:attr:`~pages.AccountFilter.per_subject`).
 
 Epsilon is not a column: it is converted from the stored RDP spend at read time. Filters
 on key fields, and sorts on key fields, release counts or update time, run in SQL and
@@ -35,6 +36,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, and_, or_, select, tuple_
 
 from dp_budget_provider.ledger.accounts import classes
+from dp_budget_provider.ledger.accounts.grouped import grouped_spend
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.accounts.standing import (
     SPEND_COLUMNS,
@@ -53,6 +55,7 @@ from dp_budget_provider.ledger.accounts.subject_rows import (
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.storage import history
+from dp_budget_provider.ledger.storage.schema import Account
 from dp_budget_provider.ledger.views.account_history import key_history, spend_series
 from dp_budget_provider.ledger.views.pages import (
     KEY_FIELDS,
@@ -62,7 +65,6 @@ from dp_budget_provider.ledger.views.pages import (
     Page,
     PolicyCache,
     filtered,
-    grouped_source,
     holds,
     key_columns,
     page_bounds,
@@ -101,6 +103,7 @@ SQL_SORTS = ("key", *KEY_FIELDS, "releases", "open_reservations", "updated_at")
 COMPUTED_SORTS = ("epsilon", "fraction", "remaining", "state")
 SORTS = SQL_SORTS + COMPUTED_SORTS
 MAX_GROUPS = 500  # beyond this many distinct (scope, spend) groups: rank in one pass
+SCOPED_SPEND = (Account.tenant, Account.query_type, *SPEND_COLUMNS)  # what decides a standing
 _STATE_RANK = {STATE_OK: 0, STATE_WARNING: 1, STATE_EXHAUSTED: 2}
 
 
@@ -198,10 +201,7 @@ def _groups(
     standings: Standings,
     policies: PolicyCache,
 ) -> list[_Group]:
-    entity = grouped_source(filters)
-    columns = (entity.tenant, entity.query_type, *on(entity, SPEND_COLUMNS))
-    counted = select(*columns, subjects_of(entity).label("count"))
-    query = filtered(counted, filters, entity).group_by(*columns)
+    query = grouped_spend(SCOPED_SPEND, filters.conditions, per_subject=filters.per_subject)
     with ledger.reading() as connection:
         rows = list(connection.execute(query))
     groups = []
@@ -212,7 +212,7 @@ def _groups(
                 row.tenant,
                 row.query_type,
                 stored_values(row)[2:],
-                int(row.count),
+                int(row.size),
                 standing,
                 policy,
                 policy.state_at(standing.held.epsilon, standing.next_epsilon),
@@ -347,7 +347,7 @@ def _sql_page(
 def count_subjects(connection: Connection, filters: AccountFilter) -> int:
     """How many subjects of live accounts match ``filters`` (one row per class read
     unless the subjects are filtered)."""
-    entity = grouped_source(filters)
+    entity = LIVE.rows if filters.per_subject else LIVE.accounts
     query = filtered(select(subjects_of(entity)).select_from(entity), filters, entity)
     return int(connection.execute(query).scalar_one())
 
