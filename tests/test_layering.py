@@ -150,7 +150,7 @@ KNOWN_ADAPTER_REACHES = {
         ]
     ),
     ("plugins.chart", "ledger.windows.policy"),
-    ("plugins.chart", "ledger.views.queries"),
+    ("plugins.chart", "ledger.views.account_history"),
     ("plugins.links", "ledger.accounts.keys"),
     ("plugins.templates", "ledger.windows.calendar"),
 }

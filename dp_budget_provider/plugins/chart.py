@@ -3,7 +3,7 @@
 The cap and warning labels sit in a legend band above the plot area, never beside their
 lines: the spend line can run anywhere inside the plot (along the warning line too), and
 only outside it can a label never cover it. A closing (reset, rescope away) is drawn as a
-ring at the level reached, since it refunds nothing (see ``queries.spend_series``).
+ring at the level reached, since it refunds nothing (see ``account_history.spend_series``).
 
 Only numbers come out of here (coordinates, tick values, time labels derived from the
 ledger's fixed-format timestamps); the template escapes everything it prints anyway.
@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from dp_budget_provider.ledger.views.queries import CLOSINGS, SeriesPoint
+from dp_budget_provider.ledger.views.account_history import CLOSINGS, SeriesPoint
 from dp_budget_provider.ledger.windows.policy import Policy
 
 WIDTH, HEIGHT = 760, 300

@@ -6,8 +6,9 @@ import itertools
 
 import pytest
 
-from dp_budget_provider.ledger.views import queries
-from dp_budget_provider.ledger.views.queries import AccountFilter, find_accounts
+from dp_budget_provider.ledger.views import pages, queries
+from dp_budget_provider.ledger.views.pages import AccountFilter
+from dp_budget_provider.ledger.views.queries import find_accounts
 from tests.plugins.conftest import WINDOW
 
 # The tests seed their ledgers in this process: the ledger's clock is pinned inside WINDOW.
@@ -27,7 +28,7 @@ def reference(ledger, filters: AccountFilter, sort: str, descending: bool) -> li
         if any(
             getattr(filters, name) is not None
             and not _matches(getattr(key, name), getattr(filters, name))
-            for name in queries.KEY_FIELDS
+            for name in pages.KEY_FIELDS
         ):
             continue
         value = {

@@ -7,8 +7,9 @@
   class); ``memberships``: the one reading of which class holds each subject.
 - ``subject_rows``: the accounts as one row per subject, live or sealed;
   ``holdings``: the account each key is charged to, read, and its receipt.
-- ``held``: what many keys hold, read as distinct states; ``concerning``: which history
-  entries and reservations concern a key.
+- ``grouped``: the one grouped read of stored spend (the distinct spends some subjects
+  hold, and how many hold each); ``held``: what many keys hold, read as distinct states;
+  ``concerning``: which history entries and reservations concern a key.
 - ``covered``: what a release covers, validated and in lock order; ``pricing``: what a
   release costs and what a spend is worth in eps.
 

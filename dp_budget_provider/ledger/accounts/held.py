@@ -21,7 +21,6 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Select,
-    Subquery,
     any_,
     bindparam,
     func,
@@ -31,8 +30,9 @@ from sqlalchemy import (
 )
 
 from dp_budget_provider.ledger.accounts.classes import CohortKeys, registered_id
+from dp_budget_provider.ledger.accounts.grouped import grouped_spend
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
-from dp_budget_provider.ledger.accounts.memberships import Arm, in_scope, memberships
+from dp_budget_provider.ledger.accounts.memberships import Arm, in_scope
 from dp_budget_provider.ledger.accounts.spend import Pending, Spend
 from dp_budget_provider.ledger.accounts.standing import SPEND_COLUMNS
 from dp_budget_provider.ledger.storage.schema import Account, Cohort, CohortAccount, CohortMember
@@ -44,9 +44,15 @@ from dp_budget_provider.ledger.storage.statements import newline_joined
 CHUNK = 1_000_000
 
 
+# What a held state is: the stored spend, and the query type the spend moved to if the
+# account was re-scoped (re-scoped accounts form their own states: no release may charge them).
+STATE_COLUMNS = (*SPEND_COLUMNS, Account.rescoped_to)
+
+
 def _grouped(dialect: str) -> Select:
     """Distinct stored spends of one window's listed subjects (through the accounts of
-    their classes, both arms of ``memberships``), with how many subjects hold each.
+    their classes, both arms of ``memberships``), with how many subjects hold each
+    (``size``) and the least of them (``subject``).
 
     The subjects are one parameter that the server unpacks: PostgreSQL splits a
     newline-separated text (canonical key parts hold no control character), SQLite reads
@@ -69,21 +75,7 @@ def _grouped(dialect: str) -> Select:
         scope = in_scope(bindparam("tenant"), bindparam("query_type"), bindparam("window"))
         return [*scope(arm), member]
 
-    return _states(memberships(_state_columns, named).subquery("held"))
-
-
-def _state_columns(arm: Arm) -> list[Any]:
-    # Re-scoped accounts form their own groups: no release may charge them.
-    return [*SPEND_COLUMNS, Account.rescoped_to, arm.subject.label("member")]
-
-
-def _states(rows: Subquery) -> Select:
-    """Memberships (rows of :func:`_state_columns`) grouped by state: how many subjects
-    hold each, and the least of them."""
-    grouping = [rows.c[column.key] for column in (*SPEND_COLUMNS, Account.rescoped_to)]
-    return select(
-        *grouping, func.count().label("holders"), func.min(rows.c.member).label("first")
-    ).group_by(*grouping)
+    return grouped_spend(STATE_COLUMNS, named, per_subject=True, least=True)
 
 
 @dataclass(frozen=True)
@@ -148,13 +140,13 @@ def _add_rows(
     asked: int,
     least: Callable[[], str],
 ) -> None:
-    """The states of grouped rows of one window (``holders`` subjects each, ``first`` the
+    """The states of grouped rows of one window (``size`` subjects each, ``subject`` the
     least); the ``asked`` subjects no row holds are untouched, the zero state, named by
     ``least()`` only when no row holds any (see :class:`HeldState`)."""
     tenant, query_type, window = scope
     touched = 0
     for row in rows:
-        touched += int(row.holders)
+        touched += int(row.size)
         stored = tuple(getattr(row, column.key) for column in SPEND_COLUMNS)
         add(
             (tenant, query_type, row.rescoped_to, stored),
@@ -165,8 +157,8 @@ def _add_rows(
                 Pending.from_columns(
                     row.pending_rho, row.pending_residual, row.pending_mu2, row.pending_others, size
                 ),
-                int(row.holders),
-                LedgerKey.from_canonical(tenant, row.first, query_type, window),
+                int(row.size),
+                LedgerKey.from_canonical(tenant, row.subject, query_type, window),
                 row.rescoped_to,
             ),
         )
@@ -192,25 +184,19 @@ def cohort_states(connection: Connection, covered: CohortKeys, size: int) -> lis
         )
     ).one_or_none()
     cohort_id = registered_id(covered.cohort, None if found is None else tuple(found))
-    grouping = (*SPEND_COLUMNS, Account.rescoped_to)
     listed = select(CohortAccount.account).where(
         CohortAccount.cohort_id == cohort_id,
         CohortAccount.query_type == query_type,
         CohortAccount.window == window,
     )
+
+    def listed_accounts(accounts: Any) -> list[ColumnElement[bool]]:
+        return [*in_scope(tenant, query_type, window)(accounts), accounts.subject.in_(listed)]
+
+    # an account's label names the state (an account key), not its least member
+    least_label = func.min(Account.subject).label("subject")
     rows = connection.execute(
-        select(
-            *grouping,
-            func.sum(Account.size).label("holders"),
-            func.min(Account.subject).label("first"),
-        )
-        .where(
-            Account.tenant == tenant,
-            Account.query_type == query_type,
-            Account.window == window,
-            Account.subject.in_(listed),
-        )
-        .group_by(*grouping)
+        grouped_spend(STATE_COLUMNS, listed_accounts).add_columns(least_label)
     ).all()
     if not rows:
         cohort = select(CohortMember.subject).where(CohortMember.cohort_id == cohort_id)
@@ -219,7 +205,7 @@ def cohort_states(connection: Connection, covered: CohortKeys, size: int) -> lis
             return [*in_scope(tenant, query_type, window)(arm), arm.subject.in_(cohort)]
 
         rows = connection.execute(
-            _states(memberships(_state_columns, members).subquery("held"))
+            grouped_spend(STATE_COLUMNS, members, per_subject=True, least=True)
         ).all()
     merged: dict[tuple[object, ...], HeldState] = {}
 

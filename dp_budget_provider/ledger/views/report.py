@@ -9,11 +9,15 @@ schedule (every reserve, commit, release, reap, correction, rescope and reset, w
 time, mechanism, count, cost and attempt id); corrections separately; the policies with
 the compliance clauses they implement; whether the audit chain verifies; and the code
 version that produced it. :func:`build_report` returns all of that as one JSON-ready
-dict, :func:`render_markdown` renders it for people.
+dict; ``report_markdown`` renders it for people and ``schedule`` makes its rows.
 
-Two read-only lookups the ledger API does not offer (an account's row, the keys of a
-resolved multi-key reservation) and an account count run here, inside the ledger
-package, on the ledger's own engine.
+Two reads the ledger API does not offer (the keys of a resolved multi-key reservation,
+and a count of the subjects in scope) run here, inside the ledger package, on the
+ledger's own engine.
+
+The CLI and the UI's routes (``plugins/app.py``) reach the report through this module
+alone (their reach into the ledger is fixed in ``tests/test_layering.py``), so it hands on
+the names they use of the schedule and of the Markdown rendering.
 """
 
 from __future__ import annotations
@@ -21,32 +25,69 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import select, tuple_
+from sqlalchemy import select
 
 import dp_budget_provider
-from dp_budget_provider.ledger.accounts.keys import LedgerKey, canonical_part, whole_number
-from dp_budget_provider.ledger.accounts.spend import Spend
+from dp_budget_provider.ledger.accounts.keys import canonical_part, whole_number
 from dp_budget_provider.ledger.accounts.subject_rows import LIVE, STORES, subjects_of
 from dp_budget_provider.ledger.audit.checkpoints import CheckpointStore, verify_and_checkpoint
 from dp_budget_provider.ledger.errors import LedgerUnavailable
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.storage import statements
-from dp_budget_provider.ledger.storage.schema import (
-    Cohort,
-    CohortMember,
-    ReservationKey,
+from dp_budget_provider.ledger.storage.schema import ReservationKey
+from dp_budget_provider.ledger.views.pages import AccountFilter
+from dp_budget_provider.ledger.views.report_markdown import render_markdown
+from dp_budget_provider.ledger.views.schedule import (
+    EpsilonAlone,
+    SubjectNames,
+    describe_mechanism,
+    entry_record,
+    entry_summary,
+    entry_target,
+    key_label,
+    mechanisms_by_reservation,
 )
-from dp_budget_provider.ledger.views.queries import AccountFilter, reserve_cohorts
 from dp_budget_provider.ledger.views.spend_classes import SpendClass, every_class
-from dp_budget_provider.ledger.windows.calendar import display_window
 from dp_budget_provider.ledger.windows.policy import ANY, lookup_order
+
+__all__ = [
+    # the report
+    "ACCOUNTANT",
+    "CONTRIBUTION_BOUNDS",
+    "CONVERSIONS",
+    "DELTA_INTERPRETATION",
+    "INTEGRITY",
+    "MAX_SUBJECTS_PAGE_SIZE",
+    "PRIVACY_UNIT",
+    "REPORT_FORMAT",
+    "SCHEDULE_ACTIONS",
+    "SUBJECTS_PAGE_SIZE",
+    "account_record",
+    "build_report",
+    "class_record",
+    "code_version",
+    "count_accounts",
+    "integrity_record",
+    "mechanism_meaning",
+    "verification_record",
+    # handed on from the schedule and the Markdown rendering
+    "EpsilonAlone",
+    "SubjectNames",
+    "describe_mechanism",
+    "entry_record",
+    "entry_summary",
+    "entry_target",
+    "key_label",
+    "mechanisms_by_reservation",
+    "render_markdown",
+]
 
 REPORT_FORMAT = 2  # 2: classes by default; the per-subject listing opt-in and paged
 SUBJECTS_PAGE_SIZE = 1000  # subjects per page of the per-subject listing, by default
@@ -187,14 +228,6 @@ def class_record(spend_class: SpendClass, delta: float) -> dict[str, Any]:
     }
 
 
-def describe_mechanism(spec: Mapping[str, Any] | None) -> str:
-    """``gaussian(noise_multiplier=4)``: kind and parameters in one token."""
-    if not spec:
-        return "-"
-    params = ", ".join(f"{k}={_number(v)}" for k, v in sorted(spec.items()) if k != "kind")
-    return f"{spec.get('kind', '?')}({params})"
-
-
 def mechanism_meaning(spec: Mapping[str, Any]) -> str:
     """What a mechanism spec says about its sensitivity, in words."""
     template = _MECHANISM_MEANING.get(str(spec.get("kind")))
@@ -206,169 +239,8 @@ def mechanism_meaning(spec: Mapping[str, Any]) -> str:
         return describe_mechanism(spec)
 
 
-def key_label(key: Mapping[str, str] | LedgerKey | None) -> str:
-    """``tenant/subject/query_type/window``, the window as people read it."""
-    if key is None:
-        return "-"
-    if isinstance(key, LedgerKey):
-        key = key.as_dict()
-    return f"{key['tenant']}/{key['subject']}/{key['query_type']}/{display_window(key['window'])}"
-
-
-def _number(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 def _canonical(name: str, value: str | None) -> str | None:
     return None if value is None else canonical_part(name, value)
-
-
-class EpsilonAlone:
-    """Epsilon of one entry's cost on its own, at the ledger's delta (cached per cost)."""
-
-    def __init__(self, ledger: PrivacyBudgetLedger) -> None:
-        self._orders = np.asarray(ledger.orders)
-        self._delta = ledger.delta
-        self._conversion = ledger.conversion
-        self._cache: dict[str, float] = {}
-
-    def __call__(self, cost: Mapping[str, Any] | None) -> float | None:
-        if not cost:
-            return None
-        signature = json.dumps(cost, sort_keys=True)
-        if signature not in self._cache:
-            spend = Spend.from_payload(dict(cost), self._orders.size)
-            bound = spend.epsilon(self._orders, self._delta, self._conversion)
-            self._cache[signature] = bound.epsilon
-        return self._cache[signature]
-
-
-# ---------------------------------------------------------------------- history entries
-
-
-def entry_record(
-    entry: Mapping[str, Any],
-    mechanisms: Mapping[str, Mapping[str, Any]],
-    epsilon_alone: Any = None,
-    names: SubjectNames | None = None,
-) -> dict[str, Any]:
-    """A history entry as a schedule row.
-
-    ``mechanisms`` maps reservation ids to the mechanism spec of their ``reserve`` entry
-    (commit, release and reap entries do not repeat it). ``epsilon_alone`` (a callable on a
-    cost payload) adds what the entry's cost would be on its own; epsilons do not add up,
-    accounts compose curves. ``account`` is the key the entry names (an account's);
-    with ``names``, ``key`` is the subject's where that account is a class of one, and
-    ``subjects`` counts the subjects the entry covered (None for entries made before
-    spend classes, whose keys are subjects).
-    """
-    payload = entry["payload"]
-    reservation_id = entry.get("reservation_id")
-    mechanism = payload.get("mechanism")
-    if mechanism is None and reservation_id is not None:
-        mechanism = mechanisms.get(reservation_id)
-    cost = payload.get("cost") or payload.get("carried")
-    record: dict[str, Any] = {
-        "seq": entry["seq"],
-        "at": entry["at"],
-        "action": entry["action"],
-        "actor": entry["actor"],
-        "key": entry.get("key"),
-        "account": entry.get("key"),
-        "subjects": None,
-        "key_count": payload.get("key_count", 1 if entry.get("key") else 0),
-        "reservation_id": reservation_id,
-        "attempt_id": payload.get("attempt_id"),
-        "mechanism": mechanism,
-        "count": payload.get("count"),
-        "cost": cost,
-        "epsilon_alone": epsilon_alone(cost) if epsilon_alone is not None else None,
-        "reason": payload.get("reason"),
-        "hash": entry.get("hash"),
-    }
-    if entry["action"] == "reserve":
-        prospective = payload.get("prospective_epsilon")
-        if prospective is None and payload.get("prospective") and epsilon_alone is not None:
-            # decided by the server (dp_reserve), which records the prospective spend
-            prospective = epsilon_alone(payload["prospective"])
-        record["prospective_epsilon"] = prospective
-    if entry["action"] in ("reserve", "commit", "reap") and "keys_digest" in payload:
-        record["keys_digest"] = payload["keys_digest"]
-    if entry["action"] == "rescope":
-        record["from"] = payload.get("from")
-    if entry["action"] == "reset":
-        record["window"] = payload.get("window")
-        record["accounts_dropped"] = payload.get("accounts")
-        record["closed_at"] = payload.get("closed_at")
-    if entry["action"] in ("create", "policy"):
-        record["settings"] = payload
-    if names is not None:
-        names.name(entry, record)
-    return record
-
-
-def entry_summary(record: Mapping[str, Any]) -> str:
-    """What happened in one schedule row, in one line."""
-    action = record["action"]
-    settings = record.get("settings") or {}
-    if action == "create":
-        return (
-            f"ledger created: delta {_number(settings.get('delta'))}, "
-            f"{settings.get('conversion')} conversion, {len(settings.get('orders', []))} orders"
-        )
-    if action == "policy":
-        clause = settings.get("compliance_clause") or ""
-        text = (
-            f"policy {settings.get('tenant')}/{settings.get('query_type')}: cap "
-            f"{_number(settings.get('cap_epsilon'))}, warn {_number(settings.get('warn_fraction'))}"
-            f", {(settings.get('calendar') or {}).get('kind')}"
-        )
-        return text + (f", clause: {clause}" if clause else "")
-    if action == "reset":
-        return (
-            f"window {display_window(str(record.get('window')))} reset, "
-            f"{record.get('accounts_dropped')} account(s) "
-            "dropped (history kept)"
-        )
-    parts = []
-    if record.get("mechanism"):
-        count = record.get("count")
-        parts.append(describe_mechanism(record["mechanism"]) + (f" x{count}" if count else ""))
-    elif record.get("count"):
-        parts.append(f"x{record['count']}")
-    if action == "rescope" and record.get("from"):
-        parts.append(f"from {key_label(record['from'])}")
-    if record.get("epsilon_alone") is not None:
-        label = "carried eps alone" if action == "rescope" else "eps alone"
-        parts.append(f"{label} {record['epsilon_alone']:.4g}")
-    if record.get("attempt_id"):
-        parts.append(f"attempt {record['attempt_id']}")
-    if record.get("reason"):
-        parts.append(f"reason: {record['reason']}")
-    return ", ".join(parts) or "-"
-
-
-def entry_target(record: Mapping[str, Any]) -> str:
-    """The key an entry concerns, ``N subjects`` for a multi-key one (``N keys`` before
-    spend classes, when each key was a subject), ``-`` for none."""
-    if record.get("key"):
-        return key_label(record["key"])
-    if record.get("subjects"):
-        return f"{record['subjects']:,} subjects"
-    if record.get("key_count"):
-        return f"{record['key_count']} keys"
-    if record.get("window"):
-        return f"window {display_window(record['window'])}"
-    return "-"
-
-
-def mechanisms_by_reservation(entries: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Reservation id -> mechanism spec, from the ``reserve`` entries."""
-    return {
-        entry["reservation_id"]: entry["payload"]["mechanism"]
-        for entry in entries
-        if entry["action"] == "reserve" and entry.get("reservation_id")
-    }
 
 
 # ---------------------------------------------------------------------- reads the API lacks
@@ -396,93 +268,6 @@ def count_accounts(
                 query = query.where(accounts.tenant == canonical_part("tenant", tenant))
             total += int(connection.execute(query).scalar_one())
     return total
-
-
-KeyParts = tuple[str, str, str, str]
-
-
-def _parts(key: Mapping[str, str]) -> KeyParts:
-    return key["tenant"], key["subject"], key["query_type"], key["window"]
-
-
-class SubjectNames:
-    """The subject behind each class of one that some history entries name.
-
-    Entries name the accounts they charged (``Class-...`` labels); a person reading a
-    schedule wants the subject. A charge over one subject in a window is made to an
-    account of that subject alone (a class of one, so it names that subject for good),
-    and the charge's history entry records the subject's cohort (``cohorts`` in its
-    payload, a commit's, reap's or release's in its reservation's ``reserve`` entry); the
-    cohort's one member is read from ``dp_cohort_members``. Labels of bigger classes and
-    keys of entries written before classes stay as they are.
-    """
-
-    def __init__(self, ledger: PrivacyBudgetLedger, entries: Sequence[Mapping[str, Any]]) -> None:
-        self._cohorts: dict[str, list[dict[str, Any]]] = {}  # reservation id -> its cohorts
-        wanted = set()
-        for entry in entries:
-            cohorts = entry["payload"].get("cohorts")
-            if entry["action"] == "reserve" and cohorts is not None:
-                self._cohorts[entry["reservation_id"]] = cohorts
-            if cohorts is None and entry.get("reservation_id") and entry["action"] != "reserve":
-                wanted.add(entry["reservation_id"])
-        with ledger.reading() as connection:
-            self._cohorts.update(reserve_cohorts(connection, wanted - self._cohorts.keys()))
-            singles = [
-                cohort
-                for entry in entries
-                for cohort in self.cohorts_of(entry)
-                if cohort["size"] == 1 and len(cohort["accounts"]) == 1
-            ]
-            self._names = self._read_names(connection, singles)
-
-    @staticmethod
-    def _read_names(connection: Any, singles: Sequence[Mapping[str, Any]]) -> dict[KeyParts, str]:
-        by_digest: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-        for cohort in singles:
-            by_digest.setdefault((cohort["tenant"], cohort["cohort"]), []).append(cohort)
-        names: dict[KeyParts, str] = {}
-        digests = sorted(by_digest)
-        for chunk in statements.chunks(digests):
-            rows = connection.execute(
-                select(Cohort.tenant, Cohort.digest, CohortMember.subject)
-                .join(CohortMember, CohortMember.cohort_id == Cohort.id)
-                .where(tuple_(Cohort.tenant, Cohort.digest).in_(chunk))
-            )
-            for tenant, digest, subject in rows:
-                for cohort in by_digest[(tenant, digest)]:
-                    label = cohort["accounts"][0]
-                    names[(tenant, label, cohort["query_type"], cohort["window"])] = subject
-        return names
-
-    def cohorts_of(self, entry: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The cohorts an entry charged (or reserved, released): its own or its reserve's."""
-        cohorts = entry["payload"].get("cohorts")
-        if cohorts is None and entry.get("reservation_id"):
-            cohorts = self._cohorts.get(entry["reservation_id"])
-        return cohorts or []
-
-    def subject_key(self, key: Mapping[str, str] | None) -> Mapping[str, str] | None:
-        """``key`` with its subject in place of a class-of-one label (else ``key``)."""
-        if key is None:
-            return None
-        subject = self._names.get(_parts(key))
-        return key if subject is None else {**key, "subject": subject}
-
-    def subjects(self, entry: Mapping[str, Any]) -> int | None:
-        """How many subjects an entry covered; None when its history does not say (an
-        entry made before spend classes, or one that charges nothing)."""
-        cohorts = self.cohorts_of(entry)
-        return sum(cohort["size"] for cohort in cohorts) if cohorts else None
-
-    def name(self, entry: Mapping[str, Any], record: dict[str, Any]) -> None:
-        """Make ``record`` (of ``entry``) name subjects: ``key`` and a rescope's ``from``
-        become subject keys where they are a class of one, and ``subjects`` counts the
-        subjects the entry covered."""
-        record["key"] = self.subject_key(record["key"])
-        if record.get("from") is not None:
-            record["from"] = self.subject_key(record["from"])
-        record["subjects"] = self.subjects(entry)
 
 
 def _reservation_keys(
@@ -805,292 +590,3 @@ def integrity_record(ledger: PrivacyBudgetLedger, verification: Mapping[str, Any
         "quarantine_reason": None if quarantine is None else quarantine[1],
         "statement": INTEGRITY,
     }
-
-
-# ---------------------------------------------------------------------- Markdown
-
-
-def _cell(value: Any) -> str:
-    text = "-" if value is None or value == "" else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
-    return lines
-
-
-def _eps(value: Any) -> str:
-    return f"{value:.6g}" if isinstance(value, float | int) else _cell(value)
-
-
-def _orders_text(orders: Sequence[float]) -> str:
-    return ", ".join(_number(float(order)) for order in orders)
-
-
-def render_markdown(report: Mapping[str, Any]) -> str:
-    """The report for people: the same content as the JSON, as Markdown."""
-    version = report["code_version"]
-    ledger = report["ledger"]
-    verification = report["verification"]
-    scope = report["scope"]
-    conversion = report["conversion"]
-    accountant = report["accountant"]
-    commit = f" (git commit {version['git_commit']})" if version.get("git_commit") else ""
-    scope_text = (
-        ", ".join(
-            f"{name} `{display_window(value) if name == 'window' else value}`"
-            for name, value in scope.items()
-            if value is not None
-        )
-        or "the whole ledger"
-    )
-    if verification["ok"]:
-        verified = (
-            f"**Verification: OK**: {verification['entries']} history entries and "
-            f"{verification['accounts']} accounts check out (links, and every table proven "
-            "from the history: caps never passed, costs, seals, policies, configuration)."
-        )
-    else:
-        verified = (
-            f"**Verification: FAILED**: {len(verification['problems'])} problem(s); the figures "
-            "below come from a ledger whose audit trail does not check out."
-        )
-    out = [
-        "# Privacy report",
-        "",
-        f"- Generated: {report['generated_at']}",
-        f"- Ledger: `{ledger['url']}`, created {ledger['created_at'] or '-'}, "
-        f"{ledger['history_entries']} history entries, head hash `{ledger['history_head']}`",
-        f"- Scope: {scope_text}",
-        f"- Code: {version['package']} {version['version']}{commit}",
-        f"- {verified}",
-        "",
-        "## Guarantee per spend class",
-        "",
-        "The subjects of a window that hold the same spend (the same releases covered them), "
-        f"one row each: every member's guarantee is the row's, an (epsilon, delta)-DP "
-        f"statement at delta = {_number(report['delta'])}. A sealed window's classes hold "
-        "their final spend (state SEALED).",
-        "",
-    ]
-    if report["classes"]:
-        out += _table(
-            ["tenant", "query type", "window", "subjects", "first subject", "epsilon", "cap",
-             "held (open reservations charged)", "state", "releases", "class"],
-            (
-                (c["tenant"], c["query_type"], display_window(c["window"]), f"{c['subjects']:,}",
-                 c["first_subject"], _eps(c["epsilon"]), _eps(c["cap_epsilon"]),
-                 _eps(c["held_epsilon"]), c["state"], c["releases"], c["id"])
-                for c in report["classes"]
-            ),
-        )  # fmt: skip
-    else:
-        out.append("No accounts in scope.")
-    listing = report["subjects"]
-    out += ["", "## Guarantee per subject", ""]
-    if not listing["listed"]:
-        out.append(
-            f"Not listed: each of the {listing['total']:,} subjects in scope holds its class's "
-            "guarantee above. `dp-budget report --subjects` lists them, "
-            f"{listing['page_size']:,} per page (`--page N`, `--page-size M`)."
-        )
-    else:
-        out += [
-            f"Page {listing['page']} of {listing['pages']} ({listing['page_size']:,} subjects "
-            f"per page, {listing['total']:,} in scope), in key order. Each row is an "
-            f"(epsilon, delta)-DP statement at delta = {_number(report['delta'])} for the "
-            "releases charged to that key, with respect to the privacy unit below.",
-            "",
-        ]
-    if report["accounts"]:
-        out += _table(
-            [
-                "tenant",
-                "subject",
-                "query type",
-                "window",
-                "epsilon",
-                "delta",
-                "cap",
-                "remaining",
-                "held (open reservations charged)",
-                "used",
-                "state",
-                "releases",
-                "open reservations",
-                "method",
-            ],
-            (
-                (
-                    a["tenant"],
-                    a["subject"],
-                    a["query_type"],
-                    display_window(a["window"]),
-                    _eps(a["epsilon"]),
-                    _number(a["delta"]),
-                    _eps(a["cap_epsilon"]),
-                    _eps(a["remaining"]),
-                    _eps(a["held_epsilon"]),
-                    f"{a['fraction'] * 100:.1f}%",
-                    a["state"],
-                    a["releases"],
-                    a["open_reservations"],
-                    a["method"],
-                )
-                for a in report["accounts"]
-            ),
-        )
-    elif listing["listed"]:
-        out.append("No accounts in scope.")
-    out += [
-        "",
-        "## Privacy unit (adjacency)",
-        "",
-        report["privacy_unit"]["statement"],
-        "",
-        "## Contribution bounds and sensitivity",
-        "",
-        report["contribution_bounds"]["statement"],
-        "",
-    ]
-    uses = report["contribution_bounds"]["mechanisms"]
-    if uses:
-        out += _table(
-            ["mechanism", "meaning", "invocations charged", "entries"],
-            (
-                (
-                    f"`{describe_mechanism(u['mechanism'])}`",
-                    u["meaning"],
-                    u["invocations_charged"],
-                    ", ".join(str(s) for s in u["entries"]),
-                )
-                for u in uses
-            ),
-        )
-    else:
-        out.append("No release has been charged in scope.")
-    out += [
-        "",
-        "## Accountant",
-        "",
-        f"{accountant['name']}. {accountant['composition']} {accountant['citation']}",
-        "",
-        *(f"- `{kind}`: {curve}" for kind, curve in accountant["curves"].items()),
-        "",
-        accountant["composition_model"],
-        "",
-        "## Conversion to (epsilon, delta)",
-        "",
-        f"- Name: `{conversion['name']}`",
-        f"- Formula: {conversion['formula']}",
-        f"- Citation: {conversion['citation']}",
-    ]
-    if conversion.get("analytic_gaussian"):
-        out.append(f"- Gaussian-only accounts: {conversion['analytic_gaussian']}")
-    out += [
-        "",
-        f"## Orders grid ({len(report['orders'])} orders)",
-        "",
-        _orders_text(report["orders"]),
-        "",
-        "## Policies",
-        "",
-    ]
-    out += _table(
-        ["tenant", "query type", "cap epsilon", "warn at", "calendar", "min window", "clause"],
-        (
-            (
-                p["tenant"],
-                p["query_type"],
-                _eps(p["cap_epsilon"]),
-                f"{p['warn_fraction'] * 100:g}%",
-                p["calendar"]
-                + (f" ({p['calendar_length_seconds']}s)" if p["calendar_length_seconds"] else ""),
-                f"{p['min_window_seconds']}s",
-                p["compliance_clause"],
-            )
-            for p in report["policies"]
-        ),
-    )
-    if report["policy_changes"]:
-        out += ["", "Policy changes:", ""]
-        out += [
-            f"- #{c['seq']} {c['at']} by {c['actor']}: {entry_summary(c)}"
-            for c in report["policy_changes"]
-        ]
-    out += [
-        "",
-        "## Release schedule",
-        "",
-        "Every reserve, commit, release, reap, correction, rescope and reset in scope. "
-        "'eps alone' is the epsilon of that entry's cost on its own; accounts compose "
-        "curves, so these do not add up to the account's epsilon.",
-        "",
-    ]
-    if report["schedule"]:
-        out += _table(
-            ["seq", "time", "action", "actor", "key", "mechanism", "count", "eps alone", "attempt"],
-            (
-                (
-                    r["seq"],
-                    r["at"],
-                    r["action"],
-                    r["actor"],
-                    entry_target(r),
-                    f"`{describe_mechanism(r['mechanism'])}`" if r["mechanism"] else "-",
-                    r["count"],
-                    _eps(r["epsilon_alone"]) if r["epsilon_alone"] is not None else "-",
-                    r["attempt_id"],
-                )
-                for r in report["schedule"]
-            ),
-        )
-    else:
-        out.append("No entries in scope.")
-    out += ["", "## Corrections", ""]
-    if report["corrections"]:
-        out += _table(
-            ["seq", "time", "actor", "key", "mechanism", "count", "eps alone", "reason"],
-            (
-                (
-                    c["seq"],
-                    c["at"],
-                    c["actor"],
-                    entry_target(c),
-                    f"`{describe_mechanism(c['mechanism'])}`",
-                    c["count"],
-                    _eps(c["epsilon_alone"]) if c["epsilon_alone"] is not None else "-",
-                    c["reason"],
-                )
-                for c in report["corrections"]
-            ),
-        )
-    else:
-        out.append("None.")
-    out += ["", "## Verification", "", verified]
-    if verification["problems"]:
-        out += ["", *(f"- {problem}" for problem in verification["problems"])]
-    integrity = report["integrity"]
-    keyed = (
-        f"keyed (HMAC-SHA256, key id `{integrity['chain_key_id'][:16]}`)"
-        if integrity["history_keyed"]
-        else "**not keyed**: whoever can write the ledger database could rewrite it"
-    )
-    quarantined = (
-        f"**quarantined** since {integrity['quarantined_since']}: {integrity['quarantine_reason']}"
-        if integrity["quarantined_since"]
-        else "not quarantined"
-    )
-    out += [
-        "",
-        "## Integrity",
-        "",
-        f"- History: {keyed}",
-        f"- Releases: {quarantined}",
-        "",
-        integrity["statement"],
-    ]
-    out += ["", "## How to read this report", "", report["delta_interpretation"], ""]
-    return "\n".join(out)

@@ -7,9 +7,9 @@ over 50 subjects and a million for a population; a class row says "48,211 subjec
 1.99 of 3" once, and its members are a drill-down away. Classes are read by grouping the
 stored accounts (each an exact class of the write path, ``classes``: several may hold
 equal spend and show as one class here), counting their ``size``: one row per account,
-never one per subject, unless a subject filter asks for the per-subject rows
-(``subject_rows``). A class's id is a digest of what its members share, so it names the
-class while no release changes it.
+never one per subject, unless a subject filter asks for the memberships, one row per
+subject (``grouped``). A class's id is a digest of what its members share, so it names
+the class while no release changes it.
 """
 
 from __future__ import annotations
@@ -19,21 +19,19 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, literal, null, select
+from sqlalchemy import ColumnElement, and_, literal
 
+from dp_budget_provider.ledger.accounts.grouped import grouped_spend
 from dp_budget_provider.ledger.accounts.keys import canonical_part
-from dp_budget_provider.ledger.accounts.memberships import least_member
 from dp_budget_provider.ledger.accounts.standing import SPEND_COLUMNS, Standings
-from dp_budget_provider.ledger.accounts.subject_rows import LIVE, STORES, Store, on, subjects_of
+from dp_budget_provider.ledger.accounts.subject_rows import LIVE, STORES, Store, on
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.storage.schema import Account
-from dp_budget_provider.ledger.views.queries import (
+from dp_budget_provider.ledger.views.pages import (
     AccountFilter,
     Page,
     PolicyCache,
-    filtered,
-    grouped_source,
     holds,
     page_bounds,
 )
@@ -72,26 +70,18 @@ def _class_id(row: Any) -> str:
 
 
 def _grouped(filters: AccountFilter, store: Store = LIVE) -> Any:
-    """The classes of the subjects matching ``filters`` in ``store``: the rows of
-    :func:`~queries.grouped_source` grouped by what they share, with their subject count
-    and least subject (of an account: its least member, from its memberships), and when
-    their window was sealed (NULL while it is live)."""
-    entity = grouped_source(filters, store)
-    shared = on(entity, SHARED)
-    first = least_member(entity) if entity is store.accounts else entity.subject
-    sealed_at = entity.sealed_at if store.sealed else null()
-    return filtered(
-        select(
-            *shared,
-            subjects_of(entity).label("size"),
-            func.min(first).label("subject"),
-            func.max(entity.updated_at).label("updated_at"),
-            literal(None).label("account"),  # a class may span several accounts
-            func.max(sealed_at).label("sealed_at"),
-        ),
-        filters,
-        entity,
-    ).group_by(*shared)
+    """The classes of the subjects matching ``filters`` in ``store``: what they share,
+    with their subject count and least subject (:func:`~grouped.grouped_spend`), when
+    their accounts were last updated and when their window was sealed (NULL while it is
+    live)."""
+    return grouped_spend(
+        SHARED,
+        filters.conditions,
+        store=store,
+        per_subject=filters.per_subject,
+        least=True,
+        latest=True,
+    ).add_columns(literal(None).label("account"))  # a class may span several accounts
 
 
 def _classes(ledger: PrivacyBudgetLedger, filters: AccountFilter) -> list[SpendClass]:

@@ -13,7 +13,7 @@ from dp_budget_provider.accounting import (
     RDPAccountant,
 )
 from dp_budget_provider.ledger import BudgetCap, Policy, key_for
-from dp_budget_provider.ledger.views import report
+from dp_budget_provider.ledger.views import report, report_markdown
 from dp_budget_provider.ledger.windows.calendar import window_bounds
 from dp_budget_provider.ledger.windows.policy import DEFAULT_GRACE
 from tests.admin import AdminLedger
@@ -81,7 +81,7 @@ def test_report_states_everything_seed_000_asks_for(ledger):
     integrity = document["integrity"]
     assert integrity["history_keyed"] is False and integrity["quarantined_since"] is None
     assert "sealed" in integrity["statement"] and "checkpoint" in integrity["statement"]
-    assert "## Integrity" in report.render_markdown(document)
+    assert "## Integrity" in report_markdown.render_markdown(document)
     assert document["ledger"]["history_head"] == ledger.history()[-1]["hash"]
 
 
@@ -234,7 +234,7 @@ def test_tampered_history_makes_the_report_say_failed(sqlite_url, monkeypatch):
     ledger.close()
     assert document["verification"]["ok"] is False
     assert any(p.startswith("entry 3:") for p in document["verification"]["problems"])
-    text = report.render_markdown(document)
+    text = report_markdown.render_markdown(document)
     assert "**Verification: FAILED**" in text
     assert "entry 3:" in text
 
@@ -254,7 +254,7 @@ def test_verification_that_cannot_complete_is_a_failure_not_a_pass(sqlite_url):
 
 def test_markdown_is_the_same_report_for_people(ledger):
     document = report.build_report(ledger, subjects=True)
-    text = report.render_markdown(document)
+    text = report_markdown.render_markdown(document)
     for heading in (
         "# Privacy report",
         "## Guarantee per subject",
@@ -344,5 +344,5 @@ def test_report_groups_a_cohort_into_its_spend_classes(ledger):
     every = {(a["subject"], a["epsilon"]) for a in document["accounts"]}
     for spend_class in document["classes"]:
         assert (spend_class["first_subject"], spend_class["epsilon"]) in every
-    text = report.render_markdown(document)
+    text = report_markdown.render_markdown(document)
     assert "## Guarantee per spend class" in text and "| 18 | user-12 |" in text

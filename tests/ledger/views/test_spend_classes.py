@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
 from dp_budget_provider.ledger import BudgetCap, BudgetExhausted, PrivacyBudgetLedger, keys_for
 from dp_budget_provider.ledger.views import queries, report
-from dp_budget_provider.ledger.views.queries import AccountFilter
+from dp_budget_provider.ledger.views.pages import AccountFilter
 from dp_budget_provider.ledger.views.spend_classes import class_members, find_classes
 
 SUBJECTS = [f"s{i}" for i in range(12)]

@@ -19,7 +19,8 @@ import sqlalchemy as sa
 from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import BudgetCap, LedgerError, WindowSealed, key_for
 from dp_budget_provider.ledger.storage import clock as ledger_clock
-from dp_budget_provider.ledger.views import queries, report
+from dp_budget_provider.ledger.views import queries, report, report_markdown
+from dp_budget_provider.ledger.views.pages import AccountFilter
 from dp_budget_provider.ledger.views.spend_classes import every_class
 from tests.admin import AdminLedger
 
@@ -46,9 +47,7 @@ def sealed(ledger_url, monkeypatch):
         "u0001": ledger.epsilon_of(key("u0001")),
         "u0900": ledger.epsilon_of(key("u0900")),
     }
-    classes_before = {
-        c.subjects: c.status.epsilon for c in every_class(ledger, queries.AccountFilter())
-    }
+    classes_before = {c.subjects: c.status.epsilon for c in every_class(ledger, AccountFilter())}
     monkeypatch.setattr(ledger_clock, "now", lambda: AFTER)
     assert ledger.reset(WEEK) == 1000
     yield ledger, before, classes_before
@@ -75,11 +74,11 @@ def test_a_sealed_windows_final_spend_is_read_per_subject_and_per_class(sealed):
     assert report.count_accounts(ledger, window=WEEK) == 1000
     assert report.count_accounts(ledger) == 0
     # Classes: one row each, with their size and final epsilon, state SEALED.
-    assert every_class(ledger, queries.AccountFilter()) == []
-    sealed_classes = every_class(ledger, queries.AccountFilter(window=WEEK))
+    assert every_class(ledger, AccountFilter()) == []
+    sealed_classes = every_class(ledger, AccountFilter(window=WEEK))
     assert {c.subjects: c.status.epsilon for c in sealed_classes} == classes_before
     assert {c.status.state for c in sealed_classes} == {"SEALED"}
-    members = queries.AccountFilter(sealed=True)
+    members = AccountFilter(sealed=True)
     assert {c.subjects for c in every_class(ledger, members)} == {400, 600}
     # The account page's read (a subject, and its class by label).
     status = queries.account_status(ledger, key("u0900"))
@@ -186,7 +185,7 @@ def test_the_report_is_by_class_and_its_subject_listing_opt_in_and_paged(ledger_
     ledger.commit(ledger.reserve(everyone.in_window("heatmap", WEEK), GaussianMechanism(3.0)))
     started = time.monotonic()
     document = report.build_report(ledger, window=WEEK)
-    markdown = report.render_markdown(document)
+    markdown = report_markdown.render_markdown(document)
     took = time.monotonic() - started
     assert [c["subjects"] for c in document["classes"]] == [200_000]
     assert document["accounts"] == []
@@ -198,7 +197,7 @@ def test_the_report_is_by_class_and_its_subject_listing_opt_in_and_paged(ledger_
     paged = report.build_report(ledger, window=WEEK, subjects=True, page=3, page_size=500)
     assert [a["subject"] for a in paged["accounts"]][:2] == ["user-001000", "user-001001"]
     assert len(paged["accounts"]) == 500 and paged["subjects"]["pages"] == 400
-    assert "Page 3 of 400" in report.render_markdown(paged)
+    assert "Page 3 of 400" in report_markdown.render_markdown(paged)
     with pytest.raises(ValueError, match="page 401 does not exist"):
         report.build_report(ledger, subjects=True, page=401, page_size=500)
     # Sealed, the same report reads the final spend, state SEALED.
@@ -207,7 +206,7 @@ def test_the_report_is_by_class_and_its_subject_listing_opt_in_and_paged(ledger_
     sealed_report = report.build_report(ledger, window=WEEK, subjects=True, page_size=2)
     assert [(c["subjects"], c["state"]) for c in sealed_report["classes"]] == [(200_000, "SEALED")]
     assert [a["state"] for a in sealed_report["accounts"]] == ["SEALED", "SEALED"]
-    assert "No accounts in scope" not in report.render_markdown(sealed_report)
+    assert "No accounts in scope" not in report_markdown.render_markdown(sealed_report)
     assert took < 30
     ledger.close()
 
