@@ -22,14 +22,9 @@ from dp_budget_provider.ledger import (
     key_for,
     keys_for,
 )
-<<<<<<< HEAD
 from dp_budget_provider.ledger.storage import dialects
-from dp_budget_provider.ledger.views.queries import AccountFilter, find_accounts
-=======
-from dp_budget_provider.ledger.accounts import classes
 from dp_budget_provider.ledger.views.pages import AccountFilter
 from dp_budget_provider.ledger.views.queries import find_accounts
->>>>>>> views
 from tests.ledger.audit.test_tamper import KEY, assert_caught, fetch
 from tests.ledger.memberships_sql import MEMBERS
 from tests.ledger.storage.test_pending_and_server_paths import execute
