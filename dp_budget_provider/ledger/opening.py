@@ -24,6 +24,8 @@ from dp_budget_provider.accounting import Conversion
 from dp_budget_provider.ledger.audit.authority import AdminKey, AdminPublicKey, LedgerAuthority
 from dp_budget_provider.ledger.errors import LedgerConfigMismatch, LedgerCorrupt
 from dp_budget_provider.ledger.storage import clock, database, history
+from dp_budget_provider.ledger.storage.entries import CreateEntry
+from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import ChainHead, LedgerConfig
 from dp_budget_provider.ledger.windows.calendar import WindowCalendar
 from dp_budget_provider.ledger.windows.policy import ANY, BudgetCap, Policy
@@ -124,21 +126,18 @@ def _initialise(
             for chain in range(1, history.CHAINS + 1)
         ],
     )
-    seq = history.append(
+    journal = Journal(new.key, history.CHAINS, new.actor)
+    seq = journal.append(
         connection,
-        new.key,
-        chain=history.KEYLESS_CHAIN,
+        CreateEntry(
+            delta=cap.delta,
+            orders=tuple(new.orders.tolist()),
+            conversion=new.conversion,
+            chains=history.CHAINS,
+            chain_key_id=new.key.key_id,
+            admin_key=admin.text if admin is not None else None,
+        ),
         at=now,
-        action="create",
-        actor=new.actor,
-        payload={
-            "delta": cap.delta,
-            "orders": new.orders.tolist(),
-            "conversion": new.conversion,
-            "chains": history.CHAINS,
-            "chain_key_id": new.key.key_id,
-            **({"admin_key": admin.text} if admin is not None else {}),
-        },
     )
     if new.key.keyed:
         connection.execute(update(LedgerConfig).where(LedgerConfig.id == 1).values(keyed_from=seq))
@@ -146,11 +145,10 @@ def _initialise(
     policies.authority = authority
     write_policy(
         connection,
-        new.key,
+        journal,
         authority,
         Policy(cap.epsilon, cap.warn_fraction, calendar=new.calendar),
         now,
-        new.actor,
     )
     return Settings(cap.delta, history.CHAINS, authority)
 

@@ -43,6 +43,7 @@ from dp_budget_provider.ledger.accounts.keys import LedgerKey, canonical_part, k
 from dp_budget_provider.ledger.accounts.memberships import REFERRING, least_member
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.storage import pipeline, statements
+from dp_budget_provider.ledger.storage.entries import ChargedCohort, NewClass, Refinement, Split
 from dp_budget_provider.ledger.storage.schema import Account
 from dp_budget_provider.ledger.storage.statements import newline_joined
 
@@ -187,19 +188,20 @@ class CohortCharge:
     digest: str
     size: int
     accounts: tuple[str, ...]
-    refined: dict[str, Any] | None = None
+    refined: Refinement | None = None
 
-    def as_payload(self) -> dict[str, Any]:
+    def recorded(self) -> ChargedCohort:
+        """The cohort as the charge's history entry records it."""
         tenant, query_type, window = self.scope
-        return {
-            "tenant": tenant,
-            "query_type": query_type,
-            "window": window,
-            "cohort": self.digest,
-            "size": self.size,
-            "accounts": list(self.accounts),
-            "refined": self.refined,
-        }
+        return ChargedCohort(
+            tenant=tenant,
+            query_type=query_type,
+            window=window,
+            cohort=self.digest,
+            size=self.size,
+            accounts=self.accounts,
+            refined=self.refined,
+        )
 
 
 @dataclass
@@ -209,8 +211,9 @@ class Charge:
     keys: list[LedgerKey]
     cohorts: list[CohortCharge] = field(default_factory=list)
 
-    def payload(self) -> list[dict[str, Any]]:
-        return [cohort.as_payload() for cohort in self.cohorts]
+    def recorded(self) -> tuple[ChargedCohort, ...]:
+        """The cohorts as the charge's history entry records them."""
+        return tuple(cohort.recorded() for cohort in self.cohorts)
 
     def link(self, pipe: pipeline.Pipeline, seq: int) -> None:
         """Record that history entry ``seq`` (this charge's) covered its cohorts."""
@@ -392,7 +395,7 @@ def _refine(
     where = {"tenant": tenant, "q": query_type, "w": window, "cohort": cohort_id, "now": now}
     in_scope = 'tenant = %(tenant)s AND query_type = %(q)s AND "window" = %(w)s'
     kept: list[str] = []
-    splits: list[list[Any]] = []
+    splits: list[Split] = []
     listed = 0  # members written to dp_members (of split classes that referred to a cohort)
     lock = pipe.dialect.row_lock
     labels = sorted(covered)
@@ -416,18 +419,18 @@ def _refine(
                 raise LedgerCorrupt(f"account {label!r} holds {held} subjects but {moved} name it")
             child = new_label()
             carried = _carry(pipe, scope, label, child) if open_reservations else []
-            splits.append([label, child, moved, carried])
+            splits.append(Split(parent=label, child=child, moved=moved, carried=tuple(carried)))
             _split(pipe, where, in_scope, label, child, moved, referred)
             listed += held if referred is not None else 0
     pipe.dialect.written(pipe, "dp_members", listed)
-    new: list[Any] | None = None
+    new: NewClass | None = None
     fresh = size - sum(covered.values())
     if fresh:
         label = new_label()
-        new = [label, fresh]
         # A cohort that covers none of the window's classes makes one class of all its
         # subjects, which refers to the cohort: its members are not written again.
         referring = not covered
+        new = NewClass(label=label, size=fresh, refers=referring)
         pipe.query(
             'INSERT INTO dp_accounts (tenant, subject, query_type, "window", rho, residual, '
             "gaussian_mu2, releases, open_reservations, pending_rho, pending_residual, "
@@ -436,9 +439,7 @@ def _refine(
             "%(referred)s)",
             {**where, "label": label, "size": fresh, "referred": cohort_id if referring else None},
         )
-        if referring:
-            new.append("cohort")
-        else:
+        if not referring:
             # The cohort's subjects the window has no account for, as a set difference
             # (a hash or a merge: a NOT EXISTS was planned as a nested loop over the
             # window's members without statistics, 27 s for 10^5 new beside 10^4).
@@ -455,14 +456,14 @@ def _refine(
                 {**where, "label": label},
             )
             pipe.dialect.written(pipe, "dp_members", fresh)
-    accounts = sorted(kept + [split[1] for split in splits] + ([new[0]] if new else []))
+    accounts = sorted(kept + [split.child for split in splits] + ([new.label] if new else []))
     for label in accounts:
         pipe.query(
             'INSERT INTO dp_cohort_accounts (cohort_id, query_type, "window", account) '
             "VALUES (%(cohort)s, %(q)s, %(w)s, %(label)s)",
             {**where, "label": label},
         )
-    refined = {"kept": sorted(kept), "split": splits, "new": new}
+    refined = Refinement(kept=tuple(sorted(kept)), split=tuple(splits), new=new)
     return CohortCharge(scope, cohort_id, digest, size, tuple(accounts), refined)
 
 

@@ -31,6 +31,8 @@ from dp_budget_provider.accounting import (
 from dp_budget_provider.accounting.rounding import difference_up, sum_up
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 
+_BAD_CURVE = "residual curve has NaN, negative values or the wrong length"
+
 
 def prospective(committed: Spend, pending: Pending, cost: Spend) -> Spend:
     """What an account would hold once a reservation of ``cost`` is granted, summed in the
@@ -129,17 +131,22 @@ class Spend:
 
     @classmethod
     def from_columns(
-        cls, rho: float, residual: str | None, gaussian_mu2: float | None, size: int
+        cls, rho: float, residual: str | None, gaussian_mu2: float | None, size: int | None
     ) -> Spend:
-        """Load stored values, refusing anything corrupt (fail closed)."""
+        """Load stored values, refusing anything corrupt (fail closed). The residual curve
+        has one value per order of a grid of ``size`` (None: of a grid not known yet, see
+        :meth:`on_grid`)."""
         values = None if residual is None else np.array(json.loads(residual), dtype=np.float64)
         problems = []
         if not (isinstance(rho, float | int) and math.isfinite(rho) and rho >= 0):
             problems.append(f"rho={rho!r}")
         if values is not None and (
-            values.shape != (size,) or np.any(np.isnan(values)) or np.any(values < 0)
+            values.ndim != 1
+            or (size is not None and values.size != size)
+            or np.any(np.isnan(values))
+            or np.any(values < 0)
         ):
-            problems.append("residual curve has NaN, negative values or the wrong length")
+            problems.append(_BAD_CURVE)
         if gaussian_mu2 is not None and not (math.isfinite(gaussian_mu2) and gaussian_mu2 >= 0):
             problems.append(f"gaussian_mu2={gaussian_mu2!r}")
         if problems:
@@ -147,8 +154,9 @@ class Spend:
         return cls(float(rho), values, None if gaussian_mu2 is None else float(gaussian_mu2))
 
     @classmethod
-    def from_payload(cls, payload: dict[str, Any], size: int) -> Spend:
-        """Inverse of :meth:`as_payload` (history replay)."""
+    def from_payload(cls, payload: dict[str, Any], size: int | None) -> Spend:
+        """Inverse of :meth:`as_payload` (history entries; ``size`` as for
+        :meth:`from_columns`)."""
         residual = payload["residual"]
         return cls.from_columns(
             payload["rho"],
@@ -156,6 +164,13 @@ class Spend:
             payload["gaussian_mu2"],
             size,
         )
+
+    def on_grid(self, size: int) -> Spend:
+        """This spend, refused as corrupt unless its residual curve has one value per order
+        of a grid of ``size`` (a history entry's cost is read before its grid is known)."""
+        if self.residual is not None and self.residual.size != size:
+            raise LedgerCorrupt(f"stored spend is corrupt: {_BAD_CURVE}")
+        return self
 
     def close_to(self, other: Spend, rel: float = 1e-9) -> bool:
         """Equal up to floating-point reassociation (replay vs stored)."""

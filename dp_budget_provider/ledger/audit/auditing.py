@@ -27,6 +27,12 @@ from dp_budget_provider.ledger.records import (
     VerifyReport,
 )
 from dp_budget_provider.ledger.storage import clock, history
+from dp_budget_provider.ledger.storage.entries import (
+    AdminKeyEntry,
+    AdoptKeyEntry,
+    QuarantineEntry,
+    UnquarantineEntry,
+)
 from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import (
     ChainHead,
@@ -189,11 +195,12 @@ class Auditor:
                 )
             )
             if audited:
-                self._journal.keyless(
+                self._journal.append(
                     connection,
-                    "quarantine",
-                    now,
-                    {"reason": reason, "problems": [str(p) for p in problems], "epoch": epoch},
+                    QuarantineEntry(
+                        reason=reason, problems=tuple(str(p) for p in problems), epoch=epoch
+                    ),
+                    at=now,
                 )
         return True
 
@@ -228,17 +235,16 @@ class Auditor:
                 .where(LedgerConfig.id == 1)
                 .values(quarantined_at=None, quarantine_reason=None, clearance=clearance)
             )
-            self._journal.keyless(
+            self._journal.append(
                 connection,
-                "unquarantine",
-                now,
-                {
-                    "reason": reason,
-                    "quarantined_at": row.quarantined_at,
-                    "quarantine_reason": row.quarantine_reason,
-                    "epoch": row.quarantine_epoch,
-                    "signature": clearance,
-                },
+                UnquarantineEntry(
+                    reason=reason,
+                    quarantined_at=row.quarantined_at,
+                    quarantine_reason=row.quarantine_reason,
+                    epoch=row.quarantine_epoch,
+                    signature=clearance,
+                ),
+                at=now,
             )
 
     def record_admin_key(self) -> str:
@@ -272,14 +278,12 @@ class Auditor:
                 .where(LedgerConfig.id == 1)
                 .values(admin_key=signer.public.text)
             )
-            self._journal.keyless(connection, "admin-key", now, {"admin_key": signer.public.text})
+            self._journal.append(connection, AdminKeyEntry(admin_key=signer.public.text), at=now)
             authority = self._store.authority = LedgerAuthority(
                 self._store.authority.ledger, signer.public, signer
             )
             for policy in stored.values():
-                write_policy(
-                    connection, self._journal.key, authority, policy, now, self._journal.actor
-                )
+                write_policy(connection, self._journal, authority, policy, now)
         return signer.public.text
 
     def adopt_chain_key(self, chain_key: str | bytes) -> None:
@@ -310,18 +314,10 @@ class Auditor:
             if tuple(tuple(head) for head in heads) != report.heads:
                 raise LedgerError("the history grew while it was verified; adopt the key again")
             connection.execute(update(ChainHead).values(key_id=key.key_id))
-            seq = history.append(
+            seq = Journal(key, self._journal.chains, self._journal.actor).append(
                 connection,
-                key,
-                chain=history.KEYLESS_CHAIN,
+                AdoptKeyEntry(chain_key_id=key.key_id, heads=report.heads, signature=signature),
                 at=now,
-                action="adopt-key",
-                actor=self._journal.actor,
-                payload={
-                    "chain_key_id": key.key_id,
-                    "heads": [list(h) for h in report.heads],
-                    "signature": signature,
-                },
             )
             connection.execute(
                 update(LedgerConfig)

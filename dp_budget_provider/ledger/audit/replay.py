@@ -18,6 +18,7 @@ from dp_budget_provider.ledger.audit.replay_acts import Configuration
 from dp_budget_provider.ledger.audit.replay_charges import Charges
 from dp_budget_provider.ledger.audit.replay_state import BATCH, AuditSettings, Findings
 from dp_budget_provider.ledger.errors import LedgerCorrupt
+from dp_budget_provider.ledger.storage.entries import ENTRY_KINDS, RefiningEntry
 from dp_budget_provider.ledger.storage.schema import (
     ChargeCohort,
     Cohort,
@@ -39,20 +40,20 @@ class Replay:
 
     def apply(self, entry: Any, keys: list[LedgerKey], links: list[tuple[str, ...]]) -> None:
         """Apply one entry (with its reservation's keys, in order, and the cohorts
-        ``dp_charge_cohorts`` links it to: (tenant, digest, query type, window))."""
+        ``dp_charge_cohorts`` links it to: (tenant, digest, query type, window)): its
+        payload is read once, as the record of its kind, which its handler applies."""
         try:
             payload = json.loads(entry.payload)
             # An action is found whether its words are joined by "-" or "_", as it was when
             # the replay looked its handler up by name.
-            handler = self._handlers.get(entry.action.replace("_", "-"))
-            if handler is None:
+            kind = ENTRY_KINDS.get(entry.action.replace("_", "-"))
+            if kind is None:
                 self.findings.problem(entry, "an action the ledger never writes")
                 return
-            handler(entry, payload, keys)
-            covered = [
-                (c["tenant"], c["cohort"], c["query_type"], c["window"])
-                for c in payload.get("cohorts") or []
-            ]
+            record = kind.from_payload(payload)
+            self._handlers[kind](entry, record, keys)
+            charged = record.cohorts if isinstance(record, RefiningEntry) else None
+            covered = [(c.tenant, c.cohort, c.query_type, c.window) for c in charged or ()]
             if sorted(links) != sorted(covered):
                 self.findings.problem(
                     entry, "its rows in dp_charge_cohorts are not the cohorts it covered"

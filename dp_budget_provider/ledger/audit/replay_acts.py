@@ -8,32 +8,22 @@ and the policies they set are those every later charge is judged under (``replay
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.audit import authority
 from dp_budget_provider.ledger.audit.authority import AdminPublicKey
 from dp_budget_provider.ledger.audit.replay_state import Findings, Handler
-from dp_budget_provider.ledger.windows.calendar import WindowCalendar
-from dp_budget_provider.ledger.windows.policy import DEFAULT_GRACE, Policy
-
-
-def _policy_of_payload(payload: dict[str, Any]) -> Policy:
-    """A policy as its history entry recorded it (entries before grace periods: the default)."""
-    calendar = payload.get("calendar") or {}
-    if isinstance(calendar, str):
-        calendar = {"kind": calendar, "length_seconds": payload.get("calendar_length_seconds")}
-    return Policy(
-        cap_epsilon=payload["cap_epsilon"],
-        warn_fraction=payload["warn_fraction"],
-        tenant=payload["tenant"],
-        query_type=payload["query_type"],
-        calendar=WindowCalendar(calendar.get("kind", "iso_week"), calendar.get("length_seconds")),
-        min_window=timedelta(seconds=payload["min_window_seconds"]),
-        compliance_clause=payload.get("compliance_clause", ""),
-        grace=timedelta(seconds=payload.get("grace_seconds", DEFAULT_GRACE.total_seconds())),
-    )
+from dp_budget_provider.ledger.storage.entries import (
+    AdminKeyEntry,
+    AdoptKeyEntry,
+    CreateEntry,
+    PolicyEntry,
+    QuarantineEntry,
+    UnquarantineEntry,
+)
+from dp_budget_provider.ledger.storage.payloads import Entry
+from dp_budget_provider.ledger.windows.policy import Policy
 
 
 class Configuration:
@@ -43,7 +33,7 @@ class Configuration:
         self.findings = findings
         self.policies: dict[tuple[str, str], Policy] = {}
         self.policy_entries: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
-        self.create: tuple[Any, dict[str, Any]] | None = None
+        self.create: tuple[Any, CreateEntry] | None = None  # (its row, its record)
         self.adopted: tuple[int, str] | None = None  # (seq, key id) of a key adoption
         self.quarantine: tuple[str, str] | None = None  # (at, reason)
         # The administrator's key as the history records it, the ledger's identity that
@@ -54,31 +44,31 @@ class Configuration:
         self.quarantines = 0
         self.clearance: str | None = None
 
-    def handlers(self) -> dict[str, Handler]:
-        """The acts, by the action their entries name."""
+    def handlers(self) -> dict[type[Entry], Handler]:
+        """The acts, by the kind of their entries."""
         return {
-            "create": self._on_create,
-            "admin-key": self._on_admin_key,
-            "adopt-key": self._on_adopt_key,
-            "policy": self._on_policy,
-            "quarantine": self._on_quarantine,
-            "unquarantine": self._on_unquarantine,
+            CreateEntry: self._on_create,
+            AdminKeyEntry: self._on_admin_key,
+            AdoptKeyEntry: self._on_adopt_key,
+            PolicyEntry: self._on_policy,
+            QuarantineEntry: self._on_quarantine,
+            UnquarantineEntry: self._on_unquarantine,
         }
 
-    def _on_create(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
+    def _on_create(self, entry: Any, created: CreateEntry, keys: list[LedgerKey]) -> None:
         if self.create is not None:
             self.findings.problem(entry, "a second creation entry")
             return
-        self.create = (entry, payload)
+        self.create = (entry, created)
         self.identity = entry.hash
-        if payload.get("admin_key") is not None:
-            self.admin = AdminPublicKey(payload["admin_key"])
+        if created.admin_key is not None:
+            self.admin = AdminPublicKey(created.admin_key)
 
-    def _on_admin_key(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
+    def _on_admin_key(self, entry: Any, recorded: AdminKeyEntry, keys: list[LedgerKey]) -> None:
         if self.admin is not None:
             self.findings.problem(entry, "a second administrator key (a ledger keeps its first)")
             return
-        self.admin = AdminPublicKey(payload["admin_key"])
+        self.admin = AdminPublicKey(recorded.admin_key)
 
     def _authorised(self, entry: Any, act: str, fields: dict[str, Any], signature: Any) -> None:
         """An administrator's act must carry the administrator's signature, once the
@@ -92,43 +82,37 @@ class Configuration:
                 "without the administrator's authority (by SQL, or by code without the key)",
             )
 
-    def _on_adopt_key(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
+    def _on_adopt_key(self, entry: Any, adopted: AdoptKeyEntry, keys: list[LedgerKey]) -> None:
         if self.adopted is not None:
             self.findings.problem(entry, "a second key adoption")
         self._authorised(
-            entry,
-            "adopt-key",
-            {"chain_key_id": payload["chain_key_id"]},
-            payload.get("signature"),
+            entry, "adopt-key", {"chain_key_id": adopted.chain_key_id}, adopted.signature
         )
-        self.adopted = (entry.seq, payload["chain_key_id"])
+        self.adopted = (entry.seq, adopted.chain_key_id)
 
-    def _on_policy(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
-        policy = _policy_of_payload(payload)
+    def _on_policy(self, entry: Any, recorded: PolicyEntry, keys: list[LedgerKey]) -> None:
+        policy = recorded.policy
         record = policy.as_record()
-        self._authorised(entry, "policy", record, payload.get("signature"))
+        self._authorised(entry, "policy", record, recorded.signature)
         self.policies[policy.scope] = policy
-        self.policy_entries[policy.scope] = (
-            {**record, "signature": payload.get("signature")},
-            entry.at,
-        )
+        self.policy_entries[policy.scope] = ({**record, "signature": recorded.signature}, entry.at)
 
-    def _on_quarantine(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
+    def _on_quarantine(self, entry: Any, recorded: QuarantineEntry, keys: list[LedgerKey]) -> None:
         self.quarantines += 1
-        if payload.get("epoch", self.quarantines) != self.quarantines:
+        if recorded.epoch not in (None, self.quarantines):
             self.findings.problem(
-                entry, f"quarantine #{payload['epoch']} is the {self.quarantines}th"
+                entry, f"quarantine #{recorded.epoch} is the {self.quarantines}th"
             )
-        self.quarantine = (entry.at, payload["reason"])
+        self.quarantine = (entry.at, recorded.reason)
         self.clearance = None
 
-    def _on_unquarantine(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
+    def _on_unquarantine(
+        self, entry: Any, recorded: UnquarantineEntry, keys: list[LedgerKey]
+    ) -> None:
         if self.quarantine is None:
             self.findings.problem(entry, "clears a quarantine that was not in force")
-        if payload.get("epoch", self.quarantines) != self.quarantines:
-            self.findings.problem(entry, f"clears quarantine #{payload['epoch']}, not the last")
-        self._authorised(
-            entry, "clear-quarantine", {"epoch": self.quarantines}, payload.get("signature")
-        )
+        if recorded.epoch not in (None, self.quarantines):
+            self.findings.problem(entry, f"clears quarantine #{recorded.epoch}, not the last")
+        self._authorised(entry, "clear-quarantine", {"epoch": self.quarantines}, recorded.signature)
         self.quarantine = None
-        self.clearance = payload.get("signature")
+        self.clearance = recorded.signature

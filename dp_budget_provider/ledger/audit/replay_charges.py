@@ -29,6 +29,19 @@ from dp_budget_provider.ledger.audit.replay_state import (
     ScopeState,
 )
 from dp_budget_provider.ledger.storage import history
+from dp_budget_provider.ledger.storage.entries import (
+    ChargedCohort,
+    CommitEntry,
+    CorrectionEntry,
+    ReapEntry,
+    Refinement,
+    RefiningEntry,
+    ReleaseEntry,
+    RescopeEntry,
+    ReserveEntry,
+    ResetEntry,
+)
+from dp_budget_provider.ledger.storage.payloads import Entry
 from dp_budget_provider.ledger.windows.policy_store import policy_lookup, policy_of_scope
 
 # A granted reservation is a breach when the replayed total passes its cap by more than
@@ -59,9 +72,10 @@ def _plus(curve: np.ndarray | None, extra: np.ndarray | None) -> np.ndarray | No
     return extra.copy() if curve is None else curve + extra
 
 
-def _canonical_cost(payload: Any, size: int) -> tuple[Spend, str]:
-    """A cost from a payload, and its canonical text (exact equality of costs)."""
-    spend = Spend.from_payload(payload, size)
+def _canonical_cost(cost: Spend, size: int) -> tuple[Spend, str]:
+    """An entry's cost on the ledger's grid of ``size`` orders, and its canonical text
+    (exact equality of costs)."""
+    spend = cost.on_grid(size)
     return spend, history.canonical_json(spend.as_payload())
 
 
@@ -86,16 +100,16 @@ class Charges:
         self._bounds: dict[tuple[Any, ...], float] = {}
         self._costs: dict[tuple[str, int], Spend] = {}
 
-    def handlers(self) -> dict[str, Handler]:
-        """The charges, by the action their entries name (a reap charges as a commit)."""
+    def handlers(self) -> dict[type[Entry], Handler]:
+        """The charges, by the kind of their entries (a reap charges as a commit)."""
         return {
-            "reserve": self._on_reserve,
-            "commit": self._on_commit,
-            "reap": self._on_commit,
-            "release": self._on_release,
-            "correction": self._on_correction,
-            "rescope": self._on_rescope,
-            "reset": self._on_reset,
+            ReserveEntry: self._on_reserve,
+            CommitEntry: self._on_commit,
+            ReapEntry: self._on_commit,
+            ReleaseEntry: self._on_release,
+            CorrectionEntry: self._on_correction,
+            RescopeEntry: self._on_rescope,
+            ResetEntry: self._on_reset,
         }
 
     # ------------------------------------------------------------------ helpers
@@ -180,11 +194,11 @@ class Charges:
 
     # ------------------------------------------------------------------ classes
 
-    def _refine(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
+    def _refine(self, entry: Any, charge: RefiningEntry, keys: list[LedgerKey]) -> None:
         """Apply the refinements of the entry's cohorts (before its own effect): its keys
         must be the accounts of its cohorts. An entry written before classes has none: it
         charges its keys (legacy keys, each a class of one) as they are."""
-        cohorts = payload.get("cohorts")
+        cohorts = charge.cohorts
         if cohorts is None:
             return
         accounts: set[LedgerKey] = set()
@@ -193,11 +207,11 @@ class Charges:
         if sorted(accounts) != sorted(keys):
             self.findings.problem(entry, "its keys are not the accounts of its cohorts")
 
-    def _refine_cohort(self, entry: Any, cohort: dict[str, Any]) -> list[LedgerKey]:
+    def _refine_cohort(self, entry: Any, cohort: ChargedCohort) -> list[LedgerKey]:
         """One cohort of an entry, in one scope: its refinement applied (or, known, its
         listing checked); the keys of the accounts the entry says it charges for it."""
-        tenant, query_type, window = cohort["tenant"], cohort["query_type"], cohort["window"]
-        parts, digest, size = (tenant, query_type, window), cohort["cohort"], int(cohort["size"])
+        tenant, query_type, window = cohort.tenant, cohort.query_type, cohort.window
+        parts, digest, size = (tenant, query_type, window), cohort.cohort, cohort.size
         where = f"cohort {digest} in window {window} of ({tenant}, {query_type})"
         named = self.cohorts.setdefault((tenant, digest), size)
         if named != size:  # (across batches, each is checked against the stored size)
@@ -205,7 +219,7 @@ class Charges:
                 entry, f"{where}: of {size} subjects; an earlier entry said {named}"
             )
         scope = self._scope_of(entry, tenant, query_type, window)
-        refined = cohort["refined"]
+        refined = cohort.refined
         if refined is None:
             listing = scope.listings.get(digest)
             if listing is None:
@@ -217,7 +231,7 @@ class Charges:
             if digest in scope.listings:
                 self.findings.problem(entry, f"{where}: refined again, although it is listed")
             listing = self._apply_refinement(entry, scope, parts, digest, refined, where)
-        labels = cohort["accounts"]
+        labels = list(cohort.accounts)
         if labels != sorted(listing):
             self.findings.problem(
                 entry, f"{where}: charges {labels}, but the history lists {sorted(listing)}"
@@ -238,7 +252,7 @@ class Charges:
         scope: ScopeState,
         parts: tuple[str, str, str],
         digest: str,
-        refined: dict[str, Any],
+        refined: Refinement,
         where: str,
     ) -> set[str]:
         """A cohort refined in a scope: kept accounts stay, split parents give the covered
@@ -253,24 +267,23 @@ class Charges:
                 )
             self.keys[_account(parts, label)] = state
 
-        kept = set(refined["kept"])
+        kept = set(refined.kept)
         for label in sorted(kept):
             if self._live(_account(parts, label)) is None:
                 self.findings.problem(
                     entry, f"{where}: keeps {label}, which is no account of the window"
                 )
         children: list[str] = []
-        for parent, child, moved, *rest in refined["split"]:
+        for split in refined.split:
+            parent, child, moved = split.parent, split.child, split.moved
             source = self._live(_account(parts, parent))
             if source is None:
                 self.findings.problem(
                     entry, f"{where}: splits {parent}, which is no account of the window"
                 )
                 continue
-            self._carry(
-                entry, where, source, parent, _account(parts, child), rest[0] if rest else []
-            )
-            if not 0 < int(moved) < source.size:
+            self._carry(entry, where, source, parent, _account(parts, child), split.carried)
+            if not 0 < moved < source.size:
                 self.findings.problem(
                     entry, f"{where}: moves {moved} of the {source.size} subjects of {parent}"
                 )
@@ -285,33 +298,30 @@ class Charges:
                     updated_at=entry.at,
                     rescoped_to=source.rescoped_to,
                     repriced=source.repriced,
-                    size=int(moved),
+                    size=moved,
                     of_class=True,
                 ),
             )
-            source.size -= int(moved)
+            source.size -= moved
             source.refers = None  # the writer listed its members before it split it
             scope.split(parent, child)
             children.append(child)
-        new = None
-        if refined["new"] is not None:
-            new, count, *members = refined["new"]
-            count = int(count)
-            if count < 1:
-                self.findings.problem(entry, f"{where}: makes {new} for {count} subjects")
+        new = refined.new
+        if new is not None:
+            if new.size < 1:
+                self.findings.problem(entry, f"{where}: makes {new.label} for {new.size} subjects")
             refers = None
-            if members == ["cohort"]:
+            if new.refers:
                 # The class of a cohort that covers none of the window's classes: its
                 # members are the cohort's (the accounts' size check below: all of them).
                 refers = digest
                 if kept or children:
                     self.findings.problem(
-                        entry, f"{where}: makes {new} of the cohort, which it splits"
+                        entry, f"{where}: makes {new.label} of the cohort, which it splits"
                     )
-            elif members:
-                self.findings.problem(entry, f"{where}: makes {new} with members {members!r}")
-            made(new, KeyState(updated_at=entry.at, size=count, of_class=True, refers=refers))
-        listing = {*kept, *children, *([new] if new is not None else [])}
+            state = KeyState(updated_at=entry.at, size=new.size, of_class=True, refers=refers)
+            made(new.label, state)
+        listing = {*kept, *children, *([new.label] if new is not None else [])}
         scope.record(digest, listing)
         return listing
 
@@ -322,7 +332,7 @@ class Charges:
         source: KeyState,
         parent: str,
         child: LedgerKey,
-        carried: list[str],
+        carried: tuple[str, ...],
     ) -> None:
         """A split parent's open reservations (ids) hold its new part too, one more key
         each: every one of them, and only those."""
@@ -359,12 +369,11 @@ class Charges:
     # ------------------------------------------------------------------ entries
 
     def _priced(
-        self, entry: Any, payload: dict[str, Any], cost: Spend
+        self, entry: Any, spec: dict[str, Any], count: int, cost: Spend
     ) -> tuple[bool, np.ndarray | None]:
-        """Whether ``cost`` is what the entry's mechanism costs on the ledger's grid, and
-        for an earlier version's pricing of a re-priced kind what today's price adds
-        (elementwise, >= 0) to prove the cap with."""
-        spec, count = payload["mechanism"], int(payload["count"])
+        """Whether ``cost`` is what ``count`` releases of the mechanism of ``spec`` cost on
+        the ledger's grid, and for an earlier version's pricing of a re-priced kind what
+        today's price adds (elementwise, >= 0) to prove the cap with."""
         signature = (history.canonical_json(spec), count)
         found = self._costs.get(signature)
         if found is None:
@@ -387,15 +396,15 @@ class Charges:
         )
         return True, extra
 
-    def _on_reserve(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
-        cost, cost_text = _canonical_cost(payload["cost"], self.size)
-        digest = payload["keys_digest"]
+    def _on_reserve(self, entry: Any, reserved: ReserveEntry, keys: list[LedgerKey]) -> None:
+        cost, cost_text = _canonical_cost(reserved.cost, self.size)
+        digest = reserved.keys_digest
         # Rows past its own are the new parts of accounts that split while it was open.
-        keys, beyond = keys[: payload["key_count"]], keys[payload["key_count"] :]
-        if history.keys_digest(keys) != digest or len(keys) != payload["key_count"]:
+        keys, beyond = keys[: reserved.key_count], keys[reserved.key_count :]
+        if history.keys_digest(keys) != digest or len(keys) != reserved.key_count:
             self.findings.problem(entry, "the reservation's key rows differ from its digest")
-        self._refine(entry, payload, keys)
-        priced, repriced = self._priced(entry, payload, cost)
+        self._refine(entry, reserved, keys)
+        priced, repriced = self._priced(entry, reserved.mechanism, reserved.count, cost)
         if not priced:
             self.findings.problem(entry, "the reserved cost is not what its mechanism costs")
         if entry.reservation_id in self.open:
@@ -420,21 +429,18 @@ class Charges:
                     f"reaches eps {epsilon:.6g}, above its cap {cap:.6g}",
                 )
         self.open[entry.reservation_id] = OpenReservation(
-            cost, cost_text, int(payload["count"]), digest, repriced, beyond
+            cost, cost_text, reserved.count, digest, repriced, beyond
         )
 
-    def _on_commit(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
+    def _on_commit(self, entry: Any, charged: CommitEntry, keys: list[LedgerKey]) -> None:
         held = self._close(entry, keys)
         if held is None:
             return
         digest = history.keys_digest(sorted(keys))  # the commit names them in lock order
-        if (payload.get("key_count", len(keys)), payload.get("keys_digest", digest)) != (
-            len(keys),
-            digest,
-        ):
+        if (charged.key_count, charged.keys_digest) != (len(keys), digest):
             self.findings.problem(entry, "its key count and digest are not those of its keys")
-        _, cost_text = _canonical_cost(payload["cost"], self.size)
-        if cost_text != held.cost_text or int(payload["count"]) != held.count:
+        _, cost_text = _canonical_cost(charged.cost, self.size)
+        if cost_text != held.cost_text or charged.count != held.count:
             self.findings.problem(entry, "its cost differs from its reservation's")
         for key in keys:
             state = self._state(key)
@@ -443,7 +449,7 @@ class Charges:
             state.releases += held.count
             state.updated_at = entry.at
 
-    def _on_release(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
+    def _on_release(self, entry: Any, released: ReleaseEntry, keys: list[LedgerKey]) -> None:
         held = self._close(entry, keys)
         if held is not None and held.repriced is not None:  # never charged: nor is the extra
             for key in keys:
@@ -451,11 +457,11 @@ class Charges:
                 state.repriced = np.maximum(state.repriced - held.repriced, 0.0)
         self._touch(keys, entry.at)
 
-    def _on_correction(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
+    def _on_correction(self, entry: Any, corrected: CorrectionEntry, keys: list[LedgerKey]) -> None:
         key = LedgerKey.from_row(entry)
-        self._refine(entry, payload, [key])
-        cost = Spend.from_payload(payload["cost"], self.size)
-        priced, repriced = self._priced(entry, payload, cost)
+        self._refine(entry, corrected, [key])
+        cost = corrected.cost.on_grid(self.size)
+        priced, repriced = self._priced(entry, corrected.mechanism, corrected.count, cost)
         if not priced:
             self.findings.problem(entry, "the corrected cost is not what its mechanism costs")
         self._charged(entry, [key])
@@ -463,18 +469,18 @@ class Charges:
         state.repriced = _plus(state.repriced, repriced)
         state.live = state.live.plus(cost)
         state.lifetime = state.lifetime.plus(cost)
-        state.releases += int(payload["count"])
+        state.releases += corrected.count
         state.updated_at = entry.at
 
-    def _on_rescope(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
-        old, new = LedgerKey.from_canonical(**payload["from"]), LedgerKey.from_row(entry)
-        self._refine(entry, payload, [old, new])
-        carried = Spend.from_payload(payload["carried"], self.size)
+    def _on_rescope(self, entry: Any, rescoped: RescopeEntry, keys: list[LedgerKey]) -> None:
+        old, new = rescoped.source, LedgerKey.from_row(entry)
+        self._refine(entry, rescoped, [old, new])
+        carried = rescoped.carried.on_grid(self.size)
         moved = self._state(old)
-        if "cohorts" in payload:
+        if rescoped.cohorts is not None:
             # The accounts of one subject alone (tenant and window stay), in either scope.
-            alone = classes.cohort_digest([payload["subject"]])
-            charged = sorted((c["query_type"], c["cohort"]) for c in payload["cohorts"])
+            alone = classes.cohort_digest([rescoped.subject])
+            charged = sorted((c.query_type, c.cohort) for c in rescoped.cohorts)
             if (old.tenant, old.window) != (new.tenant, new.window) or charged != sorted(
                 [(old.query_type, alone), (new.query_type, alone)]
             ):
@@ -500,14 +506,13 @@ class Charges:
         moved.rescoped_to = new.query_type
         self._touch([old, new], entry.at)
 
-    def _on_reset(self, entry: Any, payload: dict[str, Any], keys: list[LedgerKey]) -> None:
-        window = payload["window"]
-        sealed = payload.get("sealed")  # None: an earlier version's reset of every scope
-        scopes = None if sealed is None else {tuple(scope) for scope in sealed}
+    def _on_reset(self, entry: Any, reset: ResetEntry, keys: list[LedgerKey]) -> None:
+        window = reset.window
+        scopes = None if reset.sealed is None else set(reset.sealed)  # None: every scope
         if scopes is None:
             self.legacy_resets.setdefault(window, entry.at)
-        kept = payload.get("kept", False)
-        if kept not in (False, True) or (kept and scopes is None):
+        kept = reset.kept
+        if kept and scopes is None:
             self.findings.problem(entry, f"kept is {kept!r}, which no reset writes")
             kept = False
         dropped = 0
@@ -540,8 +545,7 @@ class Charges:
                 )
             else:
                 scope.sealed_at = entry.at
-        if payload.get("accounts") != dropped:
+        if reset.accounts != dropped:
             self.findings.problem(
-                entry,
-                f"says it dropped {payload.get('accounts')} accounts; the history had {dropped}",
+                entry, f"says it dropped {reset.accounts} accounts; the history had {dropped}"
             )

@@ -22,9 +22,10 @@ BATCH = 5000
 """Rows per fetch of the tables verify streams (history entries and cohort members come in
 batches of their own size)."""
 
-Handler = Callable[[Any, dict[str, Any], list[LedgerKey]], None]
-"""What one action does to the replay, given its entry, its payload and its reservation's
-keys (in position order; none for an entry that names no reservation)."""
+Handler = Callable[[Any, Any, list[LedgerKey]], None]
+"""What one kind of entry does to the replay, given its row, its payload read as that
+kind's record (``entries``) and its reservation's keys (in position order; none for an
+entry that names no reservation)."""
 
 
 @dataclass(frozen=True)

@@ -56,13 +56,13 @@ def check_config(
     if configuration.create is None:
         problems.append("dp_ledger_config: no creation entry in the history")
         return
-    entry, payload = configuration.create
+    entry, created = configuration.create
     expected = {
-        "delta": payload["delta"],
-        "orders": history.canonical_json(payload["orders"]),
-        "conversion": payload["conversion"],
+        "delta": created.delta,
+        "orders": history.canonical_json(list(created.orders)),
+        "conversion": created.conversion,
         "created_at": entry.at,
-        "chains": payload.get("chains", row.chains),
+        "chains": row.chains if created.chains is None else created.chains,
     }
     stored = {
         "delta": row.delta,
@@ -77,8 +77,8 @@ def check_config(
                 f"dp_ledger_config.{column}: {stored[column]!r} differs from the creation "
                 f"entry's {value!r}"
             )
-    if payload.get("chain_key_id") is not None:
-        keyed = (entry.seq, payload["chain_key_id"])
+    if created.chain_key_id is not None:
+        keyed = (entry.seq, created.chain_key_id)
     else:
         keyed = configuration.adopted
     if (row.keyed_from, row.chain_key_id) != (keyed or (None, None)):

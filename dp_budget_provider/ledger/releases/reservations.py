@@ -54,6 +54,12 @@ from dp_budget_provider.ledger.releases import reservation_rows
 from dp_budget_provider.ledger.releases.lease import LeaseKeeper, WarningLog
 from dp_budget_provider.ledger.releases.locks import ChargeLocks
 from dp_budget_provider.ledger.storage import clock, history, pipeline, statements
+from dp_budget_provider.ledger.storage.entries import (
+    CommitEntry,
+    ReapEntry,
+    ReleaseEntry,
+    ReserveEntry,
+)
 from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
@@ -206,22 +212,20 @@ class Reservations:
         pipe.dialect.insert_reservation_keys(pipe, reservation_id, accounts)
         seq = self._journal.append_piped(
             pipe,
-            chain=self._journal.chain(accounts[0]),
+            ReserveEntry(
+                attempt_id=attempt_id,
+                mechanism=spec,
+                count=count,
+                cost=cost,
+                key_count=len(accounts),
+                keys_digest=digest,
+                prospective_epsilon=worst,
+                token_hash=token_hash,
+                cohorts=charge.recorded(),
+            ),
             at=now,
-            action="reserve",
+            keys=accounts,
             reservation_id=reservation_id,
-            key=accounts[0] if len(accounts) == 1 else None,
-            payload={
-                "attempt_id": attempt_id,
-                "mechanism": spec,
-                "count": count,
-                "cost": cost.as_payload(),
-                "key_count": len(accounts),
-                "keys_digest": digest,
-                "prospective_epsilon": worst,
-                "token_hash": token_hash,
-                "cohorts": charge.payload(),
-            },
         )
         charge.link(pipe, seq)
         return Reservation(
@@ -243,10 +247,10 @@ class Reservations:
         row: Any,
         *,
         state: str,
-        action: str,
-        extra: dict[str, Any] | None = None,
+        reaped: tuple[str, str | None] | None = None,
     ) -> list[SpendReceipt]:
-        """Turn an open reservation into committed spend on each of its keys (general path)."""
+        """Turn an open reservation into committed spend on each of its keys (general path):
+        a commit, or with ``reaped`` (why, and the lease it held) a reap."""
         now = clock.stamp(clock.now())
         cost = Spend.from_columns(
             row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, self._pricing.orders.size
@@ -260,37 +264,20 @@ class Reservations:
             .where(ReservationRow.id == row.id)
             .values(state=state, resolved_at=now)
         )
-        self._journal.append(
-            connection,
-            chain=self._journal.chain(keys[0]),
-            at=now,
-            action=action,
-            reservation_id=row.id,
-            key=keys[0] if len(keys) == 1 else None,
-            payload=self._charge_payload(
-                row.attempt_id, cost, row.count, len(keys), history.keys_digest(keys), extra
-            ),
-        )
-        return self._pricing.receipts(keys, after, policies, [accounts[key].size for key in keys])
-
-    @staticmethod
-    def _charge_payload(
-        attempt_id: str,
-        cost: Spend,
-        count: int,
-        key_count: int,
-        keys_digest: str,
-        extra: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """The history payload of a commit or reap."""
-        return {
-            "attempt_id": attempt_id,
-            "cost": cost.as_payload(),
-            "count": count,
-            "key_count": key_count,
-            "keys_digest": keys_digest,
-            **(extra or {}),
+        charged = {
+            "attempt_id": row.attempt_id,
+            "cost": cost,
+            "count": row.count,
+            "key_count": len(keys),
+            "keys_digest": history.keys_digest(keys),
         }
+        entry = (
+            CommitEntry(**charged)
+            if reaped is None
+            else ReapEntry(**charged, reason=reaped[0], lease_expires_at=reaped[1])
+        )
+        self._journal.append(connection, entry, at=now, keys=keys, reservation_id=row.id)
+        return self._pricing.receipts(keys, after, policies, [accounts[key].size for key in keys])
 
     def _close_reservation(
         self,
@@ -388,7 +375,7 @@ class Reservations:
                 raise ReservationStateError(
                     f"reservation {row.id} was {row.state}; it cannot be committed"
                 )
-            return self._charge(connection, row, state=COMMITTED, action="commit")
+            return self._charge(connection, row, state=COMMITTED)
 
     def release(self, reservation: Reservation, reason: str = "") -> None:
         """Drop a reservation whose release never touched the data (nothing is charged).
@@ -418,12 +405,10 @@ class Reservations:
             )
             self._journal.append(
                 connection,
-                chain=self._journal.chain(keys[0]),
+                ReleaseEntry(attempt_id=row.attempt_id, reason=reason),
                 at=now,
-                action="release",
+                keys=keys,
                 reservation_id=row.id,
-                key=keys[0] if len(keys) == 1 else None,
-                payload={"attempt_id": row.attempt_id, "reason": reason},
             )
 
     def renew(self, reservation: Reservation) -> datetime:
@@ -511,13 +496,7 @@ class Reservations:
                 why = _reap_reason(row, lease, at, cutoff, older_than)
                 if row.state != OPEN or why is None:
                     continue
-                self._charge(
-                    connection,
-                    row,
-                    state=REAPED,
-                    action="reap",
-                    extra={"reason": why, "lease_expires_at": lease},
-                )
+                self._charge(connection, row, state=REAPED, reaped=(why, lease))
                 reaped.append(row.id)
         maintenance.ran(self._database, maintenance.REAP, self._journal.actor)
         return reaped

@@ -32,6 +32,7 @@ from dp_budget_provider.ledger.records import (
 )
 from dp_budget_provider.ledger.releases.locks import ChargeLocks
 from dp_budget_provider.ledger.storage import clock, statements
+from dp_budget_provider.ledger.storage.entries import CorrectionEntry, RescopeEntry, ResetEntry
 from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import (
     Account,
@@ -166,17 +167,16 @@ class WindowChanges:
                     )
                 )
                 connection.execute(delete(Account).where(Account.id.in_(chunk)))
-            self._journal.keyless(
+            self._journal.append(
                 connection,
-                "reset",
-                now,
-                {
-                    "window": label,
-                    "accounts": len(rows),
-                    "subjects": sum(row.size for row in rows),
-                    "sealed": [list(scope) for scope in scopes],
-                    "kept": True,  # the final spend moved to dp_sealed_accounts
-                },
+                ResetEntry(
+                    window=label,
+                    accounts=len(rows),
+                    subjects=sum(row.size for row in rows),
+                    sealed=tuple(scopes),
+                    kept=True,  # the final spend moved to dp_sealed_accounts
+                ),
+                at=now,
             )
         return sum(row.size for row in rows)
 
@@ -256,17 +256,15 @@ class WindowChanges:
             )
             seq = self._journal.append_piped(
                 pipe,
-                chain=self._journal.chain(target),
+                RescopeEntry(
+                    source=source,
+                    subject=old.subject,
+                    carried=carried,
+                    reason=reason,
+                    cohorts=charge.recorded(),
+                ),
                 at=now,
-                action="rescope",
-                key=target,
-                payload={
-                    "from": source.as_dict(),
-                    "subject": old.subject,
-                    "carried": carried.as_payload(),
-                    "reason": reason,
-                    "cohorts": charge.payload(),
-                },
+                keys=[target],
             )
             charge.link(pipe, seq)
             return self._pricing.receipts([new], [merged], policies, [1])[0]
@@ -303,17 +301,15 @@ class WindowChanges:
             statements.store_spend(connection, held.id, after, count, now)
             seq = self._journal.append_piped(
                 pipe,
-                chain=self._journal.chain(account),
+                CorrectionEntry(
+                    mechanism=mechanism.to_spec(),
+                    count=count,
+                    cost=cost,
+                    reason=reason,
+                    cohorts=charge.recorded(),
+                ),
                 at=now,
-                action="correction",
-                key=account,
-                payload={
-                    "mechanism": mechanism.to_spec(),
-                    "count": count,
-                    "cost": cost.as_payload(),
-                    "reason": reason,
-                    "cohorts": charge.payload(),
-                },
+                keys=[account],
             )
             charge.link(pipe, seq)
             return self._pricing.receipts(keys, [after], policies, [1])[0]

@@ -65,12 +65,7 @@ class Policies:
                         "(or use a new query type)"
                     )
             write_policy(
-                connection,
-                self._journal.key,
-                self._store.authority,
-                policy,
-                clock.stamp(clock.now()),
-                self._journal.actor,
+                connection, self._journal, self._store.authority, policy, clock.stamp(clock.now())
             )
 
     def policies(self) -> list[Policy]:

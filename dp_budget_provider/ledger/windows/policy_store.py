@@ -23,7 +23,9 @@ from sqlalchemy import Connection, insert, update
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.audit.authority import LedgerAuthority
 from dp_budget_provider.ledger.errors import LedgerCorrupt
-from dp_budget_provider.ledger.storage import database, history, pipeline, statements
+from dp_budget_provider.ledger.storage import database, pipeline, statements
+from dp_budget_provider.ledger.storage.entries import PolicyEntry
+from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import LedgerConfig, PolicyRow
 from dp_budget_provider.ledger.windows.calendar import WindowCalendar
 from dp_budget_provider.ledger.windows.policy import ANY, Policy, lookup_order
@@ -171,11 +173,10 @@ def policy_lookup(policies: Mapping[tuple[str, str], Policy]) -> Callable[[Ledge
 
 def write_policy(
     connection: Connection,
-    key: history.ChainKey,
+    journal: Journal,
     authority: LedgerAuthority,
     policy: Policy,
     now: str,
-    actor: str,
 ) -> None:
     """Create or replace the policy of ``policy.scope``, signed by the administrator (on
     a ledger that has one), with its history entry."""
@@ -201,16 +202,4 @@ def write_policy(
             .where(LedgerConfig.id == 1)
             .values(policy_set=authority.sign_policy_set(whole))
         )
-    history.append(
-        connection,
-        key,
-        chain=history.KEYLESS_CHAIN,
-        at=now,
-        action="policy",
-        actor=actor,
-        payload={
-            **record,
-            "calendar": policy.calendar.to_spec(),
-            **({"signature": signature} if signature is not None else {}),
-        },
-    )
+    journal.append(connection, PolicyEntry(policy=policy, signature=signature), at=now)
