@@ -1,8 +1,10 @@
 """The ledger under real concurrency, crashes and database faults.
 
-Every competing worker is a separate OS process (multiprocessing "spawn"; entry points
-in ``concurrency_workers.py``) with its own ledger object and connections, as Airflow
-workers on different machines would be. Threads would share one interpreter and
+Every competing worker is a separate OS process (entry points in
+``concurrency_workers.py``) with its own ledger object and connections, as Airflow
+workers on different machines would be. They start from a fork server that imported
+those entry points once and never opened a ledger: each worker is a fresh fork of it,
+sharing nothing with the test or with the other workers. Threads would share one interpreter and
 would not show what the ledger promises: that the prospective check and the
 reservation are atomic across processes, that multi-key reservations lock in one
 order (no deadlock) and are all-or-nothing, that a killed worker's reservation stays
@@ -50,7 +52,8 @@ from tests.scratch_postgres import scratch_database
 CAP = BudgetCap(epsilon=3.0, delta=1e-5)
 PROCESSES = 8
 WINDOW = this_week()  # the workers run on the real clock (tests/ledger_time.py)
-SPAWN = multiprocessing.get_context("spawn")
+FORKSERVER = multiprocessing.get_context("forkserver")
+FORKSERVER.set_forkserver_preload([workers.__name__])
 LEDGER_APP = "dp-budget-ledger"
 
 
@@ -82,10 +85,10 @@ def run_workers(target: Any, argument_lists: list[tuple], timeout: float) -> lis
     Fails the test if any worker has not reported within ``timeout`` seconds: with
     correct lock ordering nothing can wait forever.
     """
-    results = SPAWN.Queue()
-    barrier = SPAWN.Barrier(len(argument_lists))
+    results = FORKSERVER.Queue()
+    barrier = FORKSERVER.Barrier(len(argument_lists))
     processes = [
-        SPAWN.Process(target=target, args=(*arguments, barrier, results), daemon=True)
+        FORKSERVER.Process(target=target, args=(*arguments, barrier, results), daemon=True)
         for arguments in argument_lists
     ]
     for process in processes:
@@ -108,8 +111,8 @@ def run_workers(target: Any, argument_lists: list[tuple], timeout: float) -> lis
 
 def start_worker(target: Any, arguments: tuple) -> tuple[Any, Any]:
     """Start one spawned worker reporting through its own queue."""
-    results = SPAWN.Queue()
-    process = SPAWN.Process(target=target, args=(*arguments, results), daemon=True)
+    results = FORKSERVER.Queue()
+    process = FORKSERVER.Process(target=target, args=(*arguments, results), daemon=True)
     process.start()
     return process, results
 
@@ -628,7 +631,7 @@ def test_worker_killed_while_its_commit_waits_leaves_the_reservation_open(ledger
                 locker.rollback()
                 wait_until_no_ledger_backend(session, database)
     else:
-        go = SPAWN.Event()
+        go = FORKSERVER.Event()
         process, results = start_worker(
             workers.operation, (ledger_url, "commit", reservation, 4.0, go)
         )
@@ -683,7 +686,7 @@ def test_the_same_attempt_from_several_processes_is_charged_once(ledger_url, op)
     duplicates = 4
     database = make_url(ledger_url).database
     before = table_counts(ledger_url)
-    go = SPAWN.Event()
+    go = FORKSERVER.Event()
 
     started = [
         start_worker(workers.operation, (ledger_url, worker_op, argument, 4.0, go))
@@ -753,7 +756,7 @@ def test_verify_is_not_fooled_by_a_concurrent_writer(ledger_url):
     ledger = PrivacyBudgetLedger(cap=CAP, url=ledger_url)
     key = key_for("frank", "count", WINDOW)
     ledger.spend(key, GaussianMechanism(4.0))
-    requests = SPAWN.Queue()
+    requests = FORKSERVER.Queue()
     process, results = start_worker(workers.spend_on_request, (ledger_url, key, 4.0, requests))
     expect_ready(results, process)
     interleaved: list[dict] = []
