@@ -23,7 +23,10 @@ whatever its number of keys, so 10^6 rows take 5 * 10^5 releases: at the ledger'
 operations/s on this 2-core machine (each costs 4-8 ms of client CPU, plus the server's)
 that fill dominates the run, one to two hours for 10^6 rows. A history of 10^6 rows of
 both kinds fills in minutes with larger cohorts (e.g. ``--rows 100000 --cohort 200
---cohort-every 10``: 10^5 entries and 10^6 key rows). The fill runs with
+--cohort-every 10``: 10^5 entries and 10^6 key rows). Every release over wide plain key lists
+(``--keys 2000 --cohort 400 --cohort-every 1``: each list a cohort of its own, listed
+with up to 400 accounts of its window) is the shape whose replayed listings grow with
+the key rows: verify keeps them in a scratch file, so its memory should not. The fill runs with
 ``synchronous_commit = off`` on the scratch database (the same rows, only not flushed
 per commit), reset to the server's default before anything is measured. This server runs
 with ``autovacuum = off``, so the fill vacuums and analyses the database as autovacuum

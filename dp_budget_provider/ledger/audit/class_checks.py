@@ -6,10 +6,11 @@ counts the server makes: work proportional to the listings, not to the subjects)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import operator
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sqlalchemy import Connection, and_, func, select, tuple_
@@ -35,6 +36,11 @@ _MEMBER_BATCH = 50_000  # cohort members: one short text each
 _SERVER_DIGEST_BYTES = 2**30 - 2**20
 # Cohort names per query (an IN list of (tenant, digest) pairs).
 _NAMES_PER_QUERY = 500
+
+
+def _listed_nowhere(label: str) -> bool:
+    """A scope the history never charged lists no account."""
+    return False
 
 
 def referred_cohort_ids(
@@ -231,7 +237,6 @@ def check_cohort_accounts(connection: Connection, charges: Charges, problems: li
         .outerjoin(Cohort, Cohort.id == CohortAccount.cohort_id)
         .order_by(CohortAccount.cohort_id, CohortAccount.query_type, CohortAccount.window)
     )
-    seen: set[tuple[tuple[str, str, str], str]] = set()
     rows = connection.execution_options(yield_per=BATCH).execute(statement)
     for (cohort_id, query_type, window), group in itertools.groupby(
         rows, key=lambda row: (row.cohort_id, row.query_type, row.window)
@@ -244,26 +249,24 @@ def check_cohort_accounts(connection: Connection, charges: Charges, problems: li
         scope = (first.tenant, query_type, window)
         name = f"cohort {first.digest} in window {window} of ({first.tenant}, {query_type})"
         known = charges.scopes.get(scope)
-        listing = None if known is None else known.listings.get(first.digest)
+        listing = None if known is None else known.listings.see(first.digest)
         if listing is None:
             problems.append(
                 f"{name}: has accounts in dp_cohort_accounts, but none in the history (or its "
                 "window was reset)"
             )
             continue
-        seen.add((scope, first.digest))
         stored = {row.account for row in listed}
         for label in sorted(stored - listing):
             problems.append(f"{name}: dp_cohort_accounts lists {label}, the history does not")
         for label in sorted(listing - stored):
             problems.append(f"{name}: dp_cohort_accounts lacks its account {label}")
     for scope, known in charges.scopes.items():
-        for digest in sorted(known.listings.keys()):
-            if (scope, digest) not in seen:
-                problems.append(
-                    f"cohort {digest} in window {scope[2]} of ({scope[0]}, {scope[1]}): "
-                    "its accounts are missing from dp_cohort_accounts"
-                )
+        problems += [
+            f"cohort {digest} in window {scope[2]} of ({scope[0]}, {scope[1]}): "
+            "its accounts are missing from dp_cohort_accounts"
+            for digest in known.listings.unseen()
+        ]
 
 
 def check_members(connection: Connection, charges: Charges, problems: list[str]) -> None:
@@ -325,26 +328,29 @@ def check_members(connection: Connection, charges: Charges, problems: list[str])
             )
         )
         .group_by(*scope_columns, members.c.account, listed.c.digest)
-        .order_by(*scope_order)
+        .order_by(*scope_order, _code_point_order(connection, members.c.account))
     )
     of_scope = operator.itemgetter(0, 1, 2)
+    # Streamed, one account's pairs at a time: a scope may list as many (account, cohort)
+    # pairs as its releases had keys.
     pairs = itertools.groupby(
         connection.execution_options(yield_per=BATCH).execute(paired), key=of_scope
     )
-    pending: tuple[classes.Scope, list[Any]] | None = next(
-        ((scope, list(rows)) for scope, rows in pairs), None
-    )
+    pending: tuple[Any, Iterator[Any]] | None = next(pairs, None)
     sizes = charges.sizes()
     counts_of = itertools.groupby(
         connection.execution_options(yield_per=BATCH).execute(counted), key=of_scope
     )
+    taken = False  # pending's pairs went to a scope: the next scope's come after them
     for scope, rows in counts_of:
         counts = {row.account: row.n for row in rows}
-        scope_pairs: list[Any] = []
-        while pending is not None and pending[0] <= scope:
-            if pending[0] == scope:
-                scope_pairs = pending[1]
-            pending = next(((s, list(r)) for s, r in pairs), None)
+        if taken:
+            pending, taken = next(pairs, None), False
+        while pending is not None and pending[0] < scope:
+            pending = next(pairs, None)
+        scope_pairs: Iterator[Any] = iter(())
+        if pending is not None and pending[0] == scope:
+            scope_pairs, taken = pending[1], True
         tenant, query_type, window = scope
         known = charges.scopes.get(scope)
         expected = sizes.pop(scope, {})
@@ -354,12 +360,13 @@ def check_members(connection: Connection, charges: Charges, problems: list[str])
                 "the history never charged or has reset"
             )
             continue
-        _check_sizes(scope, counts, expected, known.listed_in, problems)
+        _check_sizes(scope, counts, expected, known.listings.lists_account, problems)
         _check_atoms(connection, scope, known, counts, scope_pairs, problems)
         problems += _check_referring(connection, scope, known, expected)
     for scope, expected in sizes.items():
         known = charges.scopes.get(scope)
-        _check_sizes(scope, {}, expected, {} if known is None else known.listed_in, problems)
+        listed = _listed_nowhere if known is None else known.listings.lists_account
+        _check_sizes(scope, {}, expected, listed, problems)
         if known is not None and (known.sealed_at is None or known.kept):
             problems += _check_referring(connection, scope, known, expected)
     _check_legacy_members(connection, problems)
@@ -370,16 +377,35 @@ def _check_atoms(
     scope: classes.Scope,
     known: ScopeState,
     counts: dict[str, int],
-    pairs: list[Any],
+    pairs: Iterator[Any],
     problems: list[str],
 ) -> None:
     """Each stored account of a scope against the cohorts listed there: all its members
     in those the history lists it in, none in the others (``pairs``: its members per
-    cohort, as counted by the server)."""
+    cohort, as counted by the server, one account's after another)."""
+    paired: set[str] = set()
+    for account, rows in itertools.groupby(pairs, key=operator.attrgetter("account")):
+        paired.add(account)
+        found = {row.digest: row.n for row in rows}
+        _check_account_atoms(connection, scope, known, account, counts[account], found, problems)
+    for account in sorted(counts.keys() - paired):
+        _check_account_atoms(connection, scope, known, account, counts[account], {}, problems)
+
+
+def _check_account_atoms(
+    connection: Connection,
+    scope: classes.Scope,
+    known: ScopeState,
+    account: str,
+    held: int,
+    found: dict[str, int],
+    problems: list[str],
+) -> None:
+    """One account of ``held`` members, of which ``found[digest]`` are in each cohort."""
     tenant, query_type, window = scope
-    found = {(row.account, row.digest): row.n for row in pairs}
-    for (account, digest), n in sorted(found.items()):
-        if digest not in known.listed_in.get(account, ()):
+    listed = known.listings.cohorts_of(account)
+    for digest, n in sorted(found.items()):
+        if digest not in listed:
             example = _example_member(connection, scope, account, digest, inside=True)
             others = f" (and {n - 1} more)" if n > 1 else ""
             problems.append(
@@ -387,18 +413,17 @@ def _check_atoms(
                 f"{account}, and in cohort {digest}, but the history puts no subject of that "
                 "account in that cohort"
             )
-    for account, held in sorted(counts.items()):
-        for digest in sorted(known.listed_in.get(account, ())):
-            inside = found.get((account, digest), 0)
-            if inside == held:
-                continue
-            example = _example_member(connection, scope, account, digest, inside=False)
-            others = f" (and {held - inside - 1} more)" if held - inside > 1 else ""
-            problems.append(
-                f"member {tenant}/{example}/{query_type}/{window}{others}: in account "
-                f"{account}, but not in cohort {digest}, where the history puts every "
-                "subject of that account"
-            )
+    for digest in sorted(listed):
+        inside = found.get(digest, 0)
+        if inside == held:
+            continue
+        example = _example_member(connection, scope, account, digest, inside=False)
+        others = f" (and {held - inside - 1} more)" if held - inside > 1 else ""
+        problems.append(
+            f"member {tenant}/{example}/{query_type}/{window}{others}: in account "
+            f"{account}, but not in cohort {digest}, where the history puts every "
+            "subject of that account"
+        )
 
 
 def _example_member(
@@ -457,7 +482,7 @@ def _check_sizes(
     scope: tuple[str, str, str],
     counts: dict[str, int],
     expected: dict[str, KeyState],
-    listed: Container[str],
+    is_listed: Callable[[str], bool],
     problems: list[str],
 ) -> None:
     """Each account of a scope has as many dp_members rows as the replay gives it subjects,
@@ -472,7 +497,7 @@ def _check_sizes(
         state = expected.get(label)
         held = counts.get(label, 0)
         size = 0 if state is None or state.refers else state.size
-        if held != size and (held or state is None or state.required or label in listed):
+        if held != size and (held or state is None or state.required or is_listed(label)):
             refers = state.refers if state is not None else None
             referring = f" (its members are cohort {refers}'s)" if refers else ""
             problems.append(
@@ -539,14 +564,15 @@ def _check_referring(
     # Pairs the server found, then listed pairs it did not: work in the pairs, not in
     # accounts x cohorts. (An account the replay has no reference for is named by the
     # accounts' check, a cohort listed nowhere here by the listings'.)
+    listed_in = functools.cache(known.listings.cohorts_of)
     for (label, digest), inside in sorted(counted.items()):
         state = referring.get(label)
         if state is not None and digest in known.listings and digest != state.refers:
-            listed = digest in known.listed_in.get(label, ())
+            listed = digest in listed_in(label)
             if inside != (state.size if listed else 0):
                 wrong(label, digest, inside, listed)
     for label, state in sorted(referring.items()):
-        for digest in sorted(known.listed_in.get(label, set()) - {state.refers}):
+        for digest in sorted(listed_in(label) - {state.refers}):
             if (label, digest) not in counted:
                 wrong(label, digest, 0, True)
     return problems

@@ -16,7 +16,12 @@ from sqlalchemy import Connection, func, select
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.audit.replay_acts import Configuration
 from dp_budget_provider.ledger.audit.replay_charges import Charges
-from dp_budget_provider.ledger.audit.replay_state import BATCH, AuditSettings, Findings
+from dp_budget_provider.ledger.audit.replay_state import (
+    BATCH,
+    ENTRY_BATCH,
+    AuditSettings,
+    Findings,
+)
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.storage.entries import ENTRY_KINDS, RefiningEntry
 from dp_budget_provider.ledger.storage.schema import (
@@ -25,8 +30,6 @@ from dp_budget_provider.ledger.storage.schema import (
     HistoryEntry,
     ReservationKey,
 )
-
-_ENTRY_BATCH = 100  # history entries: a charge's payload grows with its classes
 
 
 class Replay:
@@ -75,7 +78,7 @@ def read_history(
     smaller batches than other rows for the same reason.
     """
     keys = ReservationKey.__table__.alias("k")
-    entries = connection.execution_options(yield_per=_ENTRY_BATCH).execute(
+    entries = connection.execution_options(yield_per=ENTRY_BATCH).execute(
         select(HistoryEntry).order_by(HistoryEntry.seq)
     )
     keys_of = _by_seq(

@@ -20,6 +20,7 @@ from dp_budget_provider.ledger.accounts import classes
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.accounts.spend import Pending, Spend
 from dp_budget_provider.ledger.audit.replay_acts import Configuration
+from dp_budget_provider.ledger.audit.replay_listings import ListingStore
 from dp_budget_provider.ledger.audit.replay_state import (
     AuditSettings,
     Findings,
@@ -93,6 +94,7 @@ class Charges:
         self.keys: dict[LedgerKey, KeyState] = {}
         self.open: dict[str, OpenReservation] = {}
         self.scopes: dict[tuple[str, str, str], ScopeState] = {}
+        self.listings = ListingStore()  # closed by :meth:`close`
         self.legacy_resets: dict[str, str] = {}  # window -> first reset before seals existed
         # Cohorts named since the last batch was checked against dp_cohorts: (tenant,
         # digest) -> the size named (see ``class_checks.check_named``).
@@ -148,7 +150,9 @@ class Charges:
         the calendar in force then."""
         scope = self.scopes.get((tenant, query_type, window))
         if scope is None:
-            scope = self.scopes[(tenant, query_type, window)] = ScopeState(entry.at)
+            scope = self.scopes[(tenant, query_type, window)] = ScopeState(
+                entry.at, self.listings.scope()
+            )
             if self.configuration.policies:
                 calendar = policy_of_scope(self.configuration.policies, tenant, query_type).calendar
                 if not calendar.is_canonical(window):
@@ -221,7 +225,7 @@ class Charges:
         scope = self._scope_of(entry, tenant, query_type, window)
         refined = cohort.refined
         if refined is None:
-            listing = scope.listings.get(digest)
+            listing = scope.listings.labels(digest)
             if listing is None:
                 self.findings.problem(
                     entry, f"{where}: charged as known, but the history never listed it"
@@ -304,7 +308,7 @@ class Charges:
             )
             source.size -= moved
             source.refers = None  # the writer listed its members before it split it
-            scope.split(parent, child)
+            scope.listings.split(parent, child)
             children.append(child)
         new = refined.new
         if new is not None:
@@ -322,7 +326,7 @@ class Charges:
             state = KeyState(updated_at=entry.at, size=new.size, of_class=True, refers=refers)
             made(new.label, state)
         listing = {*kept, *children, *([new.label] if new is not None else [])}
-        scope.record(digest, listing)
+        scope.listings.record(digest, listing)
         return listing
 
     def _carry(
@@ -356,6 +360,10 @@ class Charges:
         for reservation_id, held in sorted(self.open.items()):
             if held.beyond != held.carried:
                 self.findings.problems.append(f"reservation {reservation_id}: {_NOT_CARRIED}")
+
+    def close(self) -> None:
+        """Delete the listings' scratch file."""
+        self.listings.close()
 
     def sizes(self) -> dict[tuple[str, str, str], dict[str, KeyState]]:
         """Each scope's accounts whose members are stored (live, or sealed and kept), by
@@ -532,7 +540,7 @@ class Charges:
                 if kept:
                     scope.kept = True  # its listings and members stay, sealed
                 else:
-                    scope.drop_classes()
+                    scope.listings.drop()
         for tenant, query_type in sorted(scopes or ()):
             scope = self.scopes.get((tenant, query_type, window))
             if scope is None:

@@ -1,7 +1,8 @@
 """What the replay holds while it reads the history: the verifier's settings, what it finds,
 and each account, open reservation and window as the history makes them. One state per
 account, per open reservation and per window, never per entry or per subject: what bounds
-verify's memory, with the rows it streams ``BATCH`` at a time.
+verify's memory, with the rows it streams ``BATCH`` at a time (the windows' listings, one
+row per cohort and account, are kept in a scratch file: ``replay_listings``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,15 @@ from dp_budget_provider.accounting import Conversion
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.accounts.spend import Pending, Spend
 from dp_budget_provider.ledger.audit.checkpoints import Checkpoint
+from dp_budget_provider.ledger.audit.replay_listings import ScopeListings
 from dp_budget_provider.ledger.storage import history
 
 BATCH = 5000
 """Rows per fetch of the tables verify streams (history entries and cohort members come in
 batches of their own size)."""
+ENTRY_BATCH = 100
+"""Rows per fetch of those that carry a history payload (entries, reservations with their
+reserve entry): a charge's payload grows with its classes."""
 
 Handler = Callable[[Any, Any, list[LedgerKey]], None]
 """What one kind of entry does to the replay, given its row, its payload read as that
@@ -103,26 +108,7 @@ class ScopeState:
     """One (tenant, query type, window) as the history made it."""
 
     first_at: str
+    # dp_cohort_accounts as the replay makes it here (in the verifier's scratch file).
+    listings: ScopeListings
     sealed_at: str | None = None
     kept: bool = False  # sealed by a reset that kept its final spend, members and listings
-    # dp_cohort_accounts as the replay makes it: cohort digest -> the labels partitioning
-    # it here, and the reverse (label -> the cohorts listing it), which a split follows.
-    listings: dict[str, set[str]] = field(default_factory=dict)
-    listed_in: dict[str, set[str]] = field(default_factory=dict)
-
-    def record(self, digest: str, labels: set[str]) -> None:
-        """A cohort refined here is listed with its accounts."""
-        self.listings[digest] = labels
-        for label in labels:
-            self.listed_in.setdefault(label, set()).add(digest)
-
-    def split(self, parent: str, child: str) -> None:
-        """Every cohort listing ``parent`` lists its new part ``child`` too."""
-        digests = self.listed_in.get(parent, set())
-        for digest in digests:
-            self.listings[digest].add(child)
-        self.listed_in[child] = set(digests)
-
-    def drop_classes(self) -> None:
-        """A reset: the scope's listings and members are gone (its cohorts stay)."""
-        self.listings, self.listed_in = {}, {}

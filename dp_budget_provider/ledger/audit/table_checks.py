@@ -20,7 +20,7 @@ from dp_budget_provider.ledger.audit import authority
 from dp_budget_provider.ledger.audit.class_checks import referred_cohort_ids
 from dp_budget_provider.ledger.audit.replay_acts import Configuration
 from dp_budget_provider.ledger.audit.replay_charges import Charges
-from dp_budget_provider.ledger.audit.replay_state import BATCH, AuditSettings
+from dp_budget_provider.ledger.audit.replay_state import BATCH, ENTRY_BATCH, AuditSettings
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.storage import history
 from dp_budget_provider.ledger.storage.schema import (
@@ -188,7 +188,7 @@ def check_reservations(
         .order_by(Reservation.id)
     )
     size = settings.orders.size
-    for row in connection.execution_options(yield_per=BATCH).execute(statement):
+    for row in connection.execution_options(yield_per=ENTRY_BATCH).execute(statement):
         name = f"reservation {row.id}"
         if row.r_seq is None:
             problems.append(f"{name}: no reserve entry in the history")

@@ -47,10 +47,13 @@ A reservation's lease (``lease_expires_at``) is no fact of the history and is no
 renewals write no entry, and the lease only decides when an open reservation is charged
 (the reap entry that charges it is a fact, checked like a commit), never whether.
 
-Memory is bounded by the number of accounts (and the listings of the live windows),
-never by the length of the history or the number of subjects: every table is streamed,
-the history together with each entry's reservation keys in one pass, the members one
-subject at a time, and the cohorts the history names are checked in batches.
+Memory is bounded by the number of accounts and open reservations, never by the length
+of the history or the number of subjects: every table is streamed, the history together
+with each entry's reservation keys in one pass, the members one subject at a time, the
+server's per-cohort counts one account at a time, and the cohorts the history names are
+checked in batches. The windows' listings (one row per cohort and account, as many as
+the key rows of releases over plain key lists) are kept in a scratch file
+(``replay_listings``), deleted when verify ends.
 
 The replay is ``replay`` (its acts in ``replay_acts``, its charges in ``replay_charges``,
 what it holds in ``replay_state``); the tables are proven against it by ``table_checks``
@@ -135,6 +138,20 @@ def verify(connection: Connection, settings: AuditSettings) -> VerifyReport:
         for p in history.chain_problems(connection, chains, settings.key, keyed_from, marks)
     ]
     replay = Replay(settings)
+    try:
+        return _replayed(connection, settings, replay, problems, heads)
+    finally:
+        replay.charges.close()
+
+
+def _replayed(
+    connection: Connection,
+    settings: AuditSettings,
+    replay: Replay,
+    problems: list[str],
+    heads: dict[int, tuple[int, str]],
+) -> VerifyReport:
+    """The replay of the history, then each table against it."""
     configuration, charges = replay.configuration, replay.charges
 
     def named() -> None:
