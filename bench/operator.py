@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import shutil
 import statistics
@@ -96,14 +97,17 @@ with DAG(
 """
 
 
-def prepare_airflow_home(home: Path, ledger_url: str) -> None:
-    """Environment for a private Airflow; must run before anything imports airflow."""
+def prepare_airflow_home(home: Path, ledger_url: str, admin_public_key: str) -> None:
+    """Environment for a private Airflow; must run before anything imports airflow. The
+    connection pins the ledger's administrator key, as a deployment's does (the hook
+    refuses an unpinned ledger)."""
     (home / "dags").mkdir(parents=True)
     os.environ["AIRFLOW_HOME"] = str(home)
     os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(home / "dags")
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-    os.environ["AIRFLOW_CONN_DP_BUDGET_DEFAULT"] = (
-        f'{{"conn_type": "dpbudget", "extra": {{"url": "{ledger_url}"}}}}'
+    extra = {"url": ledger_url, "admin_public_key": admin_public_key}
+    os.environ["AIRFLOW_CONN_DP_BUDGET_DEFAULT"] = json.dumps(
+        {"conn_type": "dpbudget", "extra": extra}
     )
     airflow = Path(sys.executable).with_name("airflow")
     result = subprocess.run(
@@ -198,15 +202,19 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="dp-budget-bench-operator-"))
     ledger_url = f"sqlite:///{home / 'ledger.db'}"
     try:
+        from dp_budget_provider.ledger import AdminKey, BudgetCap, PrivacyBudgetLedger
+
+        # The ledger, created by its administrator (no Airflow imported yet).
+        admin = AdminKey.generate()
+        PrivacyBudgetLedger(
+            BudgetCap(epsilon=CAP_EPSILON, delta=DELTA), url=ledger_url, admin=admin
+        ).close()
+        admin_public_key = admin.public.text
         print(f"Airflow home {home}; ledger {ledger_url}; migrating the metadata DB ...")
-        prepare_airflow_home(home, ledger_url)
+        prepare_airflow_home(home, ledger_url, admin_public_key)
 
         from airflow import __version__ as airflow_version
 
-        from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger
-
-        cap = BudgetCap(epsilon=CAP_EPSILON, delta=DELTA)
-        quietly(lambda: PrivacyBudgetLedger(cap=cap, url=ledger_url))
         dags = {
             "PythonOperator": load_dag(home, "bench_python_operator", dp=False, tasks=args.tasks),
             "DPReleaseOperator": load_dag(home, "bench_dp_release", dp=True, tasks=args.tasks),

@@ -19,7 +19,8 @@ import sqlalchemy as sa
 
 from dp_budget_provider import __version__
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
-from dp_budget_provider.cli import main, parse_duration
+from dp_budget_provider.cli import main
+from dp_budget_provider.cli.arguments import parse_duration
 from dp_budget_provider.ledger import AdminKey, BudgetCap, Policy, WindowCalendar, key_for
 from dp_budget_provider.ledger.storage import clock as ledger_clock
 from dp_budget_provider.ledger.storage import database
@@ -1292,7 +1293,7 @@ def test_policy_set_changes_one_option_without_restating_the_cap(seeded, capsys)
 
 
 def test_every_option_has_help():
-    from dp_budget_provider.cli import build_parser
+    from dp_budget_provider.cli.parser import build_parser
 
     parser = build_parser()
     missing = []

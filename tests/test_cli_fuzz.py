@@ -26,7 +26,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
-from dp_budget_provider.cli import URL_ENV, build_parser, main
+from dp_budget_provider.cli import main
+from dp_budget_provider.cli.parser import build_parser
+from dp_budget_provider.cli.target import URL_ENV
 from dp_budget_provider.ledger import BudgetCap, Policy, key_for
 from dp_budget_provider.ledger.storage import history
 from tests.admin import AdminLedger, admin_key_file

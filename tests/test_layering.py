@@ -124,13 +124,22 @@ def _short(module: str) -> str:
     return module.removeprefix(NAME + ".")
 
 
-_CLI_REACHES = (
-    "accounts.classes accounts.keys audit.authority audit.checkpoints records storage.database "
-    "storage.history storage.schema views.queries views.report views.spend_classes "
-    "windows.calendar windows.maintenance windows.policy"
-)
+_CLI_REACHES = {
+    "arguments": "accounts.keys audit.checkpoints windows.calendar",
+    "inspection": "accounts.classes accounts.keys audit.authority views.queries views.report "
+    "views.spend_classes windows.calendar windows.maintenance",
+    "output": "records views.report",
+    "parser": "audit.authority storage.history views.report windows.calendar",
+    "target": "audit.authority storage.database storage.history storage.schema",
+    "upkeep": "audit.authority storage.database storage.history views.report windows.calendar "
+    "windows.policy",
+}
 KNOWN_ADAPTER_REACHES = {
-    *(("cli", f"ledger.{module}") for module in _CLI_REACHES.split()),
+    *(
+        (f"cli.{command}", f"ledger.{module}")
+        for command, modules in _CLI_REACHES.items()
+        for module in modules.split()
+    ),
     ("plugins.admin", "ledger.accounts.keys"),
     ("plugins.admin", "ledger.windows.policy"),
     ("plugins.admin", "ledger.windows.calendar"),

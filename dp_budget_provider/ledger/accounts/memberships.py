@@ -37,7 +37,14 @@ from dp_budget_provider.ledger.storage.schema import Account, CohortMember, Memb
 
 # The classes of a scope that refer to their cohort, with each of their members (``a``
 # the account, ``r`` a member): the SQL form of the referring arm, for raw statements.
-REFERRING = "dp_accounts a JOIN dp_cohort_members r ON r.cohort_id = a.cohort_id"
+# ``a.cohort_id IS NOT NULL`` says what the equality implies, so that the planner starts
+# from the few referring classes (an index on cohort_id) whatever its statistics say:
+# without it PostgreSQL hash-joined every cohort member in the database to the cohort of a
+# release (106 ms a release after 3,000 releases of 400 keys, against 0.1 ms with it).
+REFERRING = (
+    "dp_accounts a JOIN dp_cohort_members r ON a.cohort_id IS NOT NULL "
+    "AND r.cohort_id = a.cohort_id"
+)
 
 # The referring arm's member rows: an alias, so that a subquery a caller filters with
 # (a cohort's members, say) is never correlated to it.
@@ -106,7 +113,10 @@ def memberships(
     referred = (
         select(*columns(referred_arm))
         .select_from(accounts)
-        .join(_REFERRED, _REFERRED.cohort_id == accounts.cohort_id)
+        .join(
+            _REFERRED,
+            and_(accounts.cohort_id.is_not(None), _REFERRED.cohort_id == accounts.cohort_id),
+        )
     )
     return union_all(listed.where(*where(listed_arm)), referred.where(*where(referred_arm)))
 
