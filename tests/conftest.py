@@ -30,6 +30,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files marked ``heavy`` first, the rest in their order (a stable sort): xdist
+    hands out whole files (``--dist loadfile``) in this order, so the long ones start early
+    and the short ones fill the workers' last minutes, instead of one worker finishing a
+    long file alone."""
+    items.sort(key=lambda item: item.get_closest_marker("heavy") is None)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def ledger_windows(request: pytest.FixtureRequest) -> Iterator[None]:
     """The ledger's clock, in this process, inside the windows the module's

@@ -27,6 +27,9 @@ from dp_budget_provider.ledger.storage import database
 from tests.admin import AdminLedger, admin_key_file
 from tests.ledger_time import ledger_time_in
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 UTC = timezone.utc
 DELTA = 1e-5
 CLOSED = "2020-w01"

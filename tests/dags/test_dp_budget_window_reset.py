@@ -31,6 +31,9 @@ from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
 from tests.ledger_time import ledger_time_in
 from tests.scratch_postgres import PG_ADMIN_DSN
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 RESET_DAG = Path(__file__).resolve().parents[2] / "dags" / "dp_budget_window_reset.py"
 REAP_DAG = RESET_DAG.with_name("dp_budget_reap.py")
 

@@ -33,6 +33,9 @@ from tests.deployment.celery_cluster import Cluster, cluster_for, running
 from tests.deployment.pgbouncer import PgBouncer, PgBouncerMissing, pgbouncer, session_leftovers
 from tests.scratch_postgres import scratch_database
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parents[2]
 CHAIN_KEY = "celery-pgbouncer-chain-key-0123456789abcdef"
 TENANT, QUERY_TYPE = "acme", "visits"

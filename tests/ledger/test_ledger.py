@@ -36,6 +36,9 @@ from dp_budget_provider.ledger.storage import clock as ledger_clock
 from tests.admin import AdminLedger
 from tests.ledger_time import ledger_time_in
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 UTC = timezone.utc
 DELTA = 1e-5
 LEDGER_WINDOWS = ("2026-w28",)

@@ -67,6 +67,9 @@ from dp_budget_provider.ledger.storage import clock as ledger_clock
 from tests.admin import AdminLedger
 from tests.scratch_postgres import scratch_database
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 UTC = timezone.utc
 DELTA = 1e-5
 CAP = 3.0

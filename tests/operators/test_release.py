@@ -19,6 +19,9 @@ from tests.admin import ADMIN
 from tests.airflow.dag_runner import load_dag, stored_xcom, task_states
 from tests.ledger_time import this_week
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 DELTA = 1e-5
 WINDOW = "2026-w28"
 # dag.test() runs the task in this process: the ledger's clock is pinned inside the window.

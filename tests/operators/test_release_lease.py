@@ -31,6 +31,9 @@ from tests.operators.test_release import (
     run_release,
 )
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 # dag.test() runs the task in this process: the ledger's clock is pinned inside the window.
 LEDGER_WINDOWS = (WINDOW,)
 LEASE_SECONDS = 1.5

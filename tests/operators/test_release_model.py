@@ -69,6 +69,9 @@ from tests.ledger.test_model_stateful import (
     ledger_machine,
 )
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 # A run's data interval: two in three end in the last two days, in weeks a new release may
 # still charge (within their grace period), as a run on schedule's does; the others are
 # drawn as the ledger's model draws them, mostly backfills into weeks past their grace

@@ -9,6 +9,9 @@ from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import LedgerKey
 from tests.plugins.conftest import CLAUSE, WINDOW, XSS
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 # The tests seed their ledgers in this process: the ledger's clock is pinned inside WINDOW.
 LEDGER_WINDOWS = (WINDOW,)
 

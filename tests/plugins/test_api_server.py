@@ -16,6 +16,9 @@ from dp_budget_provider.ledger.gate import ReleaseGate, ReleaseRefused
 from tests.admin import ADMIN
 from tests.plugins.airflow_server import CHAIN_KEY, airflow_api_server
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 ACTOR = "admin (Airflow UI)"  # what the history names: the acting Airflow user
 
 

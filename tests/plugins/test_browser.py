@@ -17,6 +17,9 @@ import pytest
 
 from tests.plugins.airflow_server import ROOT, airflow_api_server
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 TIMEOUT_MS = 30_000

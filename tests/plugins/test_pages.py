@@ -6,10 +6,15 @@ import re
 from datetime import timedelta
 from html.parser import HTMLParser
 
+import pytest
+
 from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import Policy, WindowCalendar, key_for
 from tests.ledger_time import ledger_time_in
 from tests.plugins.conftest import CLAUSE, WINDOW, XSS
+
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
 
 # The tests seed their ledgers in this process: the ledger's clock is pinned inside WINDOW.
 LEDGER_WINDOWS = (WINDOW,)

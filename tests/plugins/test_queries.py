@@ -11,6 +11,9 @@ from dp_budget_provider.ledger.views.pages import AccountFilter
 from dp_budget_provider.ledger.views.queries import find_accounts
 from tests.plugins.conftest import WINDOW
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 # The tests seed their ledgers in this process: the ledger's clock is pinned inside WINDOW.
 LEDGER_WINDOWS = (WINDOW,)
 

@@ -23,6 +23,9 @@ from tests.admin import AdminLedger
 from tests.airflow.dag_runner import ledger_connection, load_dag, task_states
 from tests.ledger_time import ledger_time_at, ledger_time_in
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 UTC = timezone.utc
 BIG = GaussianMechanism(1.5)  # eps 2.75: one per window under a cap of 3
 # The ledger's clock (this process; dag.test() runs its tasks here too) starts inside the

@@ -30,6 +30,9 @@ from dp_budget_provider.ledger import (
     keys_for,
 )
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 WINDOW = "2026-w20"
 LEDGER_WINDOWS = (WINDOW,)
 CAP = BudgetCap(3.0, 1e-6)

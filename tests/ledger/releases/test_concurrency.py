@@ -49,6 +49,9 @@ from tests.ledger.memberships_sql import MEMBERS
 from tests.ledger_time import inside, ledger_time_in, this_week
 from tests.scratch_postgres import scratch_database
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 CAP = BudgetCap(epsilon=3.0, delta=1e-5)
 PROCESSES = 8
 WINDOW = this_week()  # the workers run on the real clock (tests/ledger_time.py)

@@ -28,6 +28,9 @@ from tests.ledger.storage.test_pending_and_server_paths import execute, migrate,
 from tests.ledger.test_ledger import snapshot
 from tests.ledger_time import ledger_time_at, ledger_time_in
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 UTC = timezone.utc
 DELTA = 1e-5
 RELEASE = GaussianMechanism(2.0)

@@ -28,6 +28,9 @@ from dp_budget_provider.ledger import (
 from dp_budget_provider.ledger.releases.lease import LeaseKeeper, check_lease, lease_of_seconds
 from dp_budget_provider.ledger.storage import clock as ledger_clock
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 UTC = timezone.utc
 CAP = BudgetCap(3.0, 1e-5)
 LEDGER_WINDOWS = ("2026-w45",)

@@ -53,6 +53,9 @@ from tests.ledger import concurrency_workers as workers
 from tests.ledger.memberships_sql import MEMBERS
 from tests.ledger.releases.test_concurrency import run_workers
 
+# Over 20 s in all: scheduled before the light files (tests/conftest.py).
+pytestmark = pytest.mark.heavy
+
 DELTA = 1e-5
 WINDOW = "2026-w45"
 LEDGER_WINDOWS = (WINDOW,)
