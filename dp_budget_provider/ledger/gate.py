@@ -45,7 +45,7 @@ from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.records import Reservation, SpendReceipt
 from dp_budget_provider.ledger.storage import history
 from dp_budget_provider.ledger.windows.maintenance import MaintenanceState
-from dp_budget_provider.ledger.windows.policy import Policy
+from dp_budget_provider.ledger.windows.policy import SCOPE_ACCOUNTS, Policy
 
 T = TypeVar("T")
 UNIFORM_REFUSAL = "the privacy budget ledger refused this release; nothing was released or charged"
@@ -214,7 +214,10 @@ class ReleaseGate:
         return GrantedRelease(
             reservation.id,
             _subjects(keys),
-            tuple(sorted({key.window for key in reservation.keys})),
+            # Its own windows, not the periods of its subjects' totals at wider scopes.
+            tuple(
+                sorted({k.window for k in reservation.keys if k.query_type not in SCOPE_ACCOUNTS})
+            ),
             reservation.mechanism,
             reservation.count,
             reservation.lease_expires_at,
@@ -224,7 +227,8 @@ class ReleaseGate:
     def commit(self, granted: GrantedRelease) -> ReleaseReceipt:
         """Charge the release (it happened); the receipt describes the release alone."""
         receipts = self._refusing(lambda: self._ledger.commit(granted._reservation))
-        policy = self._ledger.policy_for(receipts[0].key)
+        own = next(r for r in receipts if r.key.query_type not in SCOPE_ACCOUNTS)
+        policy = self._ledger.policy_for(own.key)
         named = None
         if self.exposed:
             named = self._ledger.subject_of(max(receipts, key=lambda r: r.fraction).key)

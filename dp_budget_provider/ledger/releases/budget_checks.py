@@ -31,9 +31,11 @@ from dp_budget_provider.ledger.records import (
 )
 from dp_budget_provider.ledger.releases.locks import ChargeLocks, refuse_sealed
 from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
+from dp_budget_provider.ledger.windows import scopes
 from dp_budget_provider.ledger.windows.policies import Policies
 from dp_budget_provider.ledger.windows.policy import Policy
 from dp_budget_provider.ledger.windows.policy_store import PolicyStore, policy_of_scope
+from dp_budget_provider.ledger.windows.scopes import PolicyMap
 
 
 class BudgetChecks:
@@ -86,8 +88,8 @@ class BudgetChecks:
         price without it would read below what the key has lost."""
         cost = self._pricing.cost(mechanism_of(mechanism), check.count("count", count))
         with self._database.reading() as connection:
-            distinct, states = self._states(connection, keys)
             policies = self._store.read(connection)
+            distinct, states = self._states(connection, keys, policies, wider=chargeable)
             if chargeable:
                 self._locks.refuse_unchargeable(connection, distinct, states, policies)
             else:
@@ -107,11 +109,15 @@ class BudgetChecks:
         return BudgetCheck(subjects, worst[2], worst[3], worst[4], len(states))
 
     def _states(
-        self, connection: Connection, keys: Covered
+        self, connection: Connection, keys: Covered, policies: PolicyMap, *, wider: bool
     ) -> tuple[Sequence[Charged], list[HeldState]]:
-        """What ``keys`` cover (distinct keys, or a cohort's keys in a window) and the
-        distinct states they hold."""
+        """What ``keys`` cover (distinct keys, or a cohort's keys in a window), with
+        ``wider`` also the subjects' totals at every wider scope whose cap applies (as a
+        reservation charges them: :mod:`scopes`), and the distinct states they hold."""
         cohorts = cohorts_of(keys)
+        listed = [] if cohorts else distinct(keys)
+        if wider:
+            listed, cohorts = scopes.with_wider_scopes(listed, cohorts, policies)
         if cohorts:
             states = [
                 state
@@ -119,8 +125,7 @@ class BudgetChecks:
                 for state in cohort_states(connection, covered, self._pricing.orders.size)
             ]
             return cohorts, states
-        keys = distinct(keys)
-        return keys, held_states(connection, keys, self._pricing.orders.size)
+        return listed, held_states(connection, listed, self._pricing.orders.size)
 
     def would_exceed(
         self,
@@ -151,12 +156,15 @@ class BudgetChecks:
         cost = self._pricing.cost(mechanism_of(mechanism), check.count("count", count))
         return self._pricing.bounds([prospective(Spend(), Pending(), cost)])[0].epsilon
 
-    def prospective_accountants(self, keys: Covered) -> list[tuple[RDPAccountant, Policy]]:
-        """Each distinct committed-plus-reserved spend among ``keys`` as an accountant, with
-        the policy over it (for noise planning: one entry per state, not per key)."""
+    def prospective_accountants(
+        self, keys: Covered, *, own: bool = False
+    ) -> list[tuple[RDPAccountant, Policy]]:
+        """Each distinct committed-plus-reserved spend among ``keys`` (and, unless ``own``,
+        their subjects' totals at every wider scope whose cap applies) as an accountant,
+        with the policy over it (for noise planning: one entry per state, not per key)."""
         with self._database.reading() as connection:
-            _, states = self._states(connection, keys)
             policies = self._store.read(connection)
+            _, states = self._states(connection, keys, policies, wider=not own)
         planned: dict[tuple[Any, ...], tuple[RDPAccountant, Policy]] = {}
         for state in states:
             policy = policy_of_scope(policies, state.tenant, state.query_type)
@@ -169,7 +177,7 @@ class BudgetChecks:
 
     def prospective_accountant(self, key: LedgerKey) -> RDPAccountant:
         """An accountant holding ``key``'s committed and reserved spend."""
-        return self.prospective_accountants(one_key(key))[0][0]
+        return self.prospective_accountants(one_key(key), own=True)[0][0]
 
     def prospective_epsilon(
         self, key: LedgerKey, mechanism: Mechanism | Mapping[str, Any], count: int = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from sqlalchemy import Connection, func, select, text, tuple_
@@ -24,6 +24,7 @@ from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.accounts.spend import Spend
 from dp_budget_provider.ledger.errors import (
     LedgerCorrupt,
+    LedgerError,
     LedgerQuarantined,
     WindowClosed,
     WindowSealed,
@@ -31,15 +32,33 @@ from dp_budget_provider.ledger.errors import (
 from dp_budget_provider.ledger.storage import clock, pipeline, statements
 from dp_budget_provider.ledger.storage.schema import LedgerConfig, ReservationKey
 from dp_budget_provider.ledger.storage.schema import Window as WindowRow
+from dp_budget_provider.ledger.windows import scopes
 from dp_budget_provider.ledger.windows.calendar import display_window, is_closed, window_bounds
 from dp_budget_provider.ledger.windows.policy import Policy
 from dp_budget_provider.ledger.windows.policy_store import Policies, PolicyStore, policy_lookup
 
+_T = TypeVar("_T")
 _CLEAR = (
     ": verify found the ledger's tables or history inconsistent. Nothing can be released "
     "until an operator has investigated and cleared it (`dp-budget quarantine clear "
     "--reason ...`, audited); `dp-budget quarantine show` says why"
 )
+
+
+class PoliciesChanged(LedgerError):
+    """The policies a charge chose its wider scopes by are not those in force under its
+    locks (the last ones read were stale, or an administrator changed them meanwhile):
+    the charge's transaction rolls back with nothing written."""
+
+
+def charged_once_more_if_stale(charge: Callable[[], _T]) -> _T:
+    """Run ``charge`` (a whole write transaction); once more if it met
+    :class:`PoliciesChanged`: the policies it read under its locks are then the ones
+    remembered, so a second change must have happened meanwhile to refuse it again."""
+    try:
+        return charge()
+    except PoliciesChanged:
+        return charge()
 
 
 class ChargeLocks:
@@ -86,9 +105,17 @@ class ChargeLocks:
         moment: datetime,
         reserving: Spend | None = None,
         cohorts: Sequence[classes.CohortKeys] = (),
+        *,
+        wider: bool = False,
     ) -> tuple[dict[LedgerKey, statements.LockedAccount], Policies, classes.Charge]:
         """Lock the windows ``keys`` (subject keys) charge and the accounts of their
         classes, refusing any that may not be charged.
+
+        With ``wider`` (a release or a correction: new spend), the subjects' totals at
+        every wider scope whose cap applies are charged too (:mod:`scopes`), chosen by
+        the policies in force under the locks: if they changed between the choice and
+        the locks, the charge is refused (:class:`PoliciesChanged`, which
+        :func:`charged_once_more_if_stale` retries once: then it chooses anew).
 
         The one gate of every write that adds spend (reserve, rescope, correct): a sealed
         window, a re-scoped account, a label that is not its scope calendar's own, a
@@ -99,10 +126,22 @@ class ChargeLocks:
         lock order, and its cohorts for the history entry).
         """
         now = clock.stamp(moment)
+        chosen_by = self._policies.current(pipe) if wider else None
+        if chosen_by is not None:
+            keys, cohorts = scopes.with_wider_scopes(keys, cohorts, chosen_by)
         self.lock_windows(pipe, [*keys, *cohorts], now)
         charge = classes.accounts_for(pipe, keys, now, cohorts)
         locked, version = self.lock_accounts(pipe, charge.keys, now, reserving)
         policies = self._policies.at(pipe, version)
+        if (
+            chosen_by is not None
+            and policies is not chosen_by
+            and not scopes.same_wider_scopes(chosen_by, policies, {k.tenant for k in charge.keys})
+        ):
+            raise PoliciesChanged(
+                "the ledger's policies changed while this charge was being made: it was "
+                "refused with nothing written; make it again"
+            )
         check_windows(
             charge.keys, policy_lookup(policies), moment, new_release=reserving is not None
         )

@@ -52,7 +52,7 @@ from dp_budget_provider.ledger.records import (
 )
 from dp_budget_provider.ledger.releases import reservation_rows
 from dp_budget_provider.ledger.releases.lease import LeaseKeeper, WarningLog
-from dp_budget_provider.ledger.releases.locks import ChargeLocks
+from dp_budget_provider.ledger.releases.locks import ChargeLocks, charged_once_more_if_stale
 from dp_budget_provider.ledger.storage import clock, history, pipeline, statements
 from dp_budget_provider.ledger.storage.entries import (
     CommitEntry,
@@ -118,8 +118,12 @@ class Reservations:
             cap = self._policies.policy_for_scope(first.tenant, first.query_type).cap_epsilon
             raise BudgetExhausted(first, math.inf, cap)
         try:
-            with self._database.pipelined() as pipe:
-                return self._reserve(pipe, ordered, cohorts, mechanism, count, attempt_id, cost)
+
+            def reserved() -> Reservation:
+                with self._database.pipelined() as pipe:
+                    return self._reserve(pipe, ordered, cohorts, mechanism, count, attempt_id, cost)
+
+            return charged_once_more_if_stale(reserved)
         except pipeline.UniqueViolation as error:
             # Decided by the stored fact, not by the driver's message: the attempt has a
             # reservation (another transaction's, committed before ours), or the
@@ -162,7 +166,7 @@ class Reservations:
         now = clock.stamp(moment)
         lease_expires_at = clock.stamp(moment + self._lease)
         locked, policies, charge = self._locks.lock_chargeable(
-            pipe, keys, moment, reserving=cost, cohorts=cohorts
+            pipe, keys, moment, reserving=cost, cohorts=cohorts, wider=True
         )
         accounts = charge.keys
         # The pending spend read back includes this cost but for its residual curve.
@@ -529,8 +533,10 @@ class Reservations:
         count: int = 1,
         attempt: str | None = None,
     ) -> SpendReceipt:
-        """Reserve and commit one release on one key (what a task does, in one call)."""
-        return self.commit(self.reserve(one_key(key), mechanism, count, attempt))[0]
+        """Reserve and commit one release on one key (what a task does, in one call); the
+        receipt of the key's own account (not of its totals at wider scopes)."""
+        receipts = self.commit(self.reserve(one_key(key), mechanism, count, attempt))
+        return next(r for r in receipts if r.key.query_type == key.query_type)
 
 
 def _reap_moments(moment: datetime, older_than: timedelta | None) -> tuple[str, str | None]:

@@ -187,7 +187,9 @@ class PolicyEntry(Entry):
             tenant=found["tenant"],
             query_type=found["query_type"],
             calendar=WindowCalendar(
-                calendar.get("kind", "iso_week"), calendar.get("length_seconds")
+                calendar.get("kind", "iso_week"),
+                calendar.get("length_seconds"),
+                calendar.get("span", 1),
             ),
             min_window=timedelta(seconds=found["min_window_seconds"]),
             compliance_clause=found.get("compliance_clause", ""),

@@ -99,6 +99,8 @@ class PolicyRow(Base):
     warn_fraction: Mapped[float] = mapped_column(Float(53))
     calendar: Mapped[str] = mapped_column(String(16))
     calendar_length_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # How many windows a period spans: a horizon's (revision 0013); NULL is one.
+    calendar_span: Mapped[int | None] = mapped_column(Integer, nullable=True)
     min_window_seconds: Mapped[int] = mapped_column(Integer)
     compliance_clause: Mapped[str] = mapped_column(Text, default="")
     updated_at: Mapped[str] = mapped_column(String(40))

@@ -1,12 +1,13 @@
 """Budget windows: which epoch a moment belongs to, and when an epoch is closed.
 
 A window label describes its own bounds ("2026-w28", "2026-07", "2026-07-14",
-"2026-07-14t00:00:00z+259200s"), so the ledger can prove a window is closed before
-it drops its accounts, whatever policy produced the label. Windows belong to the
-ledger: a release is charged to the windows its data interval overlaps under its
-scope's calendar (:meth:`WindowCalendar.windows_overlapping`), and a label that is not
-the calendar's own form for its period (:meth:`WindowCalendar.is_canonical`) is refused,
-so one period of data can never be charged under two names.
+"2026-07-14t00:00:00z+259200s", and a horizon of 52 ISO weeks "2026-w27+52"), so the
+ledger can prove a window is closed before it drops its accounts, whatever policy
+produced the label. Windows belong to the ledger: a release is charged to the windows
+its data interval overlaps under its scope's calendar
+(:meth:`WindowCalendar.windows_overlapping`), and a label that is not the calendar's own
+form for its period (:meth:`WindowCalendar.is_canonical`) is refused, so one period of
+data can never be charged under two names.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ _ISO_WEEK = re.compile(r"^(\d{4})-w(\d{2})$")
 _MONTH = re.compile(r"^(\d{4})-(\d{2})$")
 _DAY = re.compile(r"^(\d{4})-(\d{2})-(\d{2})$")
 _FIXED = re.compile(r"^(\d{4})-(\d{2})-(\d{2})t(\d{2}):(\d{2}):(\d{2})z\+(\d+)s$")
+# A span of windows: the first window's label, "+", how many windows ("2026-w27+52").
+_SPAN = re.compile(r"^(.+)\+(\d+)$")
+# The Monday of ISO week 1970-w01: week indexes count from it.
+_FIRST_MONDAY = datetime(1969, 12, 29, tzinfo=UTC)
 
 
 def _utc(moment: datetime) -> datetime:
@@ -57,12 +62,30 @@ def _next_month(start: datetime) -> datetime:
 
 @dataclass(frozen=True)
 class WindowCalendar:
-    """How time is cut into budget windows: ISO weeks, calendar months, days, or fixed lengths."""
+    """How time is cut into budget windows: ISO weeks, calendar months, days, or fixed lengths.
+
+    ``span`` > 1 makes each period ``span`` consecutive windows of that kind, counted from
+    the kind's first window since 1970 (ISO week 1970-w01, January 1970, 1970-01-01, or
+    the fixed window starting then): the horizon of a cap across windows. Its periods
+    are made of whole windows, so each window lies in exactly one, and twelve months
+    from January are a calendar year.
+    """
 
     kind: CalendarKind = "iso_week"
     length_seconds: int | None = None
+    span: int = 1
 
     def __post_init__(self) -> None:
+        span = self.span
+        if (
+            isinstance(span, bool)
+            or not isinstance(span, int)
+            or not (1 <= span <= MAX_WINDOWS_PER_INTERVAL)
+        ):
+            raise ValueError(
+                f"a calendar's span is a number of windows in [1, {MAX_WINDOWS_PER_INTERVAL}], "
+                f"got {span!r}"
+            )
         if self.kind not in CALENDAR_KINDS:
             raise ValueError(f"calendar kind must be one of {CALENDAR_KINDS}, got {self.kind!r}")
         if self.kind == "fixed":
@@ -81,13 +104,28 @@ class WindowCalendar:
     def shortest_window(self) -> timedelta:
         """The shortest window this calendar produces (for the minimum-length policy)."""
         if self.kind == "fixed":
-            return timedelta(seconds=self.length_seconds or 0)
-        return {"iso_week": timedelta(days=7), "month": timedelta(days=28)}.get(
+            return timedelta(seconds=self.length_seconds or 0) * self.span
+        one = {"iso_week": timedelta(days=7), "month": timedelta(days=28)}.get(
             self.kind, timedelta(days=1)
         )
+        return one * self.span
+
+    @property
+    def windows(self) -> WindowCalendar:
+        """The calendar of the windows a period of this one is made of (itself at span 1)."""
+        return WindowCalendar(self.kind, self.length_seconds) if self.span > 1 else self
 
     def window_of(self, moment: datetime) -> str:
         """The label of the window containing ``moment``."""
+        if self.span == 1:
+            return self._one_window_of(moment)
+        base = self.windows
+        first = _start_of(
+            self.kind, self.length_seconds, _index_of(base, moment) // self.span * self.span
+        )
+        return f"{base._one_window_of(first)}+{self.span}"
+
+    def _one_window_of(self, moment: datetime) -> str:
         moment = _utc(moment)
         if self.kind == "iso_week":
             year, week, _ = moment.isocalendar()
@@ -138,6 +176,12 @@ class WindowCalendar:
     @property
     def expected_form(self) -> str:
         """How this calendar writes a window, for error messages."""
+        if self.span > 1:
+            example = self.window_of(datetime(2026, 12, 1, tzinfo=UTC))
+            return (
+                f"{self.span} consecutive windows of {self.windows.expected_form}, counted "
+                f"from the first since 1970, named by the first: such as {example}"
+            )
         if self.kind == "fixed":
             return (
                 f"a {self.length_seconds}-second window starting at a multiple of "
@@ -147,14 +191,61 @@ class WindowCalendar:
         return _FORMS[self.kind]
 
     def to_spec(self) -> dict[str, object]:
-        """JSON form stored with the policy."""
-        return {"kind": self.kind, "length_seconds": self.length_seconds}
+        """JSON form stored with the policy (``span`` only when it is not 1, so a policy
+        written before spans existed reads and signs as it did)."""
+        spec: dict[str, object] = {"kind": self.kind, "length_seconds": self.length_seconds}
+        if self.span > 1:
+            spec["span"] = self.span
+        return spec
+
+
+def _index_of(calendar: WindowCalendar, moment: datetime) -> int:
+    """Which window of ``calendar`` (span 1) ``moment`` lies in, counted from 1970's first."""
+    moment = _utc(moment)
+    if calendar.kind == "iso_week":
+        return (moment - _FIRST_MONDAY).days // 7
+    if calendar.kind == "month":
+        return (moment.year - 1970) * 12 + moment.month - 1
+    if calendar.kind == "day":
+        return (moment - _EPOCH).days
+    return int((moment - _EPOCH).total_seconds()) // (calendar.length_seconds or 1)
+
+
+def _start_of(kind: str, length_seconds: int | None, index: int) -> datetime:
+    """When window ``index`` (see :func:`_index_of`) of a calendar kind starts; OverflowError
+    past what a datetime holds."""
+    if kind == "iso_week":
+        return _FIRST_MONDAY + timedelta(days=7 * index)
+    if kind == "month":
+        year, month = divmod(index, 12)
+        if not 1 <= 1970 + year <= 9999:
+            raise OverflowError(f"month {index} since 1970 is outside the years datetime holds")
+        return _month_start(1970 + year, month + 1)
+    if kind == "day":
+        return _EPOCH + timedelta(days=index)
+    return _EPOCH + timedelta(seconds=index * (length_seconds or 1))
+
+
+def _kind_of(label: str) -> tuple[CalendarKind, int | None]:
+    """The calendar kind (and fixed length) of a one-window label."""
+    if _ISO_WEEK.match(label):
+        return "iso_week", None
+    if _MONTH.match(label):
+        return "month", None
+    if _DAY.match(label):
+        return "day", None
+    if match := _FIXED.match(label):
+        return "fixed", int(match[7])
+    raise ValueError(label)
 
 
 def display_window(label: str) -> str:
     """A window label as people read it: a fixed window's start in ISO 8601's own letters
     (``2026-12-03T01:12:00Z+60s``). Labels are stored casefolded like every key part, and
     input in either case is accepted; everything shown to people goes through here."""
+    span = _SPAN.match(label)
+    if span and not _FIXED.match(label):
+        return f"{display_window(span[1])}+{span[2]}"
     return f"{label[:10]}T{label[11:19]}Z{label[20:]}" if _FIXED.match(label) else label
 
 
@@ -174,6 +265,17 @@ def window_bounds(label: str) -> tuple[datetime, datetime]:
 
 
 def _bounds(label: str) -> tuple[datetime, datetime]:
+    if (match := _SPAN.match(label)) and not _FIXED.match(label):
+        first, span = match[1], int(match[2])
+        if not 2 <= span <= MAX_WINDOWS_PER_INTERVAL or match[2] != str(span):
+            raise ValueError(label)
+        start, _ = _bounds(first)
+        kind, length = _kind_of(first)
+        try:
+            end = _start_of(kind, length, _index_of(WindowCalendar(kind, length), start) + span)
+        except OverflowError:
+            end = NEVER
+        return start, end
     if match := _ISO_WEEK.match(label):
         start = datetime.fromisocalendar(int(match[1]), int(match[2]), 1).replace(tzinfo=UTC)
         return start, _later(start, timedelta(days=7))

@@ -19,6 +19,7 @@ from dp_budget_provider.accounting import (
     Mechanism,
 )
 from dp_budget_provider.accounting import validation as check
+from dp_budget_provider.ledger.accounts.classes import Charge
 from dp_budget_provider.ledger.accounts.covered import mechanism_of, one_key
 from dp_budget_provider.ledger.accounts.keys import (
     LedgerKey,
@@ -26,11 +27,12 @@ from dp_budget_provider.ledger.accounts.keys import (
     free_text,
 )
 from dp_budget_provider.ledger.accounts.pricing import Pricing
+from dp_budget_provider.ledger.accounts.spend import Spend
 from dp_budget_provider.ledger.errors import LedgerError, WindowBusy
 from dp_budget_provider.ledger.records import (
     SpendReceipt,
 )
-from dp_budget_provider.ledger.releases.locks import ChargeLocks
+from dp_budget_provider.ledger.releases.locks import ChargeLocks, charged_once_more_if_stale
 from dp_budget_provider.ledger.storage import clock, statements
 from dp_budget_provider.ledger.storage.entries import CorrectionEntry, RescopeEntry, ResetEntry
 from dp_budget_provider.ledger.storage.journal import Journal
@@ -40,7 +42,7 @@ from dp_budget_provider.ledger.storage.schema import (
 )
 from dp_budget_provider.ledger.storage.schema import Window as WindowRow
 from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
-from dp_budget_provider.ledger.windows import maintenance
+from dp_budget_provider.ledger.windows import maintenance, scopes
 from dp_budget_provider.ledger.windows.calendar import NEVER, is_closed, window_bounds
 from dp_budget_provider.ledger.windows.policies import Policies
 from dp_budget_provider.ledger.windows.policy_store import PolicyStore, policy_lookup
@@ -234,6 +236,7 @@ class WindowChanges:
             )
         if old.query_type == new.query_type:
             raise ValueError("rescope needs a different query type")
+        scopes.refuse_scope_names({old.query_type, new.query_type})
         reason = free_text("reason", reason, limit=2000)
         keys = sorted([old, new])
         with self._database.pipelined() as pipe:
@@ -281,7 +284,9 @@ class WindowChanges:
         Corrections only add spend: an under-count is fixed by charging, and nothing
         is ever refunded. The cap is not checked: the release already happened. A sealed
         window or re-scoped key is refused like a release (its accounts are gone or moved);
-        record such a correction on the key its spend lives on.
+        record such a correction on the key its spend lives on. Like a release, it is
+        charged to the subject's totals at every wider scope whose cap applies
+        (:mod:`scopes`): one entry per account, each naming its own.
         """
         keys = one_key(key)
         mechanism = mechanism_of(mechanism)
@@ -290,26 +295,40 @@ class WindowChanges:
             raise ValueError("a correction needs a reason")
         free_text("reason", reason, limit=2000)
         cost = self._pricing.cost(mechanism, count)
+
+        return charged_once_more_if_stale(
+            lambda: self._corrected(keys, mechanism, count, cost, reason)
+        )
+
+    def _corrected(
+        self, keys: list[LedgerKey], mechanism: Mechanism, count: int, cost: Spend, reason: str
+    ) -> SpendReceipt:
+        """A correction's transaction: its key's account and the subject's totals at every
+        wider scope charged, one history entry per account."""
         with self._database.pipelined() as pipe:
             moment = clock.now()
             now = clock.stamp(moment)
-            locked, policies, charge = self._locks.lock_chargeable(pipe, keys, moment)
-            account = charge.account_of(keys[0])
-            held = locked[account]
-            after = held.spend.plus(cost)
+            locked, policies, charge = self._locks.lock_chargeable(pipe, keys, moment, wider=True)
             connection = pipe.core()
-            statements.store_spend(connection, held.id, after, count, now)
-            seq = self._journal.append_piped(
-                pipe,
-                CorrectionEntry(
-                    mechanism=mechanism.to_spec(),
-                    count=count,
-                    cost=cost,
-                    reason=reason,
-                    cohorts=charge.recorded(),
-                ),
-                at=now,
-                keys=[account],
-            )
-            charge.link(pipe, seq)
+            spent = {}
+            for cohort in charge.cohorts:  # the subject alone in each scope: one account
+                tenant, query_type, window = cohort.scope
+                account = LedgerKey.from_canonical(tenant, cohort.accounts[0], query_type, window)
+                held = locked[account]
+                spent[account] = held.spend.plus(cost)
+                statements.store_spend(connection, held.id, spent[account], count, now)
+                seq = self._journal.append_piped(
+                    pipe,
+                    CorrectionEntry(
+                        mechanism=mechanism.to_spec(),
+                        count=count,
+                        cost=cost,
+                        reason=reason,
+                        cohorts=(cohort.recorded(),),
+                    ),
+                    at=now,
+                    keys=[account],
+                )
+                Charge(keys=[account], cohorts=[cohort]).link(pipe, seq)
+            after = spent[charge.account_of(keys[0])]
             return self._pricing.receipts(keys, [after], policies, [1])[0]

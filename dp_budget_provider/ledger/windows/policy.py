@@ -18,6 +18,13 @@ from dp_budget_provider.ledger.accounts.keys import canonical_part
 from dp_budget_provider.ledger.windows.calendar import CalendarKind, WindowCalendar
 
 ANY = "*"
+# The query types of the accounts that hold a subject's total at a wider scope than one
+# query type: across all query types in a window, and across the windows of a horizon
+# (and all query types). No release may name them (see :mod:`scopes`).
+ACROSS_QUERY_TYPES = "*across query types"
+ACROSS_WINDOWS = "*across windows"
+SCOPE_QUERY_TYPES = {"query_types": ACROSS_QUERY_TYPES, "windows": ACROSS_WINDOWS}
+SCOPE_ACCOUNTS = frozenset(SCOPE_QUERY_TYPES.values())
 DEFAULT_MIN_WINDOW = timedelta(days=1)
 # How long after a window ends late, retried and backfilled runs may still be charged to
 # it, before maintenance may seal it. Scheduled runs start after their data interval
@@ -54,6 +61,14 @@ class Policy:
 
     Lookup prefers an exact tenant and query type, then tenant only, then query type
     only, then the default ``("*", "*")``.
+
+    ``across`` makes it a cap on a subject's total at a wider scope, enforced together
+    with the per-query-type caps: ``"query_types"`` caps the total over all the tenant's
+    query types in each window of ``calendar``; ``"windows"`` caps the total over all
+    query types in each horizon of ``horizon_windows`` consecutive windows (a calendar
+    whose periods span that many windows). Such a policy is stored under the query type
+    :data:`ACROSS_QUERY_TYPES` or :data:`ACROSS_WINDOWS`; ``tenant="*"`` applies it to
+    every tenant that has none of its own.
     """
 
     cap_epsilon: float
@@ -64,6 +79,8 @@ class Policy:
     min_window: timedelta = DEFAULT_MIN_WINDOW
     compliance_clause: str = ""
     grace: timedelta = DEFAULT_GRACE
+    across: str | None = None
+    horizon_windows: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cap_epsilon", check.positive("cap_epsilon", self.cap_epsilon))
@@ -72,6 +89,7 @@ class Policy:
         object.__setattr__(self, "query_type", canonical_part("query_type", self.query_type))
         if not isinstance(self.calendar, WindowCalendar):
             raise ValueError(f"calendar must be a WindowCalendar, got {self.calendar!r}")
+        self._scope_of_policy()
         if not isinstance(self.min_window, timedelta) or self.min_window <= timedelta(0):
             raise ValueError(f"min_window must be a positive timedelta, got {self.min_window!r}")
         if self.calendar.shortest_window < self.min_window:
@@ -93,6 +111,43 @@ class Policy:
                 f"got {self.grace!r}"
             )
 
+    def _scope_of_policy(self) -> None:
+        """Settle ``across``, the stored query type and the horizon's calendar, whichever
+        of them was given (a policy read back names only its query type and calendar)."""
+        across = self.across
+        if across is None:
+            across = next((a for a, q in SCOPE_QUERY_TYPES.items() if q == self.query_type), None)
+        elif across not in SCOPE_QUERY_TYPES:
+            raise ValueError(
+                f"across must be one of {sorted(SCOPE_QUERY_TYPES)} (or None), got {across!r}"
+            )
+        elif self.query_type not in (ANY, SCOPE_QUERY_TYPES[across]):
+            raise ValueError(
+                f"a cap across {across.replace('_', ' ')} covers every query type: give no "
+                f"query_type, got {self.query_type!r}"
+            )
+        horizon, span = self.horizon_windows, self.calendar.span
+        if across == "windows":
+            horizon = span if horizon is None and span > 1 else horizon
+            if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 2:
+                raise ValueError(
+                    "a cap across windows needs horizon_windows, the number of consecutive "
+                    f"windows of its horizon (at least 2), got {self.horizon_windows!r}"
+                )
+            if span not in (1, horizon):
+                raise ValueError(f"horizon_windows={horizon} but the calendar spans {span} windows")
+            calendar = WindowCalendar(self.calendar.kind, self.calendar.length_seconds, horizon)
+            object.__setattr__(self, "calendar", calendar)
+        elif horizon is not None or span > 1:
+            raise ValueError(
+                "horizon_windows (a calendar spanning several windows) is for a cap across "
+                "windows only: give across='windows'"
+            )
+        object.__setattr__(self, "across", across)
+        object.__setattr__(self, "horizon_windows", horizon)
+        if across is not None:
+            object.__setattr__(self, "query_type", SCOPE_QUERY_TYPES[across])
+
     @property
     def scope(self) -> tuple[str, str]:
         """(tenant, query_type) this policy applies to."""
@@ -110,6 +165,8 @@ class Policy:
             "min_window_seconds": int(self.min_window.total_seconds()),
             "compliance_clause": self.compliance_clause,
             "grace_seconds": int(self.grace.total_seconds()),
+            # Only for a horizon: a record written before horizons signs as it did.
+            **({"calendar_span": self.calendar.span} if self.calendar.span > 1 else {}),
         }
 
     def warns_at(self, epsilon: float) -> bool:
@@ -143,7 +200,10 @@ STATE_SEALED = "SEALED"  # the window is sealed: the final spend, never charged 
 
 
 def lookup_order(tenant: str, query_type: str) -> list[tuple[str, str]]:
-    """Policy scopes to try for a key, most specific first."""
+    """Policy scopes to try for a key, most specific first. A total across query types or
+    windows is capped only by a policy of its own (the tenant's or every tenant's)."""
+    if query_type in SCOPE_ACCOUNTS:
+        return [(tenant, query_type), (ANY, query_type)]
     return [(tenant, query_type), (tenant, ANY), (ANY, query_type), (ANY, ANY)]
 
 

@@ -102,6 +102,20 @@ class PolicyStore:
         self.snapshot = (version, policies)
         return policies
 
+    def current(self, pipe: pipeline.Pipeline) -> Policies:
+        """The policies as a charge chooses its wider scopes by, before its locks: the
+        last read at a known version (PostgreSQL), else read now in ``pipe``'s transaction
+        without their signatures' check (none when they are unreadable). The charge
+        proves its choice against the honoured policies it reads under its locks
+        (:meth:`at`), after it has refused a quarantined ledger, so a tampered policy is
+        refused where it always was and never chooses anything."""
+        if self.snapshot is not None:
+            return self.snapshot[1]
+        try:
+            return self.read(pipe, honoured=False)
+        except (LedgerCorrupt, ValueError):  # a row no policy can be built from
+            return {}
+
     def at(self, pipe: pipeline.Pipeline | None, version: int | None) -> Policies:
         """The policies, reusing the last ones read while ``version`` says they are current.
 
@@ -125,13 +139,13 @@ class PolicyStore:
 
 def policy_of_row(values: tuple[Any, ...]) -> Policy:
     """A policy as :data:`statements.POLICY_ROWS` reads its row."""
-    tenant, query_type, cap, warn, calendar, length, min_window, clause, grace = values[:9]
+    tenant, query_type, cap, warn, calendar, length, min_window, clause, grace, span = values[:10]
     return Policy(
         cap_epsilon=cap,
         warn_fraction=warn,
         tenant=tenant,
         query_type=query_type,
-        calendar=WindowCalendar(calendar, length),
+        calendar=WindowCalendar(calendar, length, span or 1),
         min_window=timedelta(seconds=min_window),
         compliance_clause=clause,
         grace=timedelta(seconds=grace),
@@ -183,6 +197,7 @@ def write_policy(
     record = policy.as_record()
     signature = authority.sign_policy(record) if authority.trusted is not None else None
     values = {k: v for k, v in record.items() if k not in ("tenant", "query_type")}
+    values["calendar_span"] = record.get("calendar_span")
     values["updated_at"] = now
     values["signature"] = signature
     updated = connection.execute(

@@ -84,9 +84,16 @@ def build(url: str) -> None:
         snap = key_for("dave", "snapshot", "2026-w45")
         ledger.spend(snap, GaussianMechanism(3.0))
         ledger.rescope(snap, key_for("dave", "trajectory", "2026-w45"), reason="re-scored")
+        # acme's subjects' totals across query types and across a horizon of windows.
+        ledger.set_policy(Policy(4.0, tenant="acme", across="query_types"))
+        ledger.set_policy(Policy(6.0, tenant="acme", across="windows", horizon_windows=52))
         ledger.spend(key_for("x", "counts", "2026-w45", tenant="acme"), GaussianMechanism(4.0))
+        ledger.spend(key_for("x", "heatmap", "2026-w45", tenant="acme"), GaussianMechanism(4.0))
+        ledger.correct(
+            key_for("y", "counts", "2026-w45", tenant="acme"), GaussianMechanism(5.0), reason="missed"
+        )
         CLOCK["now"] = datetime(2026, 12, 1, 12, tzinfo=UTC)
-        assert ledger.reset("2026-w45") == 5
+        assert ledger.reset("2026-w45") == 9
         erin, frank = (
             key_for("erin", "heatmap", "2026-w49"),
             key_for("frank", "heatmap", "2026-w49"),
@@ -98,6 +105,7 @@ def build(url: str) -> None:
             ledger.reserve(key_for("gina", "heatmap", "2026-w49"), GaussianMechanism(4.0))
         )
         ledger.reserve(key_for("hank", "heatmap", "2026-w49"), GaussianMechanism(4.0))
+        ledger.spend(key_for("x", "counts", "2026-w49", tenant="acme"), GaussianMechanism(4.0))
         CLOCK["now"] = datetime(2026, 12, 1, 13, tzinfo=UTC)
         ledger.reap(timedelta(minutes=30), now=CLOCK["now"])
         report = ledger.verify()
@@ -371,8 +379,8 @@ def test_a_rewritten_entry_with_the_chain_recomputed_without_the_key_is_caught(
     with sha256, and with a key of their own. Neither link verifies under the real key."""
     for forged_with in (history.UNKEYED, history.ChainKey("an insider's own key, 32 bytes")):
         url = copy_of(copies, backend, tmp_path_factory)
-        ((seq, payload),) = fetch(
-            url, "SELECT seq, payload FROM dp_history WHERE action = 'correction'"
+        (seq, payload), *_ = fetch(
+            url, "SELECT seq, payload FROM dp_history WHERE action = 'correction' ORDER BY seq"
         )
         cheaper = json.loads(payload)
         cheaper["cost"]["gaussian_mu2"] = cheaper["cost"]["gaussian_mu2"] / 4

@@ -1,0 +1,143 @@
+"""Caps at wider scopes: what a release charges beyond its own query type's accounts.
+
+A cap per (tenant, query type, window) bounds one account. A subject released over as a
+heatmap, a count and a trajectory statistic in one week has lost the sum of three, and
+after a year of weekly windows fifty-two times that. Where a tenant has a policy across
+query types (``Policy(across="query_types")``) or across the windows of a horizon
+(``Policy(across="windows", horizon_windows=52)``), every release also charges the
+subject's total at that scope: an account under the query type
+:data:`~.policy.ACROSS_QUERY_TYPES` in the same window, and one under
+:data:`~.policy.ACROSS_WINDOWS` in the horizon period the window lies in. They are
+ordinary accounts (spend classes, cohorts, locks, pending spend, seals, verify): the
+check and the charge of every scope happen in the release's one reservation, under the
+same locks, all or nothing, with one cap check per account.
+
+A release charged to two windows of one horizon charges the horizon once: it is one
+release. The wider scopes' calendars are made of the same windows as the query types'
+(a horizon spans whole windows), so each window lies in exactly one period of each; a
+query type whose calendar differs from its tenant's wider caps is refused a release
+rather than charged to periods its windows do not fit.
+
+This module is the one place that decides which scope accounts a release charges:
+reservations, corrections and budget checks all ask it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from dp_budget_provider.ledger.accounts.classes import CohortKeys
+from dp_budget_provider.ledger.accounts.covered import in_lock_order
+from dp_budget_provider.ledger.accounts.keys import LedgerKey
+from dp_budget_provider.ledger.errors import LedgerError
+from dp_budget_provider.ledger.windows.calendar import window_bounds
+from dp_budget_provider.ledger.windows.policy import ANY, SCOPE_ACCOUNTS, Policy
+from dp_budget_provider.ledger.windows.policy_store import policy_lookup
+
+PolicyMap = Mapping[tuple[str, str], Policy]
+
+
+def wider_policies(policies: PolicyMap, tenant: str) -> list[Policy]:
+    """The caps across query types and windows that apply to ``tenant`` (its own, else
+    every tenant's), in a fixed order."""
+    found = []
+    for query_type in sorted(SCOPE_ACCOUNTS):
+        policy = policies.get((tenant, query_type)) or policies.get((ANY, query_type))
+        if policy is not None:
+            found.append(policy)
+    return found
+
+
+def refuse_scope_names(query_types: set[str]) -> None:
+    """Refuse a release that names a wider scope's query type as its own."""
+    named = sorted(query_types & SCOPE_ACCOUNTS)
+    if named:
+        raise ValueError(
+            f"query type {named[0]!r} is the ledger's account of a subject's total across "
+            "a wider scope; a release names its own query type"
+        )
+
+
+def _periods(
+    policy_of: Callable[[LedgerKey], Policy],
+    tenant: str,
+    query_type: str,
+    window: str,
+    wider: Sequence[Policy],
+) -> list[tuple[str, str]]:
+    """(scope query type, period) of each wider cap a release in ``window`` is charged to."""
+    own = policy_of(LedgerKey.from_canonical(tenant, "-", query_type, window)).calendar
+    periods = []
+    for policy in wider:
+        if policy.calendar.windows != own:
+            raise LedgerError(
+                f"tenant {tenant!r} has a cap across {policy.across.replace('_', ' ')} "
+                f"in {policy.calendar.windows.kind} windows, but query type {query_type!r} "
+                f"has {own.kind} windows: a release is charged to both, so give the query "
+                "type's policy the same calendar"
+            )
+        start = window_bounds(window)[0]
+        periods.append((policy.query_type, policy.calendar.window_of(start)))
+    return periods
+
+
+def with_wider_scopes(
+    keys: Sequence[LedgerKey], cohorts: Sequence[CohortKeys], policies: PolicyMap
+) -> tuple[list[LedgerKey], list[CohortKeys]]:
+    """What a release over ``keys`` (subject keys in lock order) or ``cohorts`` charges
+    with every wider cap that applies: the same subjects in each wider scope's period of
+    each window they are charged in, once per period; keys in lock order.
+
+    A window label that is not a calendar window is left to the window checks that
+    follow (they refuse it naming its calendar); it charges no wider scope here.
+    """
+    refuse_scope_names({key.query_type for key in keys} | {c.query_type for c in cohorts})
+    policy_of = policy_lookup(policies)
+    wider_of: dict[str, list[Policy]] = {}
+
+    def periods(tenant: str, query_type: str, window: str) -> list[tuple[str, str]]:
+        wider = wider_of.get(tenant)
+        if wider is None:
+            wider = wider_of[tenant] = wider_policies(policies, tenant)
+        if not wider:
+            return []
+        try:
+            return _periods(policy_of, tenant, query_type, window, wider)
+        except ValueError:  # not a calendar label: refused by the window checks
+            return []
+
+    if cohorts:
+        extra: dict[tuple[str, str, str], CohortKeys] = {}
+        for given in cohorts:
+            for query_type, period in periods(given.tenant, given.query_type, given.window):
+                extra.setdefault(
+                    (given.cohort.digest, query_type, period),
+                    CohortKeys(given.cohort, query_type, period),
+                )
+        return list(keys), [*cohorts, *extra.values()]
+    by_scope: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
+    added: dict[tuple[str, str, str, str], LedgerKey] = {}
+    for key in keys:
+        scope = (key.tenant, key.query_type, key.window)
+        targets = by_scope.get(scope)
+        if targets is None:
+            targets = by_scope[scope] = periods(*scope)
+        for query_type, period in targets:
+            parts = (key.tenant, key.subject, query_type, period)
+            if parts not in added:
+                added[parts] = LedgerKey.from_canonical(*parts)
+    if not added:
+        return list(keys), []
+    return in_lock_order([*keys, *added.values()]), []
+
+
+def same_wider_scopes(before: PolicyMap, after: PolicyMap, tenants: set[str]) -> bool:
+    """Whether ``after`` holds the policies ``before`` held for ``tenants`` (theirs and
+    every tenant's): then the wider scopes a release's were chosen by are those in force
+    under its locks. Any change of them, not only of a wider cap, is a difference: a
+    query type's calendar decides its periods too."""
+
+    def theirs(policies: PolicyMap) -> dict[tuple[str, str], Policy]:
+        return {scope: p for scope, p in policies.items() if scope[0] in tenants or scope[0] == ANY}
+
+    return theirs(before) == theirs(after)
