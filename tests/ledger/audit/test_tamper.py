@@ -89,9 +89,8 @@ def build(url: str) -> None:
         ledger.set_policy(Policy(6.0, tenant="acme", across="windows", horizon_windows=52))
         ledger.spend(key_for("x", "counts", "2026-w45", tenant="acme"), GaussianMechanism(4.0))
         ledger.spend(key_for("x", "heatmap", "2026-w45", tenant="acme"), GaussianMechanism(4.0))
-        ledger.correct(
-            key_for("y", "counts", "2026-w45", tenant="acme"), GaussianMechanism(5.0), reason="missed"
-        )
+        missed = key_for("y", "counts", "2026-w45", tenant="acme")
+        ledger.correct(missed, GaussianMechanism(5.0), reason="missed")
         CLOCK["now"] = datetime(2026, 12, 1, 12, tzinfo=UTC)
         assert ledger.reset("2026-w45") == 9
         erin, frank = (

@@ -32,7 +32,7 @@ from dp_budget_provider.ledger.windows.calendar import (
     window_bounds,
 )
 from dp_budget_provider.ledger.windows.policy import ACROSS_QUERY_TYPES, ACROSS_WINDOWS
-from tests.admin import AdminLedger
+from tests.admin import ADMIN
 
 LEDGER_WINDOWS = ("2026-w28", "2026-w29")
 W28, W29 = LEDGER_WINDOWS
@@ -61,16 +61,10 @@ def history_length(ledger: PrivacyBudgetLedger) -> int:
 @pytest.fixture
 def scoped(ledger_url, make_ledger):
     """acme: per query type 10, across query types 2, across 52 weeks 3."""
-    ledger = make_ledger(BudgetCap(10.0, 1e-5), url=ledger_url, admin=_admin())
+    ledger = make_ledger(BudgetCap(10.0, 1e-5), url=ledger_url, admin=ADMIN)
     ledger.set_policy(Policy(2.0, tenant="acme", across="query_types"))
     ledger.set_policy(Policy(3.0, tenant="acme", across="windows", horizon_windows=52))
     return ledger
-
-
-def _admin():
-    from tests.admin import ADMIN
-
-    return ADMIN
 
 
 # ------------------------------------------------------------------ policies and calendars
@@ -202,7 +196,7 @@ def test_a_release_over_two_windows_of_one_horizon_charges_the_horizon_once(scop
 
 
 def test_a_cap_for_every_tenant_applies_to_each_tenant_without_its_own(ledger_url, make_ledger):
-    ledger = make_ledger(BudgetCap(10.0, 1e-5), url=ledger_url, admin=_admin())
+    ledger = make_ledger(BudgetCap(10.0, 1e-5), url=ledger_url, admin=ADMIN)
     ledger.set_policy(Policy(2.0, tenant="*", across="query_types"))
     ledger.set_policy(Policy(9.0, tenant="acme", across="query_types"))
     for tenant, refused in (("beta", True), ("acme", False)):
@@ -270,7 +264,7 @@ def test_the_budget_check_and_the_gate_count_the_wider_caps(scoped):
 def test_a_policy_set_since_this_process_last_read_them_is_enforced(ledger_url, make_ledger):
     """A worker's remembered policies are stale once an administrator sets a cap across
     query types: its next release is charged to the new scope all the same."""
-    admin = make_ledger(BudgetCap(10.0, 1e-5), url=ledger_url, admin=_admin())
+    admin = make_ledger(BudgetCap(10.0, 1e-5), url=ledger_url, admin=ADMIN)
     worker = make_ledger(url=ledger_url)
     worker.spend(own("hal", "heatmap"), RELEASE)  # remembers the policies without the cap
     admin.set_policy(Policy(2.0, tenant="acme", across="query_types"))
@@ -303,9 +297,7 @@ def test_a_query_type_with_another_calendar_is_refused_a_release(scoped):
     assert scoped.epsilon_of(own("jan", "monthly", "2026-07")) == 0.0
 
 
-def test_a_sealed_window_is_sealed_for_every_query_type_and_keeps_the_horizon(
-    scoped, monkeypatch
-):
+def test_a_sealed_window_is_sealed_for_every_query_type_and_keeps_the_horizon(scoped, monkeypatch):
     scoped.spend(own("kim", "heatmap"), RELEASE)
     horizon = scoped.epsilon_of(across_windows("kim"))
     monkeypatch.setattr(ledger_clock, "now", lambda: datetime(2026, 7, 25, tzinfo=UTC))
@@ -344,9 +336,7 @@ def test_scope_policies_survive_reopening_and_replay(scoped, ledger_url):
     scoped.spend(own("ned", "heatmap"), RELEASE)
     reopened = PrivacyBudgetLedger(url=ledger_url)
     try:
-        assert {p.scope: p for p in reopened.policies()} == {
-            p.scope: p for p in scoped.policies()
-        }
+        assert {p.scope: p for p in reopened.policies()} == {p.scope: p for p in scoped.policies()}
         horizon = reopened.policy_for_scope("acme", ACROSS_WINDOWS)
         assert horizon.horizon_windows == 52 and horizon.across == "windows"
         assert reopened.verify().ok
