@@ -43,6 +43,7 @@ from dp_budget_provider.ledger.storage.entries import (
     ResetEntry,
 )
 from dp_budget_provider.ledger.storage.payloads import Entry
+from dp_budget_provider.ledger.windows import scopes
 from dp_budget_provider.ledger.windows.policy_store import policy_lookup, policy_of_scope
 
 # A granted reservation is a breach when the replayed total passes its cap by more than
@@ -418,6 +419,8 @@ class Charges:
         if entry.reservation_id in self.open:
             self.findings.problem(entry, f"reservation {entry.reservation_id} reserved twice")
         self._charged(entry, keys)
+        for missed in scopes.missed_totals(reserved.cohorts or (), self.configuration.policies):
+            self.findings.problem(entry, missed)
         policy_of = policy_lookup(self.configuration.policies)
         for key in keys:
             state = self._state(key)

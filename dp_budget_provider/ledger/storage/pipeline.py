@@ -58,6 +58,9 @@ class Pipeline:
         self._cursor: Any = None
         self._queued: list[bytes] = []
         self._begun = False
+        # The link each chain's head moves to in this transaction, by chain: its move is
+        # queued with the commit, so a second entry on the chain links to it from here.
+        self._moved: dict[int, str] = {}
 
     def _pg_cursor(self) -> Any:
         if self._cursor is None:
@@ -107,15 +110,21 @@ class Pipeline:
 
         On PostgreSQL the chain head is locked (one round trip that also numbers the
         entry), the link is made here with ``key``, and the entry and the head's move go
-        with the commit. Returns the entry's number.
+        with the commit. A transaction may append several entries (a correction's, one per
+        account): on a chain it already moved, an entry links to that move. Returns the
+        entry's number.
         """
         if not self._postgresql:
             return history.append(self.connection, chain_key, **entry)
         row = history.entry_columns(**entry)
         heads = self.query(history.PG_LOCK_HEAD, {"chain": row["chain"]})
-        values = history.linked(row, heads[0] if heads else None, chain_key)
+        head = heads[0] if heads else None
+        if head is not None and row["chain"] in self._moved:
+            head = (self._moved[row["chain"]], *head[1:])
+        values = history.linked(row, head, chain_key)
         self.send(history.INSERT_ENTRY, values)
         self.send(history.MOVE_HEAD, values)
+        self._moved[row["chain"]] = values["hash"]
         return int(values["seq"])
 
     def _commit(self) -> None:

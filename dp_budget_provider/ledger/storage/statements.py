@@ -138,7 +138,10 @@ QUARANTINES = "SELECT count(*) FROM dp_history WHERE action = 'quarantine'"
 # order, exclusively: a charge may refine the window's classes (see ``classes``), which
 # must never interleave with another's, and a reset seals a window under the same lock,
 # so it waits for every charge under way and every later one sees the seal. A separate
-# statement, so that its snapshot sees rows a concurrent charge created meanwhile.
+# statement, so that its snapshot sees rows a concurrent charge created meanwhile. The
+# configuration row is share-locked: a policy change (whose trigger updates the row)
+# waits for every charge under way and every later charge waits for it, so the history
+# orders each charge wholly before or after it, as the policies it was decided by were.
 PG_LOCK_WINDOWS = """
 INSERT INTO dp_windows AS w (tenant, query_type, "window", created_at)
 SELECT t, q, x, %(now)s
@@ -154,7 +157,7 @@ JOIN unnest(string_to_array(%(tenants)s, E'\n'), string_to_array(%(query_types)s
   ON w.tenant = u.t AND w.query_type = u.q AND w."window" = u.x
 WHERE c.id = 1
 ORDER BY w.tenant COLLATE "C", w.query_type COLLATE "C", w."window" COLLATE "C"
-FOR UPDATE OF w
+FOR UPDATE OF w FOR SHARE OF c
 """.replace("{quarantines}", QUARANTINES)
 
 SQLITE_NEW_WINDOW = (

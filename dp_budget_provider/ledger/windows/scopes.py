@@ -30,6 +30,7 @@ from dp_budget_provider.ledger.accounts.classes import CohortKeys
 from dp_budget_provider.ledger.accounts.covered import in_lock_order
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.errors import LedgerError
+from dp_budget_provider.ledger.storage.entries import ChargedCohort
 from dp_budget_provider.ledger.windows.calendar import window_bounds
 from dp_budget_provider.ledger.windows.policy import ANY, SCOPE_ACCOUNTS, Policy
 from dp_budget_provider.ledger.windows.policy_store import policy_lookup
@@ -129,6 +130,38 @@ def with_wider_scopes(
     if not added:
         return list(keys), []
     return in_lock_order([*keys, *added.values()]), []
+
+
+def missed_totals(charged: Sequence[ChargedCohort], policies: PolicyMap) -> list[str]:
+    """What a charge that covered ``charged`` (its history entry's cohorts) should also
+    have charged under ``policies`` and did not, as verify names it: for each cohort of a
+    query type's window, the subjects' total at each wider scope whose cap applied, in
+    that window's period. Across query types the same subjects (the same cohort); across
+    windows at least as many (a release over several windows of one horizon charges the
+    union of their subjects there once)."""
+    recorded = {(c.tenant, c.query_type, c.window): c for c in charged}
+    missed = []
+    for cohort in charged:
+        if cohort.query_type in SCOPE_ACCOUNTS:
+            continue
+        try:
+            start = window_bounds(cohort.window)[0]
+        except ValueError:  # not a calendar label: never charged beyond itself
+            continue
+        for policy in wider_policies(policies, cohort.tenant):
+            period = policy.calendar.window_of(start)
+            total = recorded.get((cohort.tenant, policy.query_type, period))
+            if total is None or (
+                total.cohort != cohort.cohort
+                if policy.across == "query_types"
+                else total.size < cohort.size
+            ):
+                missed.append(
+                    f"cohort {cohort.cohort} in window {cohort.window} of ({cohort.tenant}, "
+                    f"{cohort.query_type}) is not charged to its subjects' total "
+                    f"{policy.query_type!r} in {period}, which a cap applied to"
+                )
+    return missed
 
 
 def same_wider_scopes(before: PolicyMap, after: PolicyMap, tenants: set[str]) -> bool:

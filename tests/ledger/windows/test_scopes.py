@@ -355,3 +355,36 @@ def test_the_horizons_grace_runs_from_its_own_end(scoped, monkeypatch):
     assert scoped.reset(HORIZON) == 1
     with pytest.raises(WindowSealed):
         scoped.correct(own("ola", "heatmap", "2026-w30"), RELEASE, reason="late")
+
+
+def test_verify_names_a_release_that_skipped_a_total_a_cap_applied_to(scoped, ledger_url):
+    """Code that charges only the query type's own accounts (a worker of an older release,
+    or code that bypasses the scopes) is named by verify, which replays the policies."""
+    from dp_budget_provider.ledger.windows import scopes
+
+    original = scopes.with_wider_scopes
+    try:
+        scopes.with_wider_scopes = lambda keys, cohorts, policies: (list(keys), list(cohorts))
+        scoped.spend(own("pia", "heatmap"), RELEASE)
+    finally:
+        scopes.with_wider_scopes = original
+    report = scoped.verify()
+    assert not report.ok
+    assert any(
+        "not charged to its subjects' total '*across query types' in 2026-w28" in problem
+        for problem in report.problems
+    ), report.problems
+    assert any("'*across windows' in 2025-w43+52" in p for p in report.problems)
+
+
+def test_a_correction_links_its_entries_on_one_chain_in_order(scoped, monkeypatch):
+    """A correction appends one entry per account in one transaction; on PostgreSQL the
+    heads move with the commit, so entries on a chain the transaction already moved must
+    link to that move. Every entry on one chain makes each correction do so."""
+    from dp_budget_provider.ledger.storage import history
+
+    monkeypatch.setattr(history, "chain_of", lambda key, chains: 1)
+    for subject in ("quin", "rae"):
+        scoped.correct(own(subject, "heatmap"), RELEASE, reason="a missed release")
+    report = scoped.verify()
+    assert report.ok, report.problems
