@@ -538,7 +538,12 @@ def test_status_json_and_filters(seeded_any, capsys):
     assert code == 0
     document = json.loads(out)
     assert document["total"] == 3
-    assert document["filters"] == {"window": CLOSED, "tenant": None, "sealed": False}
+    assert document["filters"] == {
+        "window": CLOSED,
+        "tenant": None,
+        "sealed": False,
+        "subject": None,
+    }
     by_subject = {a["subject"]: a for a in document["accounts"]}
     assert set(by_subject) == {"alice", "bob", "erin"}
     assert by_subject["erin"]["state"] == "EXHAUSTED"
@@ -1184,6 +1189,46 @@ def test_policy_set_rejects_invalid_policies(seeded, args):
     result = run("policy", "set", *args, url=seeded)
     assert_one_line_error(result)
     assert result.returncode == 2
+
+
+def test_policy_set_caps_across_query_types_and_windows(seeded, capsys):
+    for extra in (
+        ("--across", "query_types", "--epsilon", "4"),
+        ("--across", "windows", "--horizon-windows", "52", "--epsilon", "12"),
+    ):
+        code, out, err = call(capsys, "--url", seeded, "policy", "set", "--tenant", "acme", *extra)
+        assert code == 0, err
+    assert "policy acme/*across windows created" in out and "52 per period" in out
+    # A change of its cap keeps the horizon; a release of dave's is charged to the totals.
+    code, out, err = call(
+        capsys, "--url", seeded, "policy", "set", "--tenant", "acme", "--across", "windows",
+        "--epsilon", "10",
+    )  # fmt: skip
+    assert code == 0 and "52 per period" in out, err
+    code, out, _ = call(capsys, "--url", seeded, "policy", "list")
+    assert "*across query types" in out and "iso_week, 52 per period" in out
+    ledger = open_ledger(seeded)
+    with charging(OPEN_WINDOW):
+        ledger.spend(key_for("dave", "heatmap", OPEN_WINDOW, tenant="acme"), GaussianMechanism(4.0))
+    ledger.close()
+    code, out, _ = call(capsys, "--url", seeded, "status", "--subject", "Dave")
+    rows = [line.split() for line in out.splitlines() if line.startswith("acme ")]
+    assert code == 0 and [row[2] for row in rows] == ["*across", "*across", "count", "heatmap"]
+    assert "4 account(s)" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--across", "windows"), "--horizon-windows"),
+        (("--across", "query_types", "--query-type", "count"), "no --query-type"),
+        (("--horizon-windows", "4"), "--across windows"),
+    ],
+)
+def test_policy_set_refuses_a_scope_spelled_wrong(seeded, args, message):
+    result = run("policy", "set", "--tenant", "acme", "--epsilon", "3", *args, url=seeded)
+    assert_one_line_error(result)
+    assert result.returncode == 2 and message in result.stderr
 
 
 def test_policy_set_fixed_calendar(seeded, capsys):

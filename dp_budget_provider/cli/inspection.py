@@ -47,9 +47,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     limit = None if args.limit == 0 else args.limit
     with opened(args) as ledger:
         statuses = ledger.accounts(
-            window=window, tenant=tenant, limit=limit, offset=args.offset, sealed=args.sealed
+            window=window,
+            tenant=tenant,
+            limit=limit,
+            offset=args.offset,
+            sealed=args.sealed,
+            subject=args.subject,
         )
-        total = report.count_accounts(ledger, window=window, tenant=tenant, sealed=args.sealed)
+        total = report.count_accounts(
+            ledger, window=window, tenant=tenant, sealed=args.sealed, subject=args.subject
+        )
         upkeep = ledger.maintenance(ledger_target(args).maintenance_intervals)
         overdue = [state for state in upkeep if state.overdue]
         if overdue:  # on stderr: stdout stays the command's output
@@ -61,7 +68,12 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "delta": ledger.delta,
                     "conversion": ledger.conversion,
                 },
-                "filters": {"window": window, "tenant": tenant, "sealed": args.sealed},
+                "filters": {
+                    "window": window,
+                    "tenant": tenant,
+                    "sealed": args.sealed,
+                    "subject": args.subject,
+                },
                 "total": total,
                 "offset": args.offset,
                 "limit": limit,
@@ -225,9 +237,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             lines.append("state     no live account (window reset or account rescoped)")
         else:
             lines += status_lines(status, ledger.delta)
-        calendar = policy.calendar.kind + (
-            f" ({policy.calendar.length_seconds}s)" if policy.calendar.length_seconds else ""
-        )
+        calendar = policy.calendar.label
         lines += [
             f"policy    scope {policy.tenant}/{policy.query_type}: cap "
             f"{shortest(policy.cap_epsilon)}, warning at {policy.warn_fraction:.0%}, "
@@ -306,8 +316,7 @@ def cmd_policy_list(args: argparse.Namespace) -> int:
             p.query_type,
             shortest(p.cap_epsilon),
             f"{p.warn_fraction:.0%}",
-            p.calendar.kind
-            + (f" ({p.calendar.length_seconds}s)" if p.calendar.length_seconds else ""),
+            p.calendar.label,
             f"{int(p.min_window.total_seconds())}s",
             f"{int(p.grace.total_seconds())}s",
             p.compliance_clause or "-",

@@ -153,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--window", type=window_label, help=f"only this window ({WINDOW_LABELS})")
     status.add_argument("--tenant", help="only this tenant")
     status.add_argument("--sealed", action="store_true", help=_SEALED_HELP)
+    status.add_argument(
+        "--subject",
+        help="only this subject's accounts: each query type's, and its totals across query "
+        "types and windows where a cap keeps them",
+    )
     _table_options(status)
 
     classes = command(
@@ -318,6 +323,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     policy_set.add_argument(
         "--clause", default=None, help="the compliance clause the cap implements"
+    )
+    policy_set.add_argument(
+        "--across",
+        choices=("query_types", "windows"),
+        default=None,
+        help="a cap on each subject's total across all the tenant's query types in a window "
+        "(query_types), or across all of them over a horizon of windows (windows); such a "
+        "policy takes no --query-type",
+    )
+    policy_set.add_argument(
+        "--horizon-windows",
+        type=page_number,
+        default=None,
+        help="with --across windows: how many consecutive windows the horizon spans (e.g. 52 "
+        "weeks; 12 months from January is a calendar year)",
     )
 
     privacy_report = command(commands, "report", cmd_report, "the privacy report")

@@ -218,12 +218,14 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
             else timedelta(seconds=args.min_window_seconds),
             grace=args.grace,
             compliance_clause=args.clause,
+            across=args.across,
+            horizon_windows=args.horizon_windows,
         )
         ledger.set_policy(policy)
     print(
         f"policy {policy.tenant}/{policy.query_type} {'created' if created else 'updated'}: cap "
         f"{shortest(policy.cap_epsilon)}, warning at {policy.warn_fraction:.0%}, calendar "
-        f"{policy.calendar.kind}, minimum window {int(policy.min_window.total_seconds())}s, "
+        f"{policy.calendar.label}, minimum window {int(policy.min_window.total_seconds())}s, "
         f"grace {int(policy.grace.total_seconds())}s, "
         f"clause: {policy.compliance_clause or '(none)'}"
     )

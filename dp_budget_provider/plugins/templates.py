@@ -431,8 +431,7 @@ nothing was refunded, so the line stays level.
 <tr><th>scope</th><td>tenant {{ policy.tenant }}, query type {{ policy.query_type }}</td></tr>
 <tr><th>cap</th><td>ε = {{ '%g' % policy.cap_epsilon }} at δ = {{ info.delta }}</td></tr>
 <tr><th>warning</th><td>at {{ '%g' % (policy.warn_fraction * 100) }}% of the cap</td></tr>
-<tr><th>windows</th><td>{{ policy.calendar.kind }}{% if policy.calendar.length_seconds %}
-  ({{ policy.calendar.length_seconds }} s){% endif %}, minimum
+<tr><th>windows</th><td>{{ policy.calendar.label }}, minimum
   {{ policy.min_window.total_seconds() | int }} s</td></tr>
 <tr><th>compliance clause</th><td>{{ policy.compliance_clause or '—' }}</td></tr>
 </table>
@@ -551,8 +550,7 @@ type, then the default (* / *). δ = {{ info.delta }} for the whole ledger.</p>
 <tr><td>{{ p.tenant }}</td><td>{{ p.query_type }}</td>
   <td class="num">{{ '%g' % p.cap_epsilon }}</td>
   <td>{{ '%g' % (p.warn_fraction * 100) }}%</td>
-  <td>{{ p.calendar.kind }}{% if p.calendar.length_seconds %} ({{ p.calendar.length_seconds }} s)
-  {%- endif %}</td>
+  <td>{{ p.calendar.label }}</td>
   <td>{{ p.min_window.total_seconds() | int }} s</td><td>{{ p.grace.total_seconds() | int }} s</td>
   <td>{{ p.compliance_clause or '—' }}</td></tr>
 {% endfor %}

@@ -10,7 +10,8 @@
 - ``spend_classes``: the subjects of a window that hold the same spend, as one row.
 - ``schedule``: history entries as the rows of a release schedule.
 - ``report``: the privacy report, complete enough to be checked; ``report_markdown``
-  renders it for people.
+  renders it for people; ``privacy_unit`` says what a subject's guarantee covers, scope by
+  scope a cap bounds.
 
 Import the modules themselves; this ``__init__`` imports nothing.
 """

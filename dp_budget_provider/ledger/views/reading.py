@@ -89,6 +89,7 @@ class Reading:
         limit: int | None = None,
         offset: int = 0,
         sealed: bool = False,
+        subject: str | None = None,
     ) -> list[AccountStatus]:
         """Every subject of a live account in key order (subject keys), optionally filtered,
         with its status (committed and held spend, state:
@@ -97,6 +98,8 @@ class Reading:
 
         A window asked for by name, or ``sealed=True``, includes the sealed windows too:
         each subject's final spend there, state SEALED (its account's ``sealed_at`` set).
+        ``subject`` lists one subject's accounts: each query type's, and its totals across
+        query types and windows where a cap keeps them.
         """
         if not isinstance(sealed, bool):
             raise ValueError(f"sealed must be True or False, got {sealed!r}")
@@ -105,6 +108,8 @@ class Reading:
             wanted.append(("window", canonical_part("window", window)))
         if tenant is not None:
             wanted.append(("tenant", canonical_part("tenant", tenant)))
+        if subject is not None:
+            wanted.append(("subject", canonical_part("subject", subject)))
         stores = STORES if sealed or window is not None else (LIVE,)
         parts = [
             store.subject_rows().where(*(getattr(store.rows, n) == v for n, v in wanted))

@@ -43,6 +43,7 @@ from dp_budget_provider.ledger.records import AccountStatus
 from dp_budget_provider.ledger.storage import statements
 from dp_budget_provider.ledger.storage.schema import ReservationKey
 from dp_budget_provider.ledger.views.pages import AccountFilter
+from dp_budget_provider.ledger.views.privacy_unit import privacy_unit
 from dp_budget_provider.ledger.views.report_markdown import render_markdown
 from dp_budget_provider.ledger.views.schedule import (
     EpsilonAlone,
@@ -65,7 +66,6 @@ __all__ = [
     "DELTA_INTERPRETATION",
     "INTEGRITY",
     "MAX_SUBJECTS_PAGE_SIZE",
-    "PRIVACY_UNIT",
     "REPORT_FORMAT",
     "SCHEDULE_ACTIONS",
     "SUBJECTS_PAGE_SIZE",
@@ -93,20 +93,6 @@ REPORT_FORMAT = 2  # 2: classes by default; the per-subject listing opt-in and p
 SUBJECTS_PAGE_SIZE = 1000  # subjects per page of the per-subject listing, by default
 MAX_SUBJECTS_PAGE_SIZE = 100_000
 SCHEDULE_ACTIONS = ("reserve", "commit", "release", "reap", "correction", "rescope", "reset")
-
-PRIVACY_UNIT = {
-    "unit": "subject",
-    "statement": (
-        "The privacy unit is the `subject` part of the ledger key (tenant, subject, query_type, "
-        "window). Two datasets are neighbouring when they differ in one subject's contributions "
-        "within a window: all records of that subject that feed the releases charged to one key. "
-        "An account's (epsilon, delta) bounds what the releases charged to that key reveal about "
-        "one subject. Releases charged to the same subject under another query type, tenant or "
-        "window are accounted in other accounts; their losses compose on top of each other and "
-        "this report does not bound the sum. A reset drops the accounts of a closed window, not "
-        "the privacy loss those releases caused."
-    ),
-}
 
 CONTRIBUTION_BOUNDS = (
     "Every release declares its noise relative to its sensitivity to one subject's "
@@ -252,12 +238,16 @@ def count_accounts(
     window: str | None = None,
     tenant: str | None = None,
     sealed: bool = False,
+    subject: str | None = None,
 ) -> int:
     """How many subjects match (``status`` says how many it did not show): of live
     accounts, and of sealed ones as :meth:`accounts` includes them (a window named, or
-    ``sealed``), counted by class: one row read per account."""
+    ``sealed``), counted by class: one row read per account; one subject's accounts
+    (``subject``) are counted on its own rows."""
     stores = STORES if sealed or window is not None else (LIVE,)
     total = 0
+    if subject is not None:
+        return len(ledger.accounts(window=window, tenant=tenant, sealed=sealed, subject=subject))
     with ledger.reading() as connection:
         for store in stores:
             accounts = store.accounts
@@ -535,7 +525,7 @@ def build_report(
         "scope": {"window": window, "tenant": tenant},
         "delta": delta,
         "delta_interpretation": DELTA_INTERPRETATION,
-        "privacy_unit": PRIVACY_UNIT,
+        "privacy_unit": privacy_unit(policies, tenant),
         "contribution_bounds": {
             "statement": CONTRIBUTION_BOUNDS,
             "mechanisms": list(mechanism_uses.values()),

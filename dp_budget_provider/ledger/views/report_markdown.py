@@ -18,7 +18,7 @@ from dp_budget_provider.ledger.views.schedule import (
     entry_target,
     number_text,
 )
-from dp_budget_provider.ledger.windows.calendar import display_window
+from dp_budget_provider.ledger.windows.calendar import calendar_label, display_window
 
 
 def _cell(value: Any) -> str:
@@ -217,8 +217,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                 p["query_type"],
                 _eps(p["cap_epsilon"]),
                 f"{p['warn_fraction'] * 100:g}%",
-                p["calendar"]
-                + (f" ({p['calendar_length_seconds']}s)" if p["calendar_length_seconds"] else ""),
+                calendar_label(p["calendar"], p["calendar_length_seconds"], p.get("calendar_span")),
                 f"{p['min_window_seconds']}s",
                 p["compliance_clause"],
             )

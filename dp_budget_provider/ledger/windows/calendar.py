@@ -111,6 +111,12 @@ class WindowCalendar:
         return one * self.span
 
     @property
+    def label(self) -> str:
+        """The calendar as people read it: ``iso_week``, ``fixed (3600s)``,
+        ``iso_week, 52 per period`` (:func:`calendar_label`)."""
+        return calendar_label(self.kind, self.length_seconds, self.span)
+
+    @property
     def windows(self) -> WindowCalendar:
         """The calendar of the windows a period of this one is made of (itself at span 1)."""
         return WindowCalendar(self.kind, self.length_seconds) if self.span > 1 else self
@@ -135,7 +141,7 @@ class WindowCalendar:
         if self.kind == "day":
             return f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d}"
         length = self.length_seconds or 0
-        index = int((moment - _EPOCH).total_seconds()) // length
+        index = _whole_seconds(moment) // length
         start = _EPOCH + timedelta(seconds=index * length)
         return f"{start:%Y-%m-%d}t{start:%H:%M:%S}z+{length}s"
 
@@ -199,6 +205,12 @@ class WindowCalendar:
         return spec
 
 
+def calendar_label(kind: str, length_seconds: int | None, span: int | None = 1) -> str:
+    """A calendar as people read it, from its parts (a policy's record holds them)."""
+    text = kind + (f" ({length_seconds}s)" if length_seconds else "")
+    return text + (f", {span} per period" if span and span > 1 else "")
+
+
 def _index_of(calendar: WindowCalendar, moment: datetime) -> int:
     """Which window of ``calendar`` (span 1) ``moment`` lies in, counted from 1970's first."""
     moment = _utc(moment)
@@ -208,7 +220,14 @@ def _index_of(calendar: WindowCalendar, moment: datetime) -> int:
         return (moment.year - 1970) * 12 + moment.month - 1
     if calendar.kind == "day":
         return (moment - _EPOCH).days
-    return int((moment - _EPOCH).total_seconds()) // (calendar.length_seconds or 1)
+    return _whole_seconds(moment) // (calendar.length_seconds or 1)
+
+
+def _whole_seconds(moment: datetime) -> int:
+    """Whole seconds since 1970 at ``moment``, rounded down (before 1970 too: a moment a
+    fraction of a second before a window's start lies in the window before it)."""
+    since = moment - _EPOCH
+    return since.days * 86400 + since.seconds
 
 
 def _start_of(kind: str, length_seconds: int | None, index: int) -> datetime:

@@ -219,6 +219,8 @@ def revised_policy(
     min_window: timedelta | None = None,
     grace: timedelta | None = None,
     compliance_clause: str | None = None,
+    across: str | None = None,
+    horizon_windows: int | None = None,
 ) -> tuple[Policy, bool]:
     """The policy an administrator's change makes of a scope's stored one, and whether the
     scope is new (its policy is created rather than updated).
@@ -228,10 +230,20 @@ def revised_policy(
     and must not reset the calendar by omission. A new scope needs its cap. A fixed
     calendar's length alone keeps the scope's calendar kind. ``policies`` are the stored
     ones (``PrivacyBudgetLedger.policies()``). This is the one reading of such a change,
-    for ``dp-budget policy set`` and the UI alike.
+    for ``dp-budget policy set`` and the UI alike. ``across`` names a cap across query
+    types or windows (its query type is the scope's own: give none); a horizon keeps
+    its number of windows unless ``horizon_windows`` is given.
     """
     tenant = canonical_part("tenant", tenant)
     query_type = canonical_part("query_type", query_type)
+    if across is not None:
+        if across not in SCOPE_QUERY_TYPES:
+            raise ValueError(
+                f"across must be one of {sorted(SCOPE_QUERY_TYPES)} (or None), got {across!r}"
+            )
+        if query_type != ANY:
+            raise ValueError("a cap across query types or windows takes no query_type")
+        query_type = SCOPE_QUERY_TYPES[across]
     current = {policy.scope: policy for policy in policies}.get((tenant, query_type))
     if cap_epsilon is None and current is None:
         raise ValueError(
@@ -247,6 +259,13 @@ def revised_policy(
     def kept(given: _T | None, now: _T | None, default: _T) -> _T:
         return given if given is not None else now if now is not None else default
 
+    horizon = None
+    if query_type == ACROSS_WINDOWS:  # the horizon's windows, and how many it spans
+        windows = windows.windows
+        horizon = kept(horizon_windows, current and current.horizon_windows, None)
+    elif horizon_windows is not None:
+        raise ValueError("horizon_windows is for a cap across windows: give across='windows'")
+
     policy = Policy(
         cap_epsilon=kept(cap_epsilon, current and current.cap_epsilon, 0.0),
         warn_fraction=kept(warn_fraction, current and current.warn_fraction, 0.8),
@@ -256,5 +275,6 @@ def revised_policy(
         min_window=kept(min_window, current and current.min_window, DEFAULT_MIN_WINDOW),
         grace=kept(grace, current and current.grace, DEFAULT_GRACE),
         compliance_clause=kept(compliance_clause, current and current.compliance_clause, ""),
+        horizon_windows=horizon,
     )
     return policy, current is None

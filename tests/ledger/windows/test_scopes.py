@@ -137,6 +137,14 @@ def test_a_horizon_is_whole_consecutive_windows_and_each_window_lies_in_one(kind
     assert start <= window_start and window_end <= end
 
 
+def test_a_moment_before_1970_lies_in_the_fixed_window_it_is_in():
+    """Seconds are rounded down, never toward zero: 1969-01-01 01:59:59.000001 lies in the
+    hour from 01:00 (found by the property above)."""
+    moment = datetime(1969, 1, 1, 1, 59, 59, 1, tzinfo=UTC)
+    assert WindowCalendar("fixed", 3600).window_of(moment) == "1969-01-01t01:00:00z+3600s"
+    assert WindowCalendar("fixed", 3600, 2).window_of(moment) == "1969-01-01t00:00:00z+3600s+2"
+
+
 def test_horizon_labels_are_canonical_only_in_their_own_form():
     horizon = WindowCalendar("iso_week", None, 52)
     assert horizon.is_canonical(HORIZON)
@@ -388,3 +396,22 @@ def test_a_correction_links_its_entries_on_one_chain_in_order(scoped, monkeypatc
         scoped.correct(own(subject, "heatmap"), RELEASE, reason="a missed release")
     report = scoped.verify()
     assert report.ok, report.problems
+
+
+def test_the_report_states_a_guarantee_per_capped_scope(scoped):
+    from dp_budget_provider.ledger.views import report
+
+    unit = report.build_report(scoped)["privacy_unit"]
+    assert [scope["query_type"] for scope in unit["capped_scopes"]] == [
+        ACROSS_QUERY_TYPES,
+        ACROSS_WINDOWS,
+    ]
+    assert (
+        "each subject's total over all query types in each iso_week window" in (unit["statement"])
+    )
+    assert "horizon of 52 consecutive iso_week windows" in unit["statement"]
+    assert "under another query type" not in unit["statement"]
+    assert "under another tenant" in unit["statement"]
+    # Another tenant's report is not covered by acme's caps.
+    other = report.build_report(scoped, tenant="beta")["privacy_unit"]
+    assert other["capped_scopes"] == [] and "under another query type" in other["statement"]
