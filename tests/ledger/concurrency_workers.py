@@ -122,6 +122,54 @@ def multi_key(
     results.put(report)
 
 
+def across_types(
+    url: str,
+    subjects: list[str],
+    query_types: list[str],
+    window: str,
+    seed: int,
+    rounds: int,
+    barrier: Any,
+    results: Any,
+) -> None:
+    """Release over random overlapping subject sets, each under a random query type (a
+    cap across query types binds them all), committing or releasing each reservation.
+
+    Reports every reservation (the subjects it covers, its query type, how it was
+    resolved) and how many were refused.
+    """
+    rng = random.Random(seed)
+    report: dict[str, Any] = {"reserved": {}, "refused": 0, "error": None}
+    try:
+        ledger = PrivacyBudgetLedger(url=url)
+        mechanism = GaussianMechanism(4.0)
+        barrier.wait(BARRIER_TIMEOUT)
+        for _ in range(rounds):
+            chosen = rng.sample(subjects, rng.randint(1, 8))
+            query_type = rng.choice(query_types)
+            try:
+                reservation = ledger.reserve(
+                    [key_for(subject, query_type, window) for subject in chosen], mechanism
+                )
+            except BudgetExhausted:
+                report["refused"] += 1
+                continue
+            outcome = "release" if rng.random() < 0.2 else "commit"
+            if outcome == "commit":
+                ledger.commit(reservation)
+            else:
+                ledger.release(reservation, reason="test: data never touched")
+            report["reserved"][reservation.id] = {
+                "keys": sorted(chosen),
+                "query_type": query_type,
+                "outcome": outcome,
+            }
+        ledger.close()
+    except BaseException as error:
+        report["error"] = _describe(error)
+    results.put(report)
+
+
 def reserve_then_hang(
     url: str, keys: list[LedgerKey], z: float, attempt: str, results: Any
 ) -> None:

@@ -40,10 +40,13 @@ from dp_budget_provider.ledger import (
     BudgetCap,
     BudgetExhausted,
     LedgerUnavailable,
+    Policy,
     PrivacyBudgetLedger,
     WindowCalendar,
     key_for,
 )
+from dp_budget_provider.ledger.windows.policy import ACROSS_QUERY_TYPES
+from tests.admin import AdminLedger
 from tests.ledger import concurrency_workers as workers
 from tests.ledger.memberships_sql import MEMBERS
 from tests.ledger_time import inside, ledger_time_in, this_week
@@ -481,6 +484,61 @@ def test_overlapping_multi_key_reservations_neither_deadlock_nor_leak(ledger_url
     ledger.close()
 
 
+def test_processes_releasing_under_several_query_types_never_pass_the_cap_across_them(
+    ledger_url,
+):
+    """Eight processes release over overlapping sets of the same subjects under three query
+    types; each query type's cap (10) never binds, the cap across them (3) does. No
+    subject's total passes it, and each total is exactly its committed releases."""
+    setup = AdminLedger(BudgetCap(10.0, CAP.delta), url=ledger_url)
+    setup.set_policy(Policy(CAP.epsilon, across="query_types"))
+    setup.close()
+    subjects = [f"subject-{i:02d}" for i in range(30)]
+    query_types = ["heatmap", "count", "trajectory"]
+    rounds = 20
+
+    reports = run_workers(
+        workers.across_types,
+        [(ledger_url, subjects, query_types, WINDOW, seed, rounds) for seed in range(PROCESSES)],
+        timeout=150,
+    )
+
+    assert [r["error"] for r in reports if r["error"]] == []
+    reserved = {rid: info for report in reports for rid, info in report["reserved"].items()}
+    assert sum(report["refused"] for report in reports) > 0, "meant to exhaust the totals"
+    assert len(reserved) + sum(r["refused"] for r in reports) == PROCESSES * rounds
+    committed = Counter(
+        subject
+        for info in reserved.values()
+        if info["outcome"] == "commit"
+        for subject in info["keys"]
+    )
+    by_type = Counter(
+        (subject, info["query_type"])
+        for info in reserved.values()
+        if info["outcome"] == "commit"
+        for subject in info["keys"]
+    )
+    assert len({query_type for _, query_type in by_type}) == 3
+    ledger = PrivacyBudgetLedger(url=ledger_url)
+    fit = max_fit(4.0)
+    for subject in subjects:
+        total = ledger.epsilon_of(key_for(subject, ACROSS_QUERY_TYPES, WINDOW))
+        assert committed[subject] <= fit
+        assert total == pytest.approx(reference_epsilon(4.0, committed[subject]), rel=1e-9)
+        assert total <= CAP.epsilon
+        for query_type in query_types:
+            own = ledger.epsilon_of(key_for(subject, query_type, WINDOW))
+            assert own == pytest.approx(
+                reference_epsilon(4.0, by_type[subject, query_type]), rel=1e-9
+            )
+    assert ledger.open_reservations() == []
+    report = ledger.verify()
+    assert report.ok, report.problems
+    ledger.close()
+
+
+# ---------------------------------------------------------------------------- crashes
 # ---------------------------------------------------------------------------- crashes
 
 
