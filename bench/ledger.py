@@ -21,6 +21,10 @@ before it, because this machine's speed drifts from minute to minute.
   over a list of keys half of which the cohort holds (a split beside new subjects), each
   against loading the same ids into a table at best (PostgreSQL ``COPY``; SQLite one
   INSERT transaction).
+* cohort releases under three scopes (``--only scopes``, PostgreSQL, ``--cohort-size``):
+  a ledger capping each subject's total across query types and across a 52-week horizon
+  against one capping only the query type, the same cohort's first release and its
+  repeats alternating between the two, and the rows a repeat writes.
 
 ``--only NAME`` (repeatable) runs only the named benchmarks. The CPU figures read the
 machine's busy time (``/proc/stat``), so run nothing else meanwhile.
@@ -50,7 +54,14 @@ import sqlalchemy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dp_budget_provider.accounting import GaussianMechanism
-from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, key_for, keys_for
+from dp_budget_provider.ledger import (
+    AdminKey,
+    BudgetCap,
+    Policy,
+    PrivacyBudgetLedger,
+    key_for,
+    keys_for,
+)
 from dp_budget_provider.ledger.storage import pipeline
 from tests.ledger_time import this_week  # noqa: E402
 from tests.scratch_postgres import dsn_part, scratch_database  # noqa: E402
@@ -492,6 +503,57 @@ def bench_cohort(pg_size: int, sqlite_size: int) -> list[tuple]:
     return rows
 
 
+def _scoped_ledger(url: str, scoped: bool) -> PrivacyBudgetLedger:
+    """A ledger with only the default cap, or also caps across query types and windows."""
+    admin = AdminKey.generate()
+    ledger = PrivacyBudgetLedger(cap=CAP, url=url, admin=admin)
+    if scoped:
+        ledger.set_policy(Policy(CAP.epsilon, across="query_types"))
+        ledger.set_policy(Policy(CAP.epsilon, across="windows", horizon_windows=52))
+    return ledger
+
+
+def bench_scopes(size: int, repeats: int = 5) -> list[tuple]:
+    """A cohort release charged to three scopes against the same release charged to one."""
+    subjects = [f"cohort-subject-{i:07d}" for i in range(size)]
+    timed: dict[str, list[float]] = {"first": [], "first base": [], "again": [], "again base": []}
+    with (
+        scratch_database("dpb_bench_scopes") as (_a, scoped_url),
+        scratch_database("dpb_bench_scope1") as (_b, base_url),
+    ):
+        ledgers = {True: _scoped_ledger(scoped_url, True), False: _scoped_ledger(base_url, False)}
+        covered = {}
+        for scoped in (False, True):  # each ledger registers the cohort in its first release
+            ledger = ledgers[scoped]
+            start = time.perf_counter()
+            covered[scoped] = ledger.cohort(subjects).in_window("count", WINDOW)
+            ledger.commit(ledger.reserve(covered[scoped], MECHANISM))
+            timed["first" if scoped else "first base"].append(time.perf_counter() - start)
+        rows_before = _rows(ledgers[True])
+        for _ in range(repeats):
+            for scoped in (False, True):
+                ledger = ledgers[scoped]
+                start = time.perf_counter()
+                ledger.commit(ledger.reserve(covered[scoped], MECHANISM))
+                timed["again" if scoped else "again base"].append(time.perf_counter() - start)
+        rows_written = (_rows(ledgers[True]) - rows_before) / repeats
+        accounts = len(ledgers[True].accounts(subject=subjects[0]))
+        for ledger in ledgers.values():
+            ledger.close()
+    print(f"  scopes {size}: {timed}", file=sys.stderr)
+    first, first_base = timed["first"][0], timed["first base"][0]
+    again, again_base = statistics.median(timed["again"]), statistics.median(timed["again base"])
+    label = f"PostgreSQL, {size:.0e} subjects, three scopes ({accounts} accounts per subject)"
+    return [
+        (f"{label}: first release (register the cohort, reserve, commit)", first, "s",
+         first_base, "the same on one scope s", first / first_base, "<= 1.5"),
+        (f"{label}: the same release again (median of {repeats})", again, "s", again_base,
+         "the same on one scope s", again / again_base, "<= 1.5"),
+        (f"{label}: rows written by a repeat", rows_written, "rows", size, "subjects",
+         rows_written / size, "O(1)"),
+    ]  # fmt: skip
+
+
 def bench_sqlite(duration: float) -> list[tuple]:
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'ledger.db'}"
@@ -557,7 +619,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         action="append",
-        choices=["hot", "distinct", "pipeline", "sqlite", "cohort"],
+        choices=["hot", "distinct", "pipeline", "sqlite", "cohort", "scopes"],
         help="run only this benchmark (repeatable; default: all)",
     )
     parser.add_argument(
@@ -576,6 +638,10 @@ def main() -> None:
         "cohort": (
             "cohort releases",
             lambda: bench_cohort(arguments.cohort_size, arguments.cohort_size // 10),
+        ),
+        "scopes": (
+            "cohort releases under three scopes",
+            lambda: bench_scopes(arguments.cohort_size),
         ),
     }
     rows: list[tuple] = []
