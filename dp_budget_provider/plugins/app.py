@@ -685,6 +685,8 @@ def create_app(
                 "key": key,
                 "account": account,
                 "state": account.state if account else None,
+                "totals": queries.subject_totals(ledger, key),
+                "account_link": lambda total: _account_url(request, total),
                 "policy": policy,
                 "series": series,
                 "chart": build_chart(series.points, policy),
@@ -869,6 +871,10 @@ def create_app(
                 points=[schemas.SeriesPointModel(**vars(p)) for p in series.points],
             ),
             open_reservations=[schemas.ReservationModel(**r) for r in open_reservations.items],
+            totals=[
+                _account_model(request, total, ledger.delta)
+                for total in queries.subject_totals(ledger, key)
+            ],
         )
 
     @app.get("/api/account/history", response_model=schemas.HistoryPage, tags=["accounts"])

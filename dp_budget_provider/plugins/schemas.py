@@ -201,6 +201,10 @@ class AccountDetail(BaseModel):
     policy: PolicyModel
     series: SeriesModel
     open_reservations: list[ReservationModel]
+    totals: list[AccountModel] = Field(
+        description="the subject's totals across query types and across the windows of a "
+        "horizon over this window, where a cap keeps them"
+    )
 
 
 # ---------------------------------------------------------------------- administrator's acts

@@ -337,6 +337,20 @@ _ACCOUNT = """{% extends "base.html" %}
 <p class="muted">This key has no live account (never charged, reset with its window, or
 re-scoped); its history is below.</p>
 {% endif %}
+{% if totals %}
+<h2>This subject's totals</h2>
+<table id="totals">
+<tr><th>scope</th><th>period</th><th class="num">ε</th><th class="num">cap</th>
+  <th class="num">remaining after held</th><th>state</th></tr>
+{% for total in totals %}
+<tr><td><a href="{{ account_link(total.key) }}">{{ total.key.query_type }}</a></td>
+  <td>{{ total.key.window | window }}</td><td class="num">{{ eps(total.epsilon) }}</td>
+  <td class="num">{{ '%g' % total.cap_epsilon }}</td>
+  <td class="num">{{ eps(total.remaining_after_held) }}</td>
+  <td>{{ badge(total.state) }}</td></tr>
+{% endfor %}
+</table>
+{% endif %}
 
 <h2>Cumulative ε over time</h2>
 {% if chart %}

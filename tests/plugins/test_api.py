@@ -6,7 +6,8 @@ import pytest
 from sqlalchemy import text
 
 from dp_budget_provider.accounting import GaussianMechanism
-from dp_budget_provider.ledger import LedgerKey
+from dp_budget_provider.ledger import LedgerKey, Policy, key_for
+from dp_budget_provider.ledger.windows.policy import ACROSS_QUERY_TYPES, ACROSS_WINDOWS
 from tests.plugins.conftest import CLAUSE, WINDOW, XSS
 
 # Over 20 s in all: scheduled before the light files (tests/conftest.py).
@@ -284,6 +285,32 @@ def test_account_detail_of_a_multi_key_account_with_a_correction(client, seeded)
         seeded.ledger.epsilon_of(seeded.exhausted), rel=1e-9
     )
     assert body["open_reservations"] == []
+
+
+def test_account_detail_shows_the_subjects_totals_where_caps_keep_them(client, seeded):
+    """beta caps each subject's total across query types and over a horizon of 52 weeks: a
+    query type's account names both totals, and a total's own page names the other."""
+    ledger = seeded.ledger
+    ledger.set_policy(Policy(4.0, tenant="beta", across="query_types"))
+    ledger.set_policy(Policy(9.0, tenant="beta", across="windows", horizon_windows=52))
+    for query_type in ("heatmap", "count"):
+        ledger.spend(key_for("zoe", query_type, WINDOW, tenant="beta"), GaussianMechanism(4.0))
+    own = key_for("zoe", "heatmap", WINDOW, tenant="beta")
+    body = client.get("/api/account", params=key_params(own)).json()
+    totals = {total["query_type"]: total for total in body["totals"]}
+    assert set(totals) == {ACROSS_QUERY_TYPES, ACROSS_WINDOWS}
+    across_types = key_for("zoe", ACROSS_QUERY_TYPES, WINDOW, tenant="beta")
+    assert totals[ACROSS_QUERY_TYPES]["epsilon"] == pytest.approx(
+        ledger.epsilon_of(across_types), rel=1e-12
+    )
+    assert totals[ACROSS_QUERY_TYPES]["cap_epsilon"] == 4.0
+    assert totals[ACROSS_WINDOWS]["window"] == "2025-w43+52"
+    assert totals[ACROSS_WINDOWS]["epsilon"] > ledger.epsilon_of(own)
+    # acme has no such caps: its accounts name no totals.
+    assert client.get("/api/account", params=key_params(seeded.exhausted)).json()["totals"] == []
+    page = client.get("/account", params=key_params(own)).text
+    assert "This subject&#39;s totals" in page or "This subject's totals" in page
+    assert "2025-w43+52" in page
 
 
 def test_account_series_is_sampled_when_long(client, seeded):

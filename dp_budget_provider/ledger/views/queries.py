@@ -70,6 +70,8 @@ from dp_budget_provider.ledger.views.pages import (
     page_bounds,
 )
 from dp_budget_provider.ledger.views.release_pages import Release, key_reservations, release
+from dp_budget_provider.ledger.windows import scopes
+from dp_budget_provider.ledger.windows.calendar import window_bounds
 from dp_budget_provider.ledger.windows.policy import (
     STATE_EXHAUSTED,
     STATE_OK,
@@ -84,6 +86,7 @@ __all__ = [
     "SORTS",
     "SQL_SORTS",
     "account_status",
+    "subject_totals",
     "chain_head",
     "count_subjects",
     "find_accounts",
@@ -370,6 +373,30 @@ def account_status(ledger: PrivacyBudgetLedger, key: LedgerKey) -> AccountStatus
     if row is None:
         return None
     return AccountStatus.of(row, Standings(ledger).of_row(row), ledger.policy_for(key))
+
+
+def subject_totals(ledger: PrivacyBudgetLedger, key: LedgerKey) -> list[AccountStatus]:
+    """The subject's totals at the wider scopes whose caps cover ``key``'s window: across
+    query types in that window, across the windows of the horizon it lies in (each where
+    a cap keeps one and the subject has been charged to it). Empty for an account's own
+    key (a class label) and for a window that is not a calendar's."""
+    if classes.is_label(key.subject):
+        return []
+    try:
+        start = window_bounds(key.window)[0]
+    except ValueError:
+        return []
+    policies = {policy.scope: policy for policy in ledger.policies()}
+    found = []
+    for policy in scopes.wider_policies(policies, key.tenant):
+        if policy.query_type == key.query_type:
+            continue
+        period = policy.calendar.window_of(start)
+        total = LedgerKey.from_canonical(key.tenant, key.subject, policy.query_type, period)
+        status = account_status(ledger, total)
+        if status is not None:
+            found.append(status)
+    return found
 
 
 def chain_head(ledger: PrivacyBudgetLedger) -> tuple[int, str]:
