@@ -90,6 +90,16 @@ def positive_number(text: str) -> float:
     return value
 
 
+def filter_order_value(text: str) -> float | str:
+    """A Rényi order above 1, or ``auto`` (the cap's own order)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    value = finite_number(text)
+    if value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a Rényi order > 1 or 'auto', got {text!r}")
+    return value
+
+
 def fraction(text: str) -> float:
     value = positive_number(text)
     if value > 1:

@@ -13,6 +13,7 @@ from dp_budget_provider.cli.arguments import (
     WINDOW_LABELS,
     checkpoint_file,
     duration_seconds,
+    filter_order_value,
     finite_number,
     fraction,
     page_number,
@@ -331,6 +332,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a cap on each subject's total across all the tenant's query types in a window "
         "(query_types), or across all of them over a horizon of windows (windows); such a "
         "policy takes no --query-type",
+    )
+    policy_set.add_argument(
+        "--filter-order",
+        type=filter_order_value,
+        default=None,
+        help="check the cap at this one Rényi order, making it a privacy filter (valid when "
+        "releases are chosen from earlier outputs); 'auto' is the cap's own order. Set it "
+        "before the scope's first release: a charged scope keeps how its cap is checked",
     )
     policy_set.add_argument(
         "--horizon-windows",

@@ -28,7 +28,7 @@ from dp_budget_provider.ledger.audit.authority import ADMIN_KEY_ENV, AdminKey, A
 from dp_budget_provider.ledger.storage import database, history
 from dp_budget_provider.ledger.views import report
 from dp_budget_provider.ledger.windows.calendar import display_window
-from dp_budget_provider.ledger.windows.policy import revised_policy
+from dp_budget_provider.ledger.windows.policy import checked_at, revised_policy
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -220,12 +220,14 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
             compliance_clause=args.clause,
             across=args.across,
             horizon_windows=args.horizon_windows,
+            filter_order=args.filter_order,
         )
         ledger.set_policy(policy)
     print(
         f"policy {policy.tenant}/{policy.query_type} {'created' if created else 'updated'}: cap "
         f"{shortest(policy.cap_epsilon)}, warning at {policy.warn_fraction:.0%}, calendar "
-        f"{policy.calendar.label}, minimum window {int(policy.min_window.total_seconds())}s, "
+        f"{policy.calendar.label}, checked {checked_at(policy.filter_order)}, minimum window "
+        f"{int(policy.min_window.total_seconds())}s, "
         f"grace {int(policy.grace.total_seconds())}s, "
         f"clause: {policy.compliance_clause or '(none)'}"
     )

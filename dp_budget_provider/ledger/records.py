@@ -43,9 +43,11 @@ class SpendReceipt:
 class BudgetCheck:
     """Whether a release fits every key asked about, and the key it fits worst.
 
-    ``key`` is the key whose prospective eps is the largest fraction of its cap, and
-    ``epsilon`` what it would reach (committed and open reservations counted, summed as
-    the reservation's own check sums them). ``states`` is how many distinct held states
+    ``key`` is the key the release fits worst (the largest fraction of its cap the check
+    would compare), ``epsilon`` the eps it would reach (committed and open reservations
+    counted, summed as the reservation's own check sums them) and ``checked_epsilon`` what
+    the reservation compares with its cap (the privacy filter's statistic at the policy's
+    order: :meth:`Pricing.checked_epsilon`). ``states`` is how many distinct held states
     the answer was computed from: keys that have had the same releases share one.
     """
 
@@ -54,11 +56,12 @@ class BudgetCheck:
     epsilon: float
     cap_epsilon: float
     states: int
+    checked_epsilon: float
 
     @property
     def exceeds(self) -> bool:
         """The release would pass ``key``'s cap: reserving it now would be refused."""
-        return self.epsilon > self.cap_epsilon
+        return self.checked_epsilon > self.cap_epsilon
 
 
 @dataclass(frozen=True)

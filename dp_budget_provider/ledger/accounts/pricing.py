@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from dp_budget_provider.accounting import Conversion, EpsilonBound, Mechanism
+from dp_budget_provider.accounting.filter import filter_epsilon, filter_order
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.accounts.spend import Spend
 from dp_budget_provider.ledger.records import SpendReceipt
@@ -33,6 +34,8 @@ class Pricing:
         self.conversion: Conversion = conversion
         self.bound_cache: dict[tuple[Any, ...], EpsilonBound] = {}
         self.cost_cache: dict[tuple[Any, int], Spend] = {}
+        self.filter_cache: dict[tuple[Any, ...], float] = {}
+        self.order_cache: dict[float, float] = {}
 
     def cost(self, mechanism: Mechanism, count: int) -> Spend:
         """The cost of a release on the ledger's grid.
@@ -66,6 +69,37 @@ class Pricing:
                 cache[signature] = spend.epsilon(self.orders, self.delta, self.conversion)
             bounds.append(cache[signature])
         return bounds
+
+    def order_of(self, cap: float) -> float:
+        """The Rényi order a filter with this cap checks on the ledger's grid
+        (:func:`~dp_budget_provider.accounting.filter.filter_order`)."""
+        order = self.order_cache.get(cap)
+        if order is None:
+            order = self.order_cache[cap] = filter_order(
+                self.orders, cap, self.delta, self.conversion
+            )
+        return order
+
+    def checked_epsilon(self, spend: Spend, policy: Policy) -> float:
+        """What the cap of ``policy`` is compared with for an account holding ``spend``
+        (committed, open and the release asked for). Every decision to grant compares
+        this: with the policy's ``filter_order``, the privacy filter's statistic at that
+        one order (valid for releases chosen from earlier outputs); without one, the
+        epsilon the ledger reports (the least over the grid, and the exact Gaussian bound
+        while every release is Gaussian: the tighter figure for releases fixed in advance,
+        not a filter, see docs/accounting.md)."""
+        order = policy.filter_order
+        if not isinstance(order, float):
+            return self.bounds([spend])[0].epsilon
+        signature = (spend.signature, order)
+        found = self.filter_cache.get(signature)
+        if found is None:
+            if len(self.filter_cache) > CACHE_SIZE:
+                self.filter_cache.clear()
+            curve = spend.curve(self.orders)
+            found = filter_epsilon(self.orders, curve, order, self.delta, self.conversion)
+            self.filter_cache[signature] = found
+        return found
 
     def stored_epsilon(self, rho: float, mu2: float | None) -> float:
         """The epsilon of a prospective spend the server recorded (validated as stored)."""

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from dp_budget_provider.accounting import Mechanism, rdp_to_epsilon
+from dp_budget_provider.accounting.filter import filter_epsilon
 from dp_budget_provider.ledger.accounts import classes
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.accounts.spend import Pending, Spend
@@ -44,6 +45,7 @@ from dp_budget_provider.ledger.storage.entries import (
 )
 from dp_budget_provider.ledger.storage.payloads import Entry
 from dp_budget_provider.ledger.windows import scopes
+from dp_budget_provider.ledger.windows.policy import Policy
 from dp_budget_provider.ledger.windows.policy_store import policy_lookup, policy_of_scope
 
 # A granted reservation is a breach when the replayed total passes its cap by more than
@@ -123,14 +125,23 @@ class Charges:
             state = self.keys[key] = KeyState()
         return state
 
-    def _epsilon_beyond(self, spend: Spend, cap: float) -> float | None:
-        """The epsilon the ledger reports for ``spend`` when it passes ``cap`` (with the
-        slack of rounding), None when it does not. The RDP conversion alone bounds that
-        epsilon from above (the exact Gaussian bound is only ever lower), so it settles
-        the spends well under their cap without the exact search; the rest are converted
-        exactly, once per distinct spend."""
+    def _epsilon_beyond(self, spend: Spend, policy: Policy) -> float | None:
+        """What the ledger compared with ``policy``'s cap for ``spend`` when it passes the
+        cap (with the slack of rounding), None when it does not.
+
+        A policy that fixes its filter order was checked at that order alone (the privacy
+        filter, :mod:`~dp_budget_provider.accounting.filter`). One written before filter
+        orders was checked on the epsilon the ledger reports: the RDP conversion alone
+        bounds that from above (the exact Gaussian bound is only ever lower), so it
+        settles the spends well under their cap without the exact search; the rest are
+        converted exactly, once per distinct spend."""
         s = self.settings
-        limit = cap * (1 + _CAP_SLACK)
+        limit = policy.cap_epsilon * (1 + _CAP_SLACK)
+        if isinstance(policy.filter_order, float):
+            checked = filter_epsilon(
+                s.orders, spend.curve(s.orders), policy.filter_order, s.delta, s.conversion
+            )
+            return checked if checked > limit else None
         rough, _ = rdp_to_epsilon(s.orders, spend.curve(s.orders), s.delta, s.conversion)
         if rough <= limit:
             return None
@@ -428,11 +439,12 @@ class Charges:
             state.pending = state.pending.add(cost)
             state.updated_at = entry.at
             state.repriced = _plus(state.repriced, repriced)
-            cap = policy_of(key).cap_epsilon
+            policy = policy_of(key)
+            cap = policy.cap_epsilon
             total = state.lifetime.plus(state.pending.as_spend())
             if state.repriced is not None:
                 total = total.plus(Spend(0.0, state.repriced, None))
-            epsilon = self._epsilon_beyond(total, cap)
+            epsilon = self._epsilon_beyond(total, policy)
             if epsilon is not None:
                 self.findings.problem(
                     entry,

@@ -94,19 +94,19 @@ class BudgetChecks:
                 self._locks.refuse_unchargeable(connection, distinct, states, policies)
             else:
                 refuse_sealed(connection, distinct)
-        worst: tuple[float, bool, LedgerKey, float, float] | None = None
+        worst: tuple[float, bool, LedgerKey, float, float, float] | None = None
         for state in states:
-            cap = policy_of_scope(policies, state.tenant, state.query_type)
-            epsilon = self._pricing.bounds([prospective(state.spend, state.pending, cost)])[
-                0
-            ].epsilon
+            policy = policy_of_scope(policies, state.tenant, state.query_type)
+            total = prospective(state.spend, state.pending, cost)
+            epsilon = self._pricing.bounds([total])[0].epsilon
+            checked = self._pricing.checked_epsilon(total, policy)
             # Ties go to a state with a named key (see HeldState.example).
-            rank = (epsilon / cap.cap_epsilon, state.example is not None)
+            rank = (checked / policy.cap_epsilon, state.example is not None)
             if state.example is not None and (worst is None or rank > worst[:2]):
-                worst = (*rank, state.example, epsilon, cap.cap_epsilon)
+                worst = (*rank, state.example, epsilon, policy.cap_epsilon, checked)
         assert worst is not None  # every window has a named state: see held_states
         subjects = sum(state.keys for state in states)
-        return BudgetCheck(subjects, worst[2], worst[3], worst[4], len(states))
+        return BudgetCheck(subjects, worst[2], worst[3], worst[4], len(states), worst[5])
 
     def _states(
         self, connection: Connection, keys: Covered, policies: PolicyMap, *, wider: bool

@@ -172,20 +172,22 @@ class Reservations:
         # The pending spend read back includes this cost but for its residual curve.
         residual = Spend(0.0, cost.residual, 0.0)
         # Accounts holding equal values share their Spend objects: convert each once.
-        bounds: dict[tuple[int, int], EpsilonBound] = {}
+        totals: dict[tuple[int, int], tuple[Spend, EpsilonBound]] = {}
         worst = 0.0
         policy_of = policy_lookup(policies)
         for key in accounts:
             held = locked[key]
             marker = (id(held.spend), id(held.pending))
-            bound = bounds.get(marker)
-            if bound is None:
+            found = totals.get(marker)
+            if found is None:
                 total = held.spend.plus(held.pending.as_spend()).plus(residual)
-                bound = bounds[marker] = self._pricing.bounds([total])[0]
-            cap = policy_of(key).cap_epsilon
-            if bound.epsilon > cap:
-                raise BudgetExhausted(classes.example_subject(pipe.core(), key), bound.epsilon, cap)
-            worst = max(worst, bound.epsilon)
+                found = totals[marker] = (total, self._pricing.bounds([total])[0])
+            policy = policy_of(key)
+            checked = self._pricing.checked_epsilon(found[0], policy)
+            if checked > policy.cap_epsilon:
+                example = classes.example_subject(pipe.core(), key)
+                raise BudgetExhausted(example, checked, policy.cap_epsilon)
+            worst = max(worst, found[1].epsilon)
         if cost.residual is not None:
             self._locks.add_pending_residual(pipe, accounts, locked, cost.residual)
         reservation_id = str(uuid.uuid4())

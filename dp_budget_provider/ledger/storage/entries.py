@@ -194,6 +194,7 @@ class PolicyEntry(Entry):
             min_window=timedelta(seconds=found["min_window_seconds"]),
             compliance_clause=found.get("compliance_clause", ""),
             grace=timedelta(seconds=found.get("grace_seconds", DEFAULT_GRACE.total_seconds())),
+            filter_order=found.get("filter_order"),
         )
         signature = read_value("signature", str | None, found.get("signature"))
         return cls(policy=policy, signature=signature)

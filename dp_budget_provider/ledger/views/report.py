@@ -124,9 +124,12 @@ ACCOUNTANT = {
         ),
     },
     "composition_model": (
-        "Mechanism parameters are fixed by pipeline code. Adaptive choice of queries is covered "
-        "by composition; parameters chosen from earlier private outputs would need a privacy "
-        "filter, which this accountant is not."
+        "Adaptive choice of queries is covered by composition. A policy with a filter order "
+        "checks its cap as a privacy filter at that one Rényi order (Feldman and Zrnic 2021, "
+        "Theorems 3.1 and 4.3): its cap holds although each release's parameters were chosen "
+        "from earlier outputs. A policy without one checks the cap on the reported epsilon: "
+        "valid for parameters fixed in advance, and a filter only where every release has a "
+        "zCDP curve (docs/accounting.md). Each policy's filter order is in the policies."
     ),
 }
 

@@ -7,6 +7,9 @@ a policy its administrator did not sign.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 from sqlalchemy import select
 
 from dp_budget_provider.ledger.accounts.covered import one_key
@@ -16,7 +19,7 @@ from dp_budget_provider.ledger.storage import clock
 from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import Window as WindowRow
 from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
-from dp_budget_provider.ledger.windows.policy import ANY, Policy
+from dp_budget_provider.ledger.windows.policy import ANY, AUTO_ORDER, Policy, checked_at
 from dp_budget_provider.ledger.windows.policy_store import (
     PolicyStore,
     policy_lookup,
@@ -28,10 +31,17 @@ from dp_budget_provider.ledger.windows.policy_store import (
 class Policies:
     """Sets and reads the caps, calendars and grace periods of a ledger's scopes."""
 
-    def __init__(self, database: LedgerDatabase, journal: Journal, store: PolicyStore) -> None:
+    def __init__(
+        self,
+        database: LedgerDatabase,
+        journal: Journal,
+        store: PolicyStore,
+        order_of: Callable[[float], float],
+    ) -> None:
         self._database = database
         self._journal = journal
         self._store = store
+        self._order_of = order_of  # the Rényi order of a cap (a filter's, "auto")
 
     def set_policy(self, policy: Policy) -> None:
         """Create or replace the policy of ``policy.scope`` (an audited history entry).
@@ -43,6 +53,12 @@ class Policies:
         calendar would cut the same time into a second set of windows, each with a full
         cap. So a policy that would change the calendar of any charged (tenant, query
         type) is refused; give new query types a calendar of their own instead.
+
+        Likewise a charged scope keeps how its cap is checked: at the one Rényi order of
+        its ``filter_order`` (a privacy filter, :mod:`~dp_budget_provider.accounting.filter`,
+        valid only with its order fixed before its first release; ``"auto"``: the cap's
+        own order), or without one on the epsilon the ledger reports. A policy that would
+        check a charged scope otherwise is refused.
         """
         if not isinstance(policy, Policy):
             raise ValueError(f"policy must be a Policy, got {policy!r}")
@@ -50,12 +66,17 @@ class Policies:
         self._store.authority.sign_policy(policy.as_record())  # refused without the admin key
         with self._database.write() as connection:
             stored = self._store.read(connection, honoured=False)
-            before, after = policy_lookup(stored), policy_lookup({**stored, policy.scope: policy})
-            charged = connection.execute(
-                select(WindowRow.tenant, WindowRow.query_type).distinct()
-            ).all()
-            for tenant, query_type in charged:
-                probe = LedgerKey.from_canonical(tenant, "-", query_type, "-")
+            charged = [
+                LedgerKey.from_canonical(tenant, "-", query_type, "-")
+                for tenant, query_type in connection.execute(
+                    select(WindowRow.tenant, WindowRow.query_type).distinct()
+                ).all()
+            ]
+            before = policy_lookup(stored)
+            policy = self._with_order(policy)
+            after = policy_lookup({**stored, policy.scope: policy})
+            for probe in charged:
+                tenant, query_type = probe.tenant, probe.query_type
                 was, becomes = before(probe).calendar, after(probe).calendar
                 if was != becomes:
                     raise LedgerError(
@@ -64,9 +85,24 @@ class Policies:
                         "open a second set of windows over the same time. Keep its calendar "
                         "(or use a new query type)"
                     )
+                was_order, order = before(probe).filter_order, after(probe).filter_order
+                if was_order != order:
+                    raise LedgerError(
+                        f"tenant {tenant!r}, query type {query_type!r} has been charged with "
+                        f"its cap checked {checked_at(was_order)}; a policy checking it "
+                        f"{checked_at(order)} would not be one privacy filter (a filter's "
+                        "order is fixed before its first release). Keep its filter_order, or "
+                        "use a new query type"
+                    )
             write_policy(
                 connection, self._journal, self._store.authority, policy, clock.stamp(clock.now())
             )
+
+    def _with_order(self, policy: Policy) -> Policy:
+        """``policy`` with ``filter_order="auto"`` made its cap's own order."""
+        if policy.filter_order != AUTO_ORDER:
+            return policy
+        return dataclasses.replace(policy, filter_order=self._order_of(policy.cap_epsilon))
 
     def policies(self) -> list[Policy]:
         """Every stored policy, default first."""

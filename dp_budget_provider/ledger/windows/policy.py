@@ -25,6 +25,8 @@ ACROSS_QUERY_TYPES = "*across query types"
 ACROSS_WINDOWS = "*across windows"
 SCOPE_QUERY_TYPES = {"query_types": ACROSS_QUERY_TYPES, "windows": ACROSS_WINDOWS}
 SCOPE_ACCOUNTS = frozenset(SCOPE_QUERY_TYPES.values())
+# A policy's filter order chosen by its cap (``Policy(filter_order="auto")``).
+AUTO_ORDER = "auto"
 DEFAULT_MIN_WINDOW = timedelta(days=1)
 # How long after a window ends late, retried and backfilled runs may still be charged to
 # it, before maintenance may seal it. Scheduled runs start after their data interval
@@ -81,6 +83,11 @@ class Policy:
     grace: timedelta = DEFAULT_GRACE
     across: str | None = None
     horizon_windows: int | None = None
+    # The one Rényi order the cap is checked at, making it a privacy filter (see
+    # :mod:`~dp_budget_provider.accounting.filter`); "auto": the cap's own order, written
+    # down by ``set_policy``. None: the cap is checked on the epsilon the ledger reports.
+    # A charged scope keeps it.
+    filter_order: float | str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cap_epsilon", check.positive("cap_epsilon", self.cap_epsilon))
@@ -90,6 +97,17 @@ class Policy:
         if not isinstance(self.calendar, WindowCalendar):
             raise ValueError(f"calendar must be a WindowCalendar, got {self.calendar!r}")
         self._scope_of_policy()
+        order = self.filter_order
+        if order is not None and order != AUTO_ORDER:
+            if (
+                isinstance(order, bool)
+                or not isinstance(order, int | float)
+                or not (1.0 < float(order) < float("inf"))
+            ):
+                raise ValueError(
+                    f"filter_order must be a Rényi order above 1, or {AUTO_ORDER!r}, got {order!r}"
+                )
+            object.__setattr__(self, "filter_order", float(order))
         if not isinstance(self.min_window, timedelta) or self.min_window <= timedelta(0):
             raise ValueError(f"min_window must be a positive timedelta, got {self.min_window!r}")
         if self.calendar.shortest_window < self.min_window:
@@ -165,8 +183,9 @@ class Policy:
             "min_window_seconds": int(self.min_window.total_seconds()),
             "compliance_clause": self.compliance_clause,
             "grace_seconds": int(self.grace.total_seconds()),
-            # Only for a horizon: a record written before horizons signs as it did.
+            # Only where set: a record written before them signs as it did.
             **({"calendar_span": self.calendar.span} if self.calendar.span > 1 else {}),
+            **({"filter_order": self.filter_order} if self.filter_order is not None else {}),
         }
 
     def warns_at(self, epsilon: float) -> bool:
@@ -199,6 +218,13 @@ STATE_RESCOPED = "RESCOPED"
 STATE_SEALED = "SEALED"  # the window is sealed: the final spend, never charged again
 
 
+def checked_at(order: float | str | None) -> str:
+    """How a cap with this ``filter_order`` is checked, as people read it."""
+    if order is None:
+        return "on the reported epsilon"
+    return f"at Rényi order {order:g}" if isinstance(order, float) else f"at order {order}"
+
+
 def lookup_order(tenant: str, query_type: str) -> list[tuple[str, str]]:
     """Policy scopes to try for a key, most specific first. A total across query types or
     windows is capped only by a policy of its own (the tenant's or every tenant's)."""
@@ -221,6 +247,7 @@ def revised_policy(
     compliance_clause: str | None = None,
     across: str | None = None,
     horizon_windows: int | None = None,
+    filter_order: float | str | None = None,
 ) -> tuple[Policy, bool]:
     """The policy an administrator's change makes of a scope's stored one, and whether the
     scope is new (its policy is created rather than updated).
@@ -232,7 +259,8 @@ def revised_policy(
     ones (``PrivacyBudgetLedger.policies()``). This is the one reading of such a change,
     for ``dp-budget policy set`` and the UI alike. ``across`` names a cap across query
     types or windows (its query type is the scope's own: give none); a horizon keeps
-    its number of windows unless ``horizon_windows`` is given.
+    its number of windows unless ``horizon_windows`` is given, and a scope its filter
+    order unless ``filter_order`` is given (a charged scope keeps it: ``set_policy``).
     """
     tenant = canonical_part("tenant", tenant)
     query_type = canonical_part("query_type", query_type)
@@ -276,5 +304,6 @@ def revised_policy(
         grace=kept(grace, current and current.grace, DEFAULT_GRACE),
         compliance_clause=kept(compliance_clause, current and current.compliance_clause, ""),
         horizon_windows=horizon,
+        filter_order=kept(filter_order, current and current.filter_order, None),
     )
     return policy, current is None

@@ -139,7 +139,8 @@ class PolicyStore:
 
 def policy_of_row(values: tuple[Any, ...]) -> Policy:
     """A policy as :data:`statements.POLICY_ROWS` reads its row."""
-    tenant, query_type, cap, warn, calendar, length, min_window, clause, grace, span = values[:10]
+    tenant, query_type, cap, warn, calendar, length, min_window, clause, grace = values[:9]
+    span, order = values[9:11]
     return Policy(
         cap_epsilon=cap,
         warn_fraction=warn,
@@ -149,6 +150,7 @@ def policy_of_row(values: tuple[Any, ...]) -> Policy:
         min_window=timedelta(seconds=min_window),
         compliance_clause=clause,
         grace=timedelta(seconds=grace),
+        filter_order=order,
     )
 
 
@@ -198,6 +200,7 @@ def write_policy(
     signature = authority.sign_policy(record) if authority.trusted is not None else None
     values = {k: v for k, v in record.items() if k not in ("tenant", "query_type")}
     values["calendar_span"] = record.get("calendar_span")
+    values["filter_order"] = record.get("filter_order")
     values["updated_at"] = now
     values["signature"] = signature
     updated = connection.execute(

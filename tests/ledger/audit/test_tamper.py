@@ -85,7 +85,7 @@ def build(url: str) -> None:
         ledger.spend(snap, GaussianMechanism(3.0))
         ledger.rescope(snap, key_for("dave", "trajectory", "2026-w45"), reason="re-scored")
         # acme's subjects' totals across query types and across a horizon of windows.
-        ledger.set_policy(Policy(4.0, tenant="acme", across="query_types"))
+        ledger.set_policy(Policy(4.0, tenant="acme", across="query_types", filter_order="auto"))
         ledger.set_policy(Policy(6.0, tenant="acme", across="windows", horizon_windows=52))
         ledger.spend(key_for("x", "counts", "2026-w45", tenant="acme"), GaussianMechanism(4.0))
         ledger.spend(key_for("x", "heatmap", "2026-w45", tenant="acme"), GaussianMechanism(4.0))

@@ -217,7 +217,7 @@ def assert_legacy_accounts_are_classes_of_one(
             "policy_set",
         ],
         # Revisions 0010 (signatures) and 0013 (a horizon's span).
-        "dp_policies": [*schema["dp_policies"], "signature", "calendar_span"],
+        "dp_policies": [*schema["dp_policies"], "signature", "calendar_span", "filter_order"],
         "dp_members": ["tenant", "query_type", "window", "subject", "account"],
         "dp_cohorts": ["id", "tenant", "digest", "size", "created_at"],
         "dp_cohort_members": ["cohort_id", "subject"],
