@@ -222,7 +222,7 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
             horizon_windows=args.horizon_windows,
             filter_order=args.filter_order,
         )
-        ledger.set_policy(policy)
+        policy = ledger.set_policy(policy)
     print(
         f"policy {policy.tenant}/{policy.query_type} {'created' if created else 'updated'}: cap "
         f"{shortest(policy.cap_epsilon)}, warning at {policy.warn_fraction:.0%}, calendar "

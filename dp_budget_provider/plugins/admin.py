@@ -78,6 +78,9 @@ class PolicyChange:
     min_window_seconds: int | None = None
     grace_seconds: int | None = None
     compliance_clause: str | None = None
+    across: str | None = None
+    horizon_windows: int | None = None
+    filter_order: float | str | None = None
 
     @classmethod
     def of(cls, values: dict[str, Any]) -> PolicyChange:
@@ -98,9 +101,11 @@ class PolicyChange:
             min_window=_seconds(self.min_window_seconds),
             grace=_seconds(self.grace_seconds),
             compliance_clause=self.compliance_clause,
+            across=self.across,
+            horizon_windows=self.horizon_windows,
+            filter_order=self.filter_order,
         )
-        ledger.set_policy(policy)
-        return policy, created
+        return ledger.set_policy(policy), created
 
 
 def _seconds(value: int | None) -> timedelta | None:

@@ -93,6 +93,12 @@ class PolicyModel(BaseModel):
     min_window_seconds: int
     compliance_clause: str
     grace_seconds: int
+    calendar_span: int = Field(1, description="windows per period: a horizon's (across windows)")
+    filter_order: float | None = Field(
+        None,
+        description="the Rényi order the cap is checked at (a privacy filter); null: "
+        "on the reported epsilon",
+    )
 
 
 class SeriesPointModel(BaseModel):
@@ -229,6 +235,19 @@ class PolicyChangeModel(BaseModel):
         None, description="how long after a window ends late runs may still charge it"
     )
     compliance_clause: str | None = Field(None, description="the clause the cap implements")
+    across: Literal["query_types", "windows"] | None = Field(
+        None,
+        description="a cap on each subject's total across the tenant's query types in a "
+        "window, or across the windows of a horizon (then no query_type)",
+    )
+    horizon_windows: int | None = Field(
+        None, description="with across='windows': how many consecutive windows a horizon spans"
+    )
+    filter_order: Literal["auto"] | float | None = Field(
+        None,
+        description="check the cap at this one Rényi order, a privacy filter ('auto': the "
+        "cap's own); a charged scope keeps how its cap is checked",
+    )
 
 
 class PolicySetModel(BaseModel):

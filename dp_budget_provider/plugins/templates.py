@@ -558,7 +558,8 @@ type, then the default (* / *). δ = {{ info.delta }} for the whole ledger.</p>
 {% if error %}<p id="error" class="error" role="alert">{{ error }}</p>{% endif %}
 <table id="policies">
 <thead><tr><th>tenant</th><th>query type</th><th class="num">cap ε</th><th>warning at</th>
-  <th>windows</th><th>minimum window</th><th>grace</th><th>compliance clause</th></tr></thead>
+  <th>windows</th><th>minimum window</th><th>grace</th><th>filter order</th>
+  <th>compliance clause</th></tr></thead>
 <tbody>
 {% for p in policies %}
 <tr><td>{{ p.tenant }}</td><td>{{ p.query_type }}</td>
@@ -566,6 +567,7 @@ type, then the default (* / *). δ = {{ info.delta }} for the whole ledger.</p>
   <td>{{ '%g' % (p.warn_fraction * 100) }}%</td>
   <td>{{ p.calendar.label }}</td>
   <td>{{ p.min_window.total_seconds() | int }} s</td><td>{{ p.grace.total_seconds() | int }} s</td>
+  <td>{{ '%g' % p.filter_order if p.filter_order else '—' }}</td>
   <td>{{ p.compliance_clause or '—' }}</td></tr>
 {% endfor %}
 </tbody>
@@ -588,6 +590,11 @@ needs its cap). A charged scope keeps its calendar.</p>
   <label>minimum window (s) <input name="min_window_seconds" inputmode="numeric"></label>
   <label>grace (s) <input name="grace_seconds" inputmode="numeric"></label>
   <label>compliance clause <input name="compliance_clause" size="40"></label>
+  <label>a cap across <select name="across"><option value="">(one query type)</option>
+    <option value="query_types">query types, per window</option>
+    <option value="windows">windows, per horizon</option></select></label>
+  <label>horizon (windows) <input name="horizon_windows" inputmode="numeric"></label>
+  <label>filter order <input name="filter_order" placeholder="auto"></label>
   <button type="submit">Set policy</button>
 </form>
 {% elif admin %}

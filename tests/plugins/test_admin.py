@@ -69,6 +69,25 @@ def state(ledger: PrivacyBudgetLedger) -> tuple:
     return report.entries, [p.as_record() for p in ledger.policies()], ledger.quarantine_status()
 
 
+def test_an_admin_sets_caps_across_scopes_and_a_filter_order(browser, seeded, admin_token):
+    for change, checked in (
+        ({"tenant": "beta", "across": "query_types", "cap_epsilon": 1.0, "filter_order": "auto"},
+         {"query_type": "*across query types", "calendar_span": 1, "filter_order": 18.0}),
+        ({"tenant": "beta", "across": "windows", "horizon_windows": 52, "cap_epsilon": 3.0},
+         {"query_type": "*across windows", "calendar_span": 52, "filter_order": None}),
+    ):  # fmt: skip
+        response = browser.put("/api/admin/policy", json=change, headers=bearer(admin_token))
+        assert response.status_code == 200, response.text
+        policy = response.json()["policy"]
+        assert {name: policy[name] for name in checked} == checked
+    refused = browser.put(
+        "/api/admin/policy",
+        json={"tenant": "beta", "across": "windows", "cap_epsilon": 3.0, "query_type": "count"},
+        headers=bearer(admin_token),
+    )
+    assert refused.status_code in (400, 422) and "query_type" in refused.text
+
+
 def test_an_admin_sets_a_policy_audited_with_their_name(browser, seeded, admin_token):
     response = browser.put(
         "/api/admin/policy",

@@ -43,8 +43,9 @@ class Policies:
         self._store = store
         self._order_of = order_of  # the Rényi order of a cap (a filter's, "auto")
 
-    def set_policy(self, policy: Policy) -> None:
-        """Create or replace the policy of ``policy.scope`` (an audited history entry).
+    def set_policy(self, policy: Policy) -> Policy:
+        """Create or replace the policy of ``policy.scope`` (an audited history entry);
+        returns it as set (its ``"auto"`` filter order made the cap's own).
 
         An administrator's act: the ledger must have been opened with its administrator
         key (``admin=``), which signs the policy; no worker holds it (:mod:`authority`).
@@ -97,6 +98,7 @@ class Policies:
             write_policy(
                 connection, self._journal, self._store.authority, policy, clock.stamp(clock.now())
             )
+        return policy
 
     def _with_order(self, policy: Policy) -> Policy:
         """``policy`` with ``filter_order="auto"`` made its cap's own order."""
