@@ -170,6 +170,29 @@ def across_types(
     results.put(report)
 
 
+def slow_first_charge(url: str, key: LedgerKey, delay: float, inside: Any, results: Any) -> None:
+    """Spend on ``key`` with the charge held ``delay`` seconds inside its transaction (its
+    window locked, its scope not yet visible to others); ``inside`` is set meanwhile."""
+    from dp_budget_provider.ledger.accounts import classes
+
+    report: dict[str, Any] = {"error": None}
+    try:
+        ledger = PrivacyBudgetLedger(url=url)
+        real = classes.accounts_for
+
+        def held(*arguments: Any, **keywords: Any) -> Any:
+            inside.set()
+            time.sleep(delay)
+            return real(*arguments, **keywords)
+
+        classes.accounts_for = held
+        ledger.spend(key, GaussianMechanism(3.0))
+        ledger.close()
+    except BaseException as error:
+        report["error"] = _describe(error)
+    results.put(report)
+
+
 def reserve_then_hang(
     url: str, keys: list[LedgerKey], z: float, attempt: str, results: Any
 ) -> None:

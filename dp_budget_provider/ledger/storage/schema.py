@@ -101,7 +101,7 @@ class PolicyRow(Base):
     calendar_length_seconds: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # How many windows a period spans: a horizon's (revision 0013); NULL is one.
     calendar_span: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # The Rényi order the cap is checked at (revision 0013); NULL: the cap's own order.
+    # The Rényi order the cap is checked at (revision 0013); NULL: on the reported epsilon.
     filter_order: Mapped[float | None] = mapped_column(Float(53), nullable=True)
     min_window_seconds: Mapped[int] = mapped_column(Integer)
     compliance_clause: Mapped[str] = mapped_column(Text, default="")

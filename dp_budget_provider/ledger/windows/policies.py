@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+import numpy as np
 from sqlalchemy import select
 
 from dp_budget_provider.ledger.accounts.covered import one_key
@@ -17,6 +18,7 @@ from dp_budget_provider.ledger.accounts.keys import LedgerKey, canonical_part, f
 from dp_budget_provider.ledger.errors import LedgerError
 from dp_budget_provider.ledger.storage import clock
 from dp_budget_provider.ledger.storage.journal import Journal
+from dp_budget_provider.ledger.storage.schema import LedgerConfig
 from dp_budget_provider.ledger.storage.schema import Window as WindowRow
 from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
 from dp_budget_provider.ledger.windows.policy import ANY, AUTO_ORDER, Policy, checked_at
@@ -37,11 +39,13 @@ class Policies:
         journal: Journal,
         store: PolicyStore,
         order_of: Callable[[float], float],
+        orders: np.ndarray,
     ) -> None:
         self._database = database
         self._journal = journal
         self._store = store
         self._order_of = order_of  # the Rényi order of a cap (a filter's, "auto")
+        self._orders = orders  # the ledger's grid: a filter's order is one of them
 
     def set_policy(self, policy: Policy) -> Policy:
         """Create or replace the policy of ``policy.scope`` (an audited history entry);
@@ -66,6 +70,11 @@ class Policies:
         free_text("compliance_clause", policy.compliance_clause)
         self._store.authority.sign_policy(policy.as_record())  # refused without the admin key
         with self._database.write() as connection:
+            # Every charge share-locks this row (PostgreSQL): the check below then sees
+            # every scope charged by a transaction under way (SQLite: one writer at a time).
+            connection.execute(
+                select(LedgerConfig.id).where(LedgerConfig.id == 1).with_for_update()
+            )
             stored = self._store.read(connection, honoured=False)
             charged = [
                 LedgerKey.from_canonical(tenant, "-", query_type, "-")
@@ -101,10 +110,18 @@ class Policies:
         return policy
 
     def _with_order(self, policy: Policy) -> Policy:
-        """``policy`` with ``filter_order="auto"`` made its cap's own order."""
-        if policy.filter_order != AUTO_ORDER:
-            return policy
-        return dataclasses.replace(policy, filter_order=self._order_of(policy.cap_epsilon))
+        """``policy`` with ``filter_order="auto"`` made its cap's own order; an order off
+        the ledger's grid is refused (no curve is held there: nothing could be checked)."""
+        if policy.filter_order == AUTO_ORDER:
+            return dataclasses.replace(policy, filter_order=self._order_of(policy.cap_epsilon))
+        if policy.filter_order is not None and policy.filter_order not in self._orders:
+            grid = self._orders
+            raise ValueError(
+                f"filter_order {policy.filter_order:g} is not an order of the ledger's grid "
+                f"({grid.size} orders from {grid[0]:g} to {grid[-1]:g}); give one of them, or "
+                "'auto'"
+            )
+        return policy
 
     def policies(self) -> list[Policy]:
         """Every stored policy, default first."""

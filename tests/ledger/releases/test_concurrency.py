@@ -39,6 +39,7 @@ from dp_budget_provider.ledger import (
     AttemptReused,
     BudgetCap,
     BudgetExhausted,
+    LedgerError,
     LedgerUnavailable,
     Policy,
     PrivacyBudgetLedger,
@@ -538,6 +539,27 @@ def test_processes_releasing_under_several_query_types_never_pass_the_cap_across
     ledger.close()
 
 
+def test_a_policy_change_waits_for_a_scopes_first_charge_under_way(ledger_url):
+    """A scope's first charge is in flight in another process when the administrator sets
+    a filter order for it: the change waits for the charge and is refused (a charged scope
+    keeps how its cap is checked), instead of fixing the filter after its first release."""
+    admin = AdminLedger(BudgetCap(10.0, CAP.delta), url=ledger_url)
+    key = key_for("ann", "heatmap", WINDOW, tenant="acme")
+    inside = FORKSERVER.Event()
+    process, results = start_worker(workers.slow_first_charge, (ledger_url, key, 3.0, inside))
+    try:
+        assert inside.wait(60)
+        with pytest.raises(LedgerError, match="has been charged"):
+            admin.set_policy(Policy(10.0, tenant="acme", query_type="heatmap", filter_order=4.0))
+        assert results.get(timeout=60)["error"] is None
+    finally:
+        _stop([process])
+    assert admin.policy_for_scope("acme", "heatmap").filter_order is None
+    assert admin.verify().ok
+    admin.close()
+
+
+# ---------------------------------------------------------------------------- crashes
 # ---------------------------------------------------------------------------- crashes
 # ---------------------------------------------------------------------------- crashes
 

@@ -8,6 +8,7 @@ multiplier 3 costs eps 1.27 alone, two cost 1.87, three 2.34, four 2.70, five 3.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -415,3 +416,44 @@ def test_the_report_states_a_guarantee_per_capped_scope(scoped):
     # Another tenant's report is not covered by acme's caps.
     other = report.build_report(scoped, tenant="beta")["privacy_unit"]
     assert other["capped_scopes"] == [] and "under another query type" in other["statement"]
+
+
+def test_a_release_over_two_query_types_charges_each_subjects_total_once(scoped):
+    """Keys of two query types with other subjects in one release: each subject's total is
+    charged once (it is one release), and verify accepts the union it holds."""
+    keys = [own("sam", "heatmap"), own("tia", "heatmap"), own("sam", "counts")]
+    scoped.commit(scoped.reserve(keys, RELEASE))
+    alone = scoped.epsilon_alone(RELEASE)
+    assert scoped.epsilon_of(across_types("sam")) == pytest.approx(alone)
+    assert scoped.epsilon_of(across_types("tia")) == pytest.approx(alone)
+    report = scoped.verify()
+    assert report.ok, report.problems
+
+
+def test_verify_names_a_total_charged_to_other_subjects(scoped):
+    """Code that charges a horizon's total to someone else (a decoy of the same number)
+    than the release covers is named: the total must be the release's own cohort."""
+    from dp_budget_provider.ledger.windows import scopes
+
+    original = scopes.with_wider_scopes
+
+    def decoy(keys, cohorts, policies):
+        keys, cohorts = original(keys, cohorts, policies)
+        return [
+            dataclasses.replace(key, subject="decoy") if key.query_type == ACROSS_WINDOWS else key
+            for key in keys
+        ], cohorts
+
+    try:
+        scopes.with_wider_scopes = decoy
+        scoped.spend(own("uma", "heatmap"), RELEASE)
+    finally:
+        scopes.with_wider_scopes = original
+    report = scoped.verify()
+    assert any("'*across windows' in 2025-w43+52" in p for p in report.problems), report.problems
+
+
+def test_a_filter_order_off_the_grid_is_refused(scoped):
+    with pytest.raises(ValueError, match="not an order of the ledger's grid"):
+        scoped.set_policy(Policy(1.0, tenant="acme", query_type="maps", filter_order=2.37))
+    scoped.set_policy(Policy(1.0, tenant="acme", query_type="maps", filter_order=2.5))

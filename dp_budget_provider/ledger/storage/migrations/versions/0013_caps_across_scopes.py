@@ -4,8 +4,9 @@
   (NULL: one). A cap across windows (``Policy(across="windows", horizon_windows=52)``)
   keeps its horizon's totals in periods of that many windows.
 * ``dp_policies.filter_order``: the one Rényi order a scope's cap is checked at (a privacy
-  filter, valid for adaptively chosen releases). NULL on the policies written before: the
-  cap's own order, written down by the administrator's next change of the policy.
+  filter, valid for adaptively chosen releases). NULL: the cap is checked on the epsilon
+  the ledger reports, as before; every policy written before is such, and a charged scope
+  keeps how its cap is checked.
 
 Every release of code at this revision charges a subject's totals across query types and
 windows next to its per-query-type accounts wherever such a cap is set. A worker still
