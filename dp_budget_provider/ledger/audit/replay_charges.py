@@ -45,7 +45,7 @@ from dp_budget_provider.ledger.storage.entries import (
 )
 from dp_budget_provider.ledger.storage.payloads import Entry
 from dp_budget_provider.ledger.windows import scopes
-from dp_budget_provider.ledger.windows.policy import Policy
+from dp_budget_provider.ledger.windows.policy import SCOPE_ACCOUNTS, Policy
 from dp_budget_provider.ledger.windows.policy_store import policy_lookup, policy_of_scope
 
 # A granted reservation is a breach when the replayed total passes its cap by more than
@@ -104,6 +104,7 @@ class Charges:
         self.cohorts: dict[tuple[str, str], int] = {}
         self._bounds: dict[tuple[Any, ...], float] = {}
         self._costs: dict[tuple[str, int], Spend] = {}
+        self.corrected_totals = scopes.CorrectedTotals()
 
     def handlers(self) -> dict[type[Entry], Handler]:
         """The charges, by the kind of their entries (a reap charges as a commit)."""
@@ -372,6 +373,7 @@ class Charges:
         for reservation_id, held in sorted(self.open.items()):
             if held.beyond != held.carried:
                 self.findings.problems.append(f"reservation {reservation_id}: {_NOT_CARRIED}")
+        self.findings.problems.extend(self.corrected_totals.unmet())
 
     def close(self) -> None:
         """Delete the listings' scratch file."""
@@ -488,12 +490,29 @@ class Charges:
         if not priced:
             self.findings.problem(entry, "the corrected cost is not what its mechanism costs")
         self._charged(entry, [key])
+        self._corrected_totals(entry, corrected)
         state = self._state(key)
         state.repriced = _plus(state.repriced, repriced)
         state.live = state.live.plus(cost)
         state.lifetime = state.lifetime.plus(cost)
         state.releases += corrected.count
         state.updated_at = entry.at
+
+    def _corrected_totals(self, entry: Any, corrected: CorrectionEntry) -> None:
+        """A correction's own entry names the totals a cap applied to; each total's entry
+        is one so named (:class:`scopes.CorrectedTotals`)."""
+        if not corrected.cohorts:
+            return
+        cohort = corrected.cohorts[0]
+        what = (_canonical_cost(corrected.cost, self.size)[1], corrected.count, corrected.reason)
+        if cohort.query_type in SCOPE_ACCOUNTS:
+            problems = [self.corrected_totals.total(cohort, what)]
+        else:
+            policies = self.configuration.policies
+            problems = self.corrected_totals.own(cohort, corrected.totals, what, policies)
+        for problem in problems:
+            if problem is not None:
+                self.findings.problem(entry, problem)
 
     def _on_rescope(self, entry: Any, rescoped: RescopeEntry, keys: list[LedgerKey]) -> None:
         old, new = rescoped.source, LedgerKey.from_row(entry)

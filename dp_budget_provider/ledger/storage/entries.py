@@ -326,6 +326,9 @@ class CorrectionEntry(RefiningEntry):
     count: int
     cost: Spend
     reason: str
+    # The subject's totals (wider scopes' query types) the same correction charged, each
+    # in an entry of its own; on the key's own entry, where a wider cap applied.
+    totals: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -45,6 +45,7 @@ from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
 from dp_budget_provider.ledger.windows import maintenance, scopes
 from dp_budget_provider.ledger.windows.calendar import NEVER, is_closed, window_bounds
 from dp_budget_provider.ledger.windows.policies import Policies
+from dp_budget_provider.ledger.windows.policy import SCOPE_ACCOUNTS
 from dp_budget_provider.ledger.windows.policy_store import PolicyStore, policy_lookup
 
 
@@ -311,7 +312,10 @@ class WindowChanges:
             locked, policies, charge = self._locks.lock_chargeable(pipe, keys, moment, wider=True)
             connection = pipe.core()
             spent = {}
-            for cohort in charge.cohorts:  # the subject alone in each scope: one account
+            # The key's own account first, naming the totals that follow it.
+            cohorts = sorted(charge.cohorts, key=lambda c: c.scope[1] in SCOPE_ACCOUNTS)
+            totals = tuple(c.scope[1] for c in cohorts if c.scope[1] in SCOPE_ACCOUNTS)
+            for cohort in cohorts:  # the subject alone in each scope: one account
                 tenant, query_type, window = cohort.scope
                 account = LedgerKey.from_canonical(tenant, cohort.accounts[0], query_type, window)
                 held = locked[account]
@@ -325,6 +329,7 @@ class WindowChanges:
                         cost=cost,
                         reason=reason,
                         cohorts=(cohort.recorded(),),
+                        totals=None if cohort.scope[1] in SCOPE_ACCOUNTS or not totals else totals,
                     ),
                     at=now,
                     keys=[account],

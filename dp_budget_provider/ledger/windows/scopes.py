@@ -25,6 +25,7 @@ reservations, corrections and budget checks all ask it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from dp_budget_provider.ledger.accounts.classes import CohortKeys
 from dp_budget_provider.ledger.accounts.covered import in_lock_order
@@ -172,6 +173,64 @@ def missed_totals(charged: Sequence[ChargedCohort], policies: PolicyMap) -> list
                 f"{policy.query_type!r} in {period}, which a cap applied to"
             )
     return missed
+
+
+class CorrectedTotals:
+    """Verify's account of what corrections charged to the totals.
+
+    A correction charges its key's own account and the subject's totals whose caps apply,
+    one entry each, the own entry first naming the totals' query types. Other
+    transactions' entries may come between them, so the totals are matched by what they
+    carry: tenant, the subject's cohort, cost, count and reason.
+    """
+
+    def __init__(self) -> None:
+        self._due: dict[tuple[Any, ...], int] = {}
+
+    def own(
+        self,
+        cohort: ChargedCohort,
+        named: Sequence[str] | None,
+        what: tuple[Any, ...],
+        policies: PolicyMap,
+    ) -> list[str]:
+        """The own entry of a correction: the totals a cap applied to must be named, and
+        each named one is then due (``what``: cost, count and reason)."""
+        try:
+            window_bounds(cohort.window)
+        except ValueError:
+            return []
+        required = {policy.query_type for policy in wider_policies(policies, cohort.tenant)}
+        given = set(named or ())
+        for query_type in given:
+            key = (cohort.tenant, cohort.cohort, query_type, *what)
+            self._due[key] = self._due.get(key, 0) + 1
+        return [
+            f"the correction of cohort {cohort.cohort} in window {cohort.window} of "
+            f"({cohort.tenant}, {cohort.query_type}) does not charge its subject's total "
+            f"{query_type!r}, which a cap applied to"
+            for query_type in sorted(required - given)
+        ]
+
+    def total(self, cohort: ChargedCohort, what: tuple[Any, ...]) -> str | None:
+        """A total's entry of a correction: one its own entry named, else the problem."""
+        key = (cohort.tenant, cohort.cohort, cohort.query_type, *what)
+        if self._due.get(key, 0) == 0:
+            return (
+                f"a correction charges the total {cohort.query_type!r} of cohort "
+                f"{cohort.cohort} that no correction of its own key named"
+            )
+        self._due[key] -= 1
+        return None
+
+    def unmet(self) -> list[str]:
+        """After the last entry: totals a correction named but never charged."""
+        return [
+            f"a correction of tenant {tenant!r}, cohort {cohort} named its total "
+            f"{query_type!r} but never charged it"
+            for (tenant, cohort, query_type, *_), due in sorted(self._due.items())
+            if due > 0
+        ]
 
 
 def same_wider_scopes(before: PolicyMap, after: PolicyMap, tenants: set[str]) -> bool:

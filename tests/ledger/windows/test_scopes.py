@@ -457,3 +457,21 @@ def test_a_filter_order_off_the_grid_is_refused(scoped):
     with pytest.raises(ValueError, match="not an order of the ledger's grid"):
         scoped.set_policy(Policy(1.0, tenant="acme", query_type="maps", filter_order=2.37))
     scoped.set_policy(Policy(1.0, tenant="acme", query_type="maps", filter_order=2.5))
+
+
+def test_verify_names_a_correction_that_skipped_a_total(scoped):
+    """A correction whose code skipped the totals is named by verify: its own entry names
+    the totals it charged, and the policies replayed say which it had to."""
+    from dp_budget_provider.ledger.windows import scopes
+
+    original = scopes.with_wider_scopes
+    try:
+        scopes.with_wider_scopes = lambda keys, cohorts, policies: (list(keys), list(cohorts))
+        scoped.correct(own("val", "heatmap"), RELEASE, reason="a missed release")
+    finally:
+        scopes.with_wider_scopes = original
+    report = scoped.verify()
+    assert any(
+        "does not charge its subject's total '*across query types'" in problem
+        for problem in report.problems
+    ), report.problems
