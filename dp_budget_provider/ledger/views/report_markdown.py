@@ -19,6 +19,7 @@ from dp_budget_provider.ledger.views.schedule import (
     number_text,
 )
 from dp_budget_provider.ledger.windows.calendar import calendar_label, display_window
+from dp_budget_provider.ledger.windows.policy import checked_at
 
 
 def _cell(value: Any) -> str:
@@ -210,7 +211,16 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         "",
     ]
     out += _table(
-        ["tenant", "query type", "cap epsilon", "warn at", "calendar", "min window", "clause"],
+        [
+            "tenant",
+            "query type",
+            "cap epsilon",
+            "warn at",
+            "calendar",
+            "min window",
+            "cap checked",
+            "clause",
+        ],  # fmt: skip
         (
             (
                 p["tenant"],
@@ -219,6 +229,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                 f"{p['warn_fraction'] * 100:g}%",
                 calendar_label(p["calendar"], p["calendar_length_seconds"], p.get("calendar_span")),
                 f"{p['min_window_seconds']}s",
+                checked_at(p.get("filter_order")),
                 p["compliance_clause"],
             )
             for p in report["policies"]
