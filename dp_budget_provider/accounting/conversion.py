@@ -95,6 +95,18 @@ def _grid_terms(orders: bytes, delta: float, conversion: Conversion) -> _Terms:
     return terms
 
 
+def conversion_terms(
+    orders: np.ndarray, delta: float, conversion: Conversion = "improved"
+) -> np.ndarray:
+    """``c(a)`` on a grid: what the conversion adds to a curve's value at each order
+    (``+inf`` at orders it does not use), before any rounding or shortcut."""
+    delta = check.open_unit("delta", delta)
+    conversion = check_conversion(conversion)
+    grid = np.ascontiguousarray(orders, dtype=np.float64)
+    terms = _grid_terms(grid.tobytes(), delta, conversion)
+    return np.where(terms.unusable, np.inf, terms.first - terms.second)
+
+
 def _epsilon_per_order(rdp: np.ndarray, delta: float, terms: _Terms) -> np.ndarray:
     per_order = rdp + terms.first
     per_order -= terms.second

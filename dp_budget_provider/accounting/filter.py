@@ -32,22 +32,8 @@ from __future__ import annotations
 import numpy as np
 
 from dp_budget_provider.accounting import validation as check
-from dp_budget_provider.accounting.conversion import Conversion, check_conversion, rdp_to_epsilon
+from dp_budget_provider.accounting.conversion import Conversion, conversion_terms, rdp_to_epsilon
 from dp_budget_provider.accounting.orders import validate_orders
-
-
-def conversion_terms(orders: np.ndarray, delta: float, conversion: Conversion) -> np.ndarray:
-    """``c(a)`` on the grid: what the conversion adds to a curve's value at each order
-    (``+inf`` at orders the conversion does not use)."""
-    delta = check.open_unit("delta", delta)
-    conversion = check_conversion(conversion)
-    grid = validate_orders(np.asarray(orders, dtype=np.float64))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if conversion == "classic":
-            return np.log(1.0 / delta) / (grid - 1.0)
-        usable = grid > 1.01
-        terms = np.log1p(-1.0 / grid) - np.log(delta * grid) / (grid - 1.0)
-        return np.where(usable, terms, np.inf)
 
 
 def filter_order(orders: np.ndarray, cap: float, delta: float, conversion: Conversion) -> float:

@@ -145,7 +145,7 @@ class PrivacyBudgetLedger:
         self._pricing = pricing = Pricing(grid, settings.delta, conversion)
         locks = ChargeLocks(grid.size, store)
         holdings = Holdings(pricing, store)
-        self._policies = Policies(database, journal, store, pricing.order_of, grid)
+        self._policies = Policies(database, journal, store, pricing)
         self._reservations = Reservations(
             database, journal, pricing, locks, holdings, self._policies, store, self._lease
         )

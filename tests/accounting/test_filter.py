@@ -15,7 +15,8 @@ from dp_budget_provider.accounting import (
     RDPAccountant,
     rdp_to_epsilon,
 )
-from dp_budget_provider.accounting.filter import conversion_terms, filter_epsilon, filter_order
+from dp_budget_provider.accounting.conversion import conversion_terms
+from dp_budget_provider.accounting.filter import filter_epsilon, filter_order
 
 DELTA = 1e-5
 ORDERS = np.asarray(DEFAULT_ORDERS, dtype=np.float64)

@@ -18,7 +18,7 @@ from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.accounts.spend import Spend
 from dp_budget_provider.ledger.records import SpendReceipt
 from dp_budget_provider.ledger.storage import history
-from dp_budget_provider.ledger.windows.policy import Policy
+from dp_budget_provider.ledger.windows.policy import AUTO_ORDER, Policy
 from dp_budget_provider.ledger.windows.policy_store import policy_lookup
 
 # How many converted spends (epsilon bounds, costs) are kept before starting afresh.
@@ -79,6 +79,19 @@ class Pricing:
                 self.orders, cap, self.delta, self.conversion
             )
         return order
+
+    def fixed_order(self, order: float | str | None, cap: float) -> float | None:
+        """A policy's filter order as the ledger checks it: ``"auto"`` made the cap's own
+        order, None kept; an order off the grid refused (no curve is held there)."""
+        if order == AUTO_ORDER:
+            return self.order_of(cap)
+        if order is not None and order not in self.orders:
+            raise ValueError(
+                f"filter_order {order:g} is not an order of the ledger's grid "
+                f"({self.orders.size} orders from {self.orders[0]:g} to "
+                f"{self.orders[-1]:g}); give one of them, or 'auto'"
+            )
+        return order  # type: ignore[return-value]
 
     def checked_epsilon(self, spend: Spend, policy: Policy) -> float:
         """What the cap of ``policy`` is compared with for an account holding ``spend``

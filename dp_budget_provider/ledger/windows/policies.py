@@ -8,20 +8,19 @@ a policy its administrator did not sign.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
-import numpy as np
 from sqlalchemy import select
 
 from dp_budget_provider.ledger.accounts.covered import one_key
 from dp_budget_provider.ledger.accounts.keys import LedgerKey, canonical_part, free_text
+from dp_budget_provider.ledger.accounts.pricing import Pricing
 from dp_budget_provider.ledger.errors import LedgerError
 from dp_budget_provider.ledger.storage import clock
 from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import LedgerConfig
 from dp_budget_provider.ledger.storage.schema import Window as WindowRow
 from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
-from dp_budget_provider.ledger.windows.policy import ANY, AUTO_ORDER, Policy, checked_at
+from dp_budget_provider.ledger.windows.policy import ANY, Policy, checked_at
 from dp_budget_provider.ledger.windows.policy_store import (
     PolicyStore,
     policy_lookup,
@@ -38,14 +37,12 @@ class Policies:
         database: LedgerDatabase,
         journal: Journal,
         store: PolicyStore,
-        order_of: Callable[[float], float],
-        orders: np.ndarray,
+        pricing: Pricing,
     ) -> None:
         self._database = database
         self._journal = journal
         self._store = store
-        self._order_of = order_of  # the Rényi order of a cap (a filter's, "auto")
-        self._orders = orders  # the ledger's grid: a filter's order is one of them
+        self._pricing = pricing  # resolves a policy's filter order on the ledger's grid
 
     def set_policy(self, policy: Policy) -> Policy:
         """Create or replace the policy of ``policy.scope`` (an audited history entry);
@@ -83,7 +80,8 @@ class Policies:
                 ).all()
             ]
             before = policy_lookup(stored)
-            policy = self._with_order(policy)
+            order = self._pricing.fixed_order(policy.filter_order, policy.cap_epsilon)
+            policy = dataclasses.replace(policy, filter_order=order)
             after = policy_lookup({**stored, policy.scope: policy})
             for probe in charged:
                 tenant, query_type = probe.tenant, probe.query_type
@@ -106,20 +104,6 @@ class Policies:
                     )
             write_policy(
                 connection, self._journal, self._store.authority, policy, clock.stamp(clock.now())
-            )
-        return policy
-
-    def _with_order(self, policy: Policy) -> Policy:
-        """``policy`` with ``filter_order="auto"`` made its cap's own order; an order off
-        the ledger's grid is refused (no curve is held there: nothing could be checked)."""
-        if policy.filter_order == AUTO_ORDER:
-            return dataclasses.replace(policy, filter_order=self._order_of(policy.cap_epsilon))
-        if policy.filter_order is not None and policy.filter_order not in self._orders:
-            grid = self._orders
-            raise ValueError(
-                f"filter_order {policy.filter_order:g} is not an order of the ledger's grid "
-                f"({grid.size} orders from {grid[0]:g} to {grid[-1]:g}); give one of them, or "
-                "'auto'"
             )
         return policy
 

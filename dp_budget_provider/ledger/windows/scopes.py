@@ -69,6 +69,7 @@ def _periods(
 ) -> list[tuple[str, str]]:
     """(scope query type, period) of each wider cap a release in ``window`` is charged to."""
     own = policy_of(LedgerKey.from_canonical(tenant, "-", query_type, window)).calendar
+    start = window_bounds(window)[0]
     periods = []
     for policy in wider:
         if policy.calendar.windows != own:
@@ -78,7 +79,6 @@ def _periods(
                 f"has {own.kind} windows: a release is charged to both, so give the query "
                 "type's policy the same calendar"
             )
-        start = window_bounds(window)[0]
         periods.append((policy.query_type, policy.calendar.window_of(start)))
     return periods
 
@@ -94,6 +94,8 @@ def with_wider_scopes(
     follow (they refuse it naming its calendar); it charges no wider scope here.
     """
     refuse_scope_names({key.query_type for key in keys} | {c.query_type for c in cohorts})
+    if not any(query_type in SCOPE_ACCOUNTS for _, query_type in policies):
+        return list(keys), list(cohorts)  # no wider cap anywhere: nothing to add
     policy_of = policy_lookup(policies)
     wider_of: dict[str, list[Policy]] = {}
 
