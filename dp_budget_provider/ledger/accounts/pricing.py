@@ -16,6 +16,7 @@ from dp_budget_provider.accounting import Conversion, EpsilonBound, Mechanism
 from dp_budget_provider.accounting.filter import filter_epsilon, filter_order
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.accounts.spend import Spend
+from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.records import SpendReceipt
 from dp_budget_provider.ledger.storage import history
 from dp_budget_provider.ledger.windows.policy import AUTO_ORDER, Policy
@@ -102,8 +103,10 @@ class Pricing:
         while every release is Gaussian: the tighter figure for releases fixed in advance,
         not a filter, see docs/accounting.md)."""
         order = policy.filter_order
-        if not isinstance(order, float):
+        if order is None:
             return self.bounds([spend])[0].epsilon
+        if not isinstance(order, float):  # only set_policy's "auto" is, and it never stores it
+            raise LedgerCorrupt(f"a stored policy checks its cap at order {order!r}, no order")
         signature = (spend.signature, order)
         found = self.filter_cache.get(signature)
         if found is None:

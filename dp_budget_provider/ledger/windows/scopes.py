@@ -197,16 +197,20 @@ class CorrectedTotals:
         policies: PolicyMap,
     ) -> list[str]:
         """The own entry of a correction: the totals a cap applied to must be named, and
-        each named one is then due (``what``: cost, count and reason)."""
+        each named one is then due in its period of the window (``what``: cost, count and
+        reason)."""
         try:
-            window_bounds(cohort.window)
+            start = window_bounds(cohort.window)[0]
         except ValueError:
             return []
-        required = {policy.query_type for policy in wider_policies(policies, cohort.tenant)}
+        wider = {policy.query_type: policy for policy in wider_policies(policies, cohort.tenant)}
         given = set(named or ())
         for query_type in given:
-            key = (cohort.tenant, cohort.cohort, query_type, *what)
+            policy = wider.get(query_type)
+            period = policy.calendar.window_of(start) if policy else cohort.window
+            key = (cohort.tenant, cohort.cohort, query_type, period, *what)
             self._due[key] = self._due.get(key, 0) + 1
+        required = set(wider)
         return [
             f"the correction of cohort {cohort.cohort} in window {cohort.window} of "
             f"({cohort.tenant}, {cohort.query_type}) does not charge its subject's total "
@@ -215,12 +219,13 @@ class CorrectedTotals:
         ]
 
     def total(self, cohort: ChargedCohort, what: tuple[Any, ...]) -> str | None:
-        """A total's entry of a correction: one its own entry named, else the problem."""
-        key = (cohort.tenant, cohort.cohort, cohort.query_type, *what)
+        """A total's entry of a correction: one its own entry named, in the period of its
+        window, else the problem."""
+        key = (cohort.tenant, cohort.cohort, cohort.query_type, cohort.window, *what)
         if self._due.get(key, 0) == 0:
             return (
                 f"a correction charges the total {cohort.query_type!r} of cohort "
-                f"{cohort.cohort} that no correction of its own key named"
+                f"{cohort.cohort} in {cohort.window} that no correction of its own key named"
             )
         self._due[key] -= 1
         return None
@@ -229,8 +234,8 @@ class CorrectedTotals:
         """After the last entry: totals a correction named but never charged."""
         return [
             f"a correction of tenant {tenant!r}, cohort {cohort} named its total "
-            f"{query_type!r} but never charged it"
-            for (tenant, cohort, query_type, *_), due in sorted(self._due.items())
+            f"{query_type!r} in {period} but never charged it"
+            for (tenant, cohort, query_type, period, *_), due in sorted(self._due.items())
             if due > 0
         ]
 

@@ -475,3 +475,29 @@ def test_verify_names_a_correction_that_skipped_a_total(scoped):
         "does not charge its subject's total '*across query types'" in problem
         for problem in report.problems
     ), report.problems
+
+
+def test_verify_names_a_corrections_total_charged_in_another_period():
+    """A total's entry must lie in the period of the corrected window, not merely name the
+    same subject, cost, count and reason."""
+    from dp_budget_provider.ledger.storage.entries import ChargedCohort
+    from dp_budget_provider.ledger.windows import scopes
+
+    policies = {
+        ("*", "*"): Policy(10.0),
+        ("acme", ACROSS_QUERY_TYPES): Policy(2.0, tenant="acme", across="query_types"),
+    }
+
+    def cohort(query_type: str, window: str) -> ChargedCohort:
+        return ChargedCohort(
+            tenant="acme", query_type=query_type, window=window, cohort="c1", size=1,
+            accounts=("Class-000000000001",), refined=None,
+        )  # fmt: skip
+
+    what = ("cost", 1, "missed")
+    for window, found in ((W28, None), ("2019-w01", "in 2019-w01")):
+        totals = scopes.CorrectedTotals()
+        assert totals.own(cohort("heatmap", W28), [ACROSS_QUERY_TYPES], what, policies) == []
+        problem = totals.total(cohort(ACROSS_QUERY_TYPES, window), what)
+        assert problem is None if found is None else found in problem
+        assert (totals.unmet() == []) is (found is None)
