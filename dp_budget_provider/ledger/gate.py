@@ -45,7 +45,8 @@ from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.records import Reservation, SpendReceipt
 from dp_budget_provider.ledger.storage import history
 from dp_budget_provider.ledger.windows.maintenance import MaintenanceState
-from dp_budget_provider.ledger.windows.policy import SCOPE_ACCOUNTS, Policy
+from dp_budget_provider.ledger.windows.policy import Policy, kept_by_ledger
+from dp_budget_provider.ledger.windows.shares import parse_share
 
 T = TypeVar("T")
 UNIFORM_REFUSAL = "the privacy budget ledger refused this release; nothing was released or charged"
@@ -108,6 +109,8 @@ class ReleaseReceipt:
     accounts: list[SpendReceipt] | None = None
     # The subject that names the most-spent account (exposed gates only).
     named: LedgerKey | None = None
+    # The release's principal's shares after it, where a cap is divided (:func:`_share_state`).
+    share: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The receipt as plain JSON values (a task's XCom)."""
@@ -119,6 +122,8 @@ class ReleaseReceipt:
             "epsilon": self.epsilon,
             "cap_epsilon": self.cap_epsilon,
         }
+        if self.share is not None:
+            document["share"] = self.share
         if self.accounts is not None:
             worst = max(self.accounts, key=lambda r: r.fraction)
             document.update(
@@ -130,6 +135,26 @@ class ReleaseReceipt:
                 method=worst.method,
             )
         return document
+
+
+def _share_state(receipts: list[SpendReceipt]) -> dict[str, Any] | None:
+    """What a release's principal may see of its budget where a cap is divided: its
+    share accounts after the release, the one nearest its share's cap. They hold only
+    the principal's own releases, so this says nothing about other DAGs' data (the
+    scopes' own accounts, which hold everyone's, are never shown)."""
+    if not receipts:
+        return None
+    worst = max(receipts, key=lambda r: r.fraction)
+    principal, scope = parse_share(worst.key.query_type)  # type: ignore[misc]
+    return {
+        "principal": principal,
+        "scope": scope,
+        "window": worst.key.window,
+        "epsilon_after": worst.epsilon,
+        "remaining": worst.remaining,
+        "fraction": worst.fraction,
+        "cap_epsilon": worst.cap_epsilon,
+    }
 
 
 def _fitting(facts: dict[str, Any]) -> dict[str, Any]:
@@ -193,12 +218,15 @@ class ReleaseGate:
         """What this release alone costs, in eps at the ledger's delta."""
         return self._ledger.epsilon_alone(mechanism, count)
 
-    def fits(self, keys: Covered, mechanism: Mechanism, count: int = 1) -> bool:
-        """Whether the release would be granted now: one bit, nothing about why (a sealed
-        window, a re-scoped subject or a quarantine answer False like a full cap: told
-        apart, they would say something about other DAGs' subjects)."""
+    def fits(
+        self, keys: Covered, mechanism: Mechanism, count: int = 1, *, dag: str | None = None
+    ) -> bool:
+        """Whether the release, made by DAG ``dag``, would be granted now: one bit, nothing
+        about why (a sealed window, a re-scoped subject or a quarantine answer False like
+        a full cap: told apart, they would say something about other DAGs' subjects).
+        Where a cap is divided, ``dag``'s share is what it is checked against."""
         try:
-            return not self._ledger.budget_check(keys, mechanism, count).exceeds
+            return not self._ledger.budget_check(keys, mechanism, count, dag=dag).exceeds
         except LedgerUnavailable:
             raise
         except LedgerError:
@@ -215,9 +243,7 @@ class ReleaseGate:
             reservation.id,
             _subjects(keys),
             # Its own windows, not the periods of its subjects' totals at wider scopes.
-            tuple(
-                sorted({k.window for k in reservation.keys if k.query_type not in SCOPE_ACCOUNTS})
-            ),
+            tuple(sorted({k.window for k in reservation.keys if not kept_by_ledger(k.query_type)})),
             reservation.mechanism,
             reservation.count,
             reservation.lease_expires_at,
@@ -227,8 +253,9 @@ class ReleaseGate:
     def commit(self, granted: GrantedRelease) -> ReleaseReceipt:
         """Charge the release (it happened); the receipt describes the release alone."""
         receipts = self._refusing(lambda: self._ledger.commit(granted._reservation))
-        own = next(r for r in receipts if r.key.query_type not in SCOPE_ACCOUNTS)
+        own = next(r for r in receipts if not kept_by_ledger(r.key.query_type))
         policy = self._ledger.policy_for(own.key)
+        shares = [r for r in receipts if parse_share(r.key.query_type) is not None]
         named = None
         if self.exposed:
             named = self._ledger.subject_of(max(receipts, key=lambda r: r.fraction).key)
@@ -241,6 +268,7 @@ class ReleaseGate:
             policy.cap_epsilon,
             receipts if self.exposed else None,
             named,
+            _share_state(shares),
         )
 
     def release(self, granted: GrantedRelease, reason: str = "") -> None:

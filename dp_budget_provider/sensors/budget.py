@@ -106,7 +106,7 @@ class BudgetSensor(BaseSensorOperator):
                 "account: no window will ever fit it"
             )
         try:
-            return ledger.fits(keys, self.mechanism, self.count)
+            return ledger.fits(keys, self.mechanism, self.count, dag=self.dag_id)
         except ValueError as refusal:
             raise AirflowFailException(f"no release can follow: {refusal}") from None
         except ReleaseRefused as refusal:

@@ -37,7 +37,7 @@ class Replay:
 
     def __init__(self, settings: AuditSettings) -> None:
         self.findings = Findings()
-        self.configuration = Configuration(self.findings)
+        self.configuration = Configuration(self.findings, settings)
         self.charges = Charges(settings, self.configuration, self.findings)
         self._handlers = {**self.configuration.handlers(), **self.charges.handlers()}
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from dp_budget_provider.accounting.conversion import conversion_terms
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.audit import authority
 from dp_budget_provider.ledger.audit.authority import AdminPublicKey
-from dp_budget_provider.ledger.audit.replay_state import Findings, Handler
+from dp_budget_provider.ledger.audit.replay_state import AuditSettings, Findings, Handler
 from dp_budget_provider.ledger.storage.entries import (
     AdminKeyEntry,
     AdoptKeyEntry,
@@ -24,13 +27,15 @@ from dp_budget_provider.ledger.storage.entries import (
 )
 from dp_budget_provider.ledger.storage.payloads import Entry
 from dp_budget_provider.ledger.windows.policy import Policy
+from dp_budget_provider.ledger.windows.shares import shares_sound
 
 
 class Configuration:
     """The ledger's configuration as the history's acts make it, entry by entry."""
 
-    def __init__(self, findings: Findings) -> None:
+    def __init__(self, findings: Findings, settings: AuditSettings) -> None:
         self.findings = findings
+        self.settings = settings
         self.policies: dict[tuple[str, str], Policy] = {}
         self.policy_entries: dict[tuple[str, str], tuple[dict[str, Any], str]] = {}
         self.create: tuple[Any, CreateEntry] | None = None  # (its row, its record)
@@ -94,8 +99,24 @@ class Configuration:
         policy = recorded.policy
         record = policy.as_record()
         self._authorised(entry, "policy", record, recorded.signature)
+        if policy.shares and not self._shares_sound(policy):
+            self.findings.problem(
+                entry,
+                f"the shares of ({policy.tenant}, {policy.query_type}) add up to more than "
+                "its cap's Rényi budget at its filter order: they do not bound the scope",
+            )
         self.policies[policy.scope] = policy
         self.policy_entries[policy.scope] = ({**record, "signature": recorded.signature}, entry.at)
+
+    def _shares_sound(self, policy: Policy) -> bool:
+        """Whether ``policy``'s shares' caps add up to at most its cap's Rényi budget at
+        its filter order, on the ledger's grid, delta and conversion (:mod:`shares`)."""
+        order = policy.filter_order
+        s = self.settings
+        if not isinstance(order, float) or order not in s.orders:
+            return False
+        term = float(conversion_terms(np.array([order]), s.delta, s.conversion)[0])
+        return shares_sound(policy.shares, policy.cap_epsilon, term)
 
     def _on_quarantine(self, entry: Any, recorded: QuarantineEntry, keys: list[LedgerKey]) -> None:
         self.quarantines += 1

@@ -47,6 +47,7 @@ from dp_budget_provider.ledger.storage.payloads import Entry
 from dp_budget_provider.ledger.windows import scopes
 from dp_budget_provider.ledger.windows.policy import SCOPE_ACCOUNTS, Policy
 from dp_budget_provider.ledger.windows.policy_store import policy_lookup, policy_of_scope
+from dp_budget_provider.ledger.windows.shares import dag_of
 
 # A granted reservation is a breach when the replayed total passes its cap by more than
 # floating-point reassociation could explain (the gate itself compares exactly).
@@ -432,7 +433,11 @@ class Charges:
         if entry.reservation_id in self.open:
             self.findings.problem(entry, f"reservation {entry.reservation_id} reserved twice")
         self._charged(entry, keys)
-        for missed in scopes.missed_totals(reserved.cohorts or (), self.configuration.policies):
+        policies = self.configuration.policies
+        for missed in [
+            *scopes.missed_totals(reserved.cohorts or (), policies),
+            *scopes.missed_shares(reserved.cohorts or (), policies, dag_of(reserved.attempt_id)),
+        ]:
             self.findings.problem(entry, missed)
         policy_of = policy_lookup(self.configuration.policies)
         for key in keys:

@@ -149,6 +149,8 @@ def check_policies(
         record, at = audited
         for column, value in {**record, "updated_at": at}.items():
             held = getattr(row, column)
+            if column == "shares":  # stored as its canonical JSON text
+                value = history.canonical_json(value)
             if held != value:
                 problems.append(
                     f"policy {scope}.{column}: {held!r} differs from its latest entry's {value!r}"

@@ -60,8 +60,11 @@ class BudgetChecks:
         keys: Covered,
         mechanism: Mechanism | Mapping[str, Any],
         count: int = 1,
+        *,
+        dag: str | None = None,
     ) -> BudgetCheck:
-        """Would this release fit every one of ``keys`` now, and which key fits it worst?
+        """Would this release, by ``dag``, fit every one of ``keys`` now, and which key
+        fits it worst? (``dag`` decides its share of every divided cap: :mod:`shares`.)
 
         Committed spend and every open reservation count, summed as the reservation's own
         check sums them, so a release this finds fitting is refused only if something
@@ -72,7 +75,7 @@ class BudgetChecks:
         distinct held state: the subjects of a cohort that has had the same releases hold
         one state, however many they are.
         """
-        return self._check(keys, mechanism, count, chargeable=True)
+        return self._check(keys, mechanism, count, chargeable=True, dag=dag)
 
     def _check(
         self,
@@ -81,6 +84,7 @@ class BudgetChecks:
         count: int,
         *,
         chargeable: bool,
+        dag: str | None = None,
     ) -> BudgetCheck:
         """:meth:`budget_check`; with ``chargeable`` False, keys no release may charge
         are priced all the same (what a key would reach, as a number to look at), except
@@ -89,7 +93,7 @@ class BudgetChecks:
         cost = self._pricing.cost(mechanism_of(mechanism), check.count("count", count))
         with self._database.reading() as connection:
             policies = self._store.read(connection)
-            distinct, states = self._states(connection, keys, policies, wider=chargeable)
+            distinct, states = self._states(connection, keys, policies, wider=chargeable, dag=dag)
             if chargeable:
                 self._locks.refuse_unchargeable(connection, distinct, states, policies)
             else:
@@ -109,15 +113,22 @@ class BudgetChecks:
         return BudgetCheck(subjects, worst[2], worst[3], worst[4], len(states), worst[5])
 
     def _states(
-        self, connection: Connection, keys: Covered, policies: PolicyMap, *, wider: bool
+        self,
+        connection: Connection,
+        keys: Covered,
+        policies: PolicyMap,
+        *,
+        wider: bool,
+        dag: str | None = None,
     ) -> tuple[Sequence[Charged], list[HeldState]]:
         """What ``keys`` cover (distinct keys, or a cohort's keys in a window), with
-        ``wider`` also the subjects' totals at every wider scope whose cap applies (as a
-        reservation charges them: :mod:`scopes`), and the distinct states they hold."""
+        ``wider`` also the subjects' totals at every wider scope whose cap applies and
+        the share accounts of ``dag``'s principal (as a reservation charges them:
+        :mod:`scopes`), and the distinct states they hold."""
         cohorts = cohorts_of(keys)
         listed = [] if cohorts else distinct(keys)
         if wider:
-            listed, cohorts = scopes.with_wider_scopes(listed, cohorts, policies)
+            listed, cohorts = scopes.with_wider_scopes(listed, cohorts, policies, dag=dag)
         if cohorts:
             states = [
                 state
@@ -157,14 +168,15 @@ class BudgetChecks:
         return self._pricing.bounds([prospective(Spend(), Pending(), cost)])[0].epsilon
 
     def prospective_accountants(
-        self, keys: Covered, *, own: bool = False
+        self, keys: Covered, *, own: bool = False, dag: str | None = None
     ) -> list[tuple[RDPAccountant, Policy]]:
         """Each distinct committed-plus-reserved spend among ``keys`` (and, unless ``own``,
-        their subjects' totals at every wider scope whose cap applies) as an accountant,
-        with the policy over it (for noise planning: one entry per state, not per key)."""
+        their subjects' totals at every wider scope whose cap applies and ``dag``'s share
+        accounts) as an accountant, with the policy over it (for noise planning: one
+        entry per state, not per key)."""
         with self._database.reading() as connection:
             policies = self._store.read(connection)
-            _, states = self._states(connection, keys, policies, wider=not own)
+            _, states = self._states(connection, keys, policies, wider=not own, dag=dag)
         planned: dict[tuple[Any, ...], tuple[RDPAccountant, Policy]] = {}
         for state in states:
             policy = policy_of_scope(policies, state.tenant, state.query_type)

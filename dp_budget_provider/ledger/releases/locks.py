@@ -36,6 +36,7 @@ from dp_budget_provider.ledger.windows import scopes
 from dp_budget_provider.ledger.windows.calendar import display_window, is_closed, window_bounds
 from dp_budget_provider.ledger.windows.policy import Policy
 from dp_budget_provider.ledger.windows.policy_store import Policies, PolicyStore, policy_lookup
+from dp_budget_provider.ledger.windows.shares import dag_of
 
 _T = TypeVar("_T")
 _CLEAR = (
@@ -107,6 +108,7 @@ class ChargeLocks:
         cohorts: Sequence[classes.CohortKeys] = (),
         *,
         wider: bool = False,
+        attempt: str | None = None,
     ) -> tuple[dict[LedgerKey, statements.LockedAccount], Policies, classes.Charge]:
         """Lock the windows ``keys`` (subject keys) charge and the accounts of their
         classes, refusing any that may not be charged.
@@ -115,7 +117,9 @@ class ChargeLocks:
         every wider scope whose cap applies are charged too (:mod:`scopes`), chosen by
         the policies in force under the locks: if they changed between the choice and
         the locks, the charge is refused (:class:`PoliciesChanged`, which
-        :func:`charged_once_more_if_stale` retries once: then it chooses anew).
+        :func:`charged_once_more_if_stale` retries once: then it chooses anew). A release
+        (its ``attempt`` given) is also charged to its principal's share accounts wherever
+        a cap is divided (:mod:`shares`); a correction (none) is not.
 
         The one gate of every write that adds spend (reserve, rescope, correct): a sealed
         window, a re-scoped account, a label that is not its scope calendar's own, a
@@ -128,7 +132,9 @@ class ChargeLocks:
         now = clock.stamp(moment)
         chosen_by = self._policies.current(pipe) if wider else None
         if chosen_by is not None:
-            keys, cohorts = scopes.with_wider_scopes(keys, cohorts, chosen_by)
+            keys, cohorts = scopes.with_wider_scopes(
+                keys, cohorts, chosen_by, shared=attempt is not None, dag=dag_of(attempt)
+            )
         self.lock_windows(pipe, [*keys, *cohorts], now)
         charge = classes.accounts_for(pipe, keys, now, cohorts)
         locked, version = self.lock_accounts(pipe, charge.keys, now, reserving)

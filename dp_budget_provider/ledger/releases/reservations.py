@@ -166,7 +166,7 @@ class Reservations:
         now = clock.stamp(moment)
         lease_expires_at = clock.stamp(moment + self._lease)
         locked, policies, charge = self._locks.lock_chargeable(
-            pipe, keys, moment, reserving=cost, cohorts=cohorts, wider=True
+            pipe, keys, moment, reserving=cost, cohorts=cohorts, wider=True, attempt=attempt_id
         )
         accounts = charge.keys
         # The pending spend read back includes this cost but for its residual curve.

@@ -49,6 +49,7 @@ from dp_budget_provider.ledger.storage.payloads import (
 )
 from dp_budget_provider.ledger.windows.calendar import WindowCalendar
 from dp_budget_provider.ledger.windows.policy import DEFAULT_GRACE, Policy
+from dp_budget_provider.ledger.windows.shares import Share
 
 # ---------------------------------------------------------------------- what a charge records
 
@@ -160,7 +161,7 @@ class PolicyEntry(Entry):
     Its payload is the policy's record (:meth:`Policy.as_record`) with the calendar as its
     spec; older entries read as they were written: no calendar is the default one (a bare
     calendar kind takes ``calendar_length_seconds``), no compliance clause an empty one,
-    no grace period the default grace.
+    no grace period the default grace, no shares an undivided cap.
     """
 
     action: ClassVar[str] = "policy"
@@ -195,6 +196,10 @@ class PolicyEntry(Entry):
             compliance_clause=found.get("compliance_clause", ""),
             grace=timedelta(seconds=found.get("grace_seconds", DEFAULT_GRACE.total_seconds())),
             filter_order=found.get("filter_order"),
+            shares=tuple(
+                Share.from_record(share)
+                for share in read_value("shares", list, found.get("shares", []))
+            ),
         )
         signature = read_value("signature", str | None, found.get("signature"))
         return cls(policy=policy, signature=signature)

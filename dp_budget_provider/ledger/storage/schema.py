@@ -103,6 +103,8 @@ class PolicyRow(Base):
     calendar_span: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # The Rényi order the cap is checked at (revision 0013); NULL: on the reported epsilon.
     filter_order: Mapped[float | None] = mapped_column(Float(53), nullable=True)
+    # The cap's shares among principals, canonical JSON (revision 0014); NULL: undivided.
+    shares: Mapped[str | None] = mapped_column(Text, nullable=True)
     min_window_seconds: Mapped[int] = mapped_column(Integer)
     compliance_clause: Mapped[str] = mapped_column(Text, default="")
     updated_at: Mapped[str] = mapped_column(String(40))

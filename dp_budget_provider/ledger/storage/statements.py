@@ -177,7 +177,7 @@ QUARANTINE_REASON = "SELECT quarantine_reason FROM dp_ledger_config WHERE id = 1
 POLICY_ROWS = (
     "SELECT tenant, query_type, cap_epsilon, warn_fraction, calendar, calendar_length_seconds, "
     "min_window_seconds, compliance_clause, grace_seconds, calendar_span, filter_order, "
-    "signature, "
+    "shares, signature, "
     "(SELECT policy_set FROM dp_ledger_config WHERE id = 1) FROM dp_policies"
 )
 

@@ -27,6 +27,7 @@ from dp_budget_provider.ledger.windows.policy_store import (
     policy_of_scope,
     write_policy,
 )
+from dp_budget_provider.ledger.windows.shares import Share, parse_share, share_caps
 
 
 class Policies:
@@ -64,6 +65,11 @@ class Policies:
         """
         if not isinstance(policy, Policy):
             raise ValueError(f"policy must be a Policy, got {policy!r}")
+        if parse_share(policy.query_type) is not None:
+            raise ValueError(
+                f"query type {policy.query_type!r} names a principal's share: a share is set "
+                "as part of its scope's policy (Policy(shares=...))"
+            )
         free_text("compliance_clause", policy.compliance_clause)
         self._store.authority.sign_policy(policy.as_record())  # refused without the admin key
         with self._database.write() as connection:
@@ -81,7 +87,9 @@ class Policies:
             ]
             before = policy_lookup(stored)
             order = self._pricing.fixed_order(policy.filter_order, policy.cap_epsilon)
-            policy = dataclasses.replace(policy, filter_order=order)
+            policy = dataclasses.replace(
+                policy, filter_order=order, shares=self._priced_shares(policy, order)
+            )
             after = policy_lookup({**stored, policy.scope: policy})
             for probe in charged:
                 tenant, query_type = probe.tenant, probe.query_type
@@ -106,6 +114,12 @@ class Policies:
                 connection, self._journal, self._store.authority, policy, clock.stamp(clock.now())
             )
         return policy
+
+    def _priced_shares(self, policy: Policy, order: float | None) -> tuple[Share, ...]:
+        """``policy``'s shares with their caps at its filter order (:mod:`shares`)."""
+        if not policy.shares or order is None:
+            return policy.shares
+        return share_caps(policy.shares, policy.cap_epsilon, self._pricing.conversion_term(order))
 
     def policies(self) -> list[Policy]:
         """Every stored policy, default first."""

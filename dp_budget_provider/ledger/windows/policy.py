@@ -9,13 +9,19 @@ fixed at creation: letting it vary per query is "delta shopping".
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TypeVar
 
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.ledger.accounts.keys import canonical_part
 from dp_budget_provider.ledger.windows.calendar import CalendarKind, WindowCalendar
+from dp_budget_provider.ledger.windows.shares import (
+    Share,
+    checked_shares,
+    parse_share,
+    share_query_type,
+)
 
 ANY = "*"
 # The query types of the accounts that hold a subject's total at a wider scope than one
@@ -88,6 +94,8 @@ class Policy:
     # down by ``set_policy``. None: the cap is checked on the epsilon the ledger reports.
     # A charged scope keeps it.
     filter_order: float | str | None = None
+    # The scope's cap divided among principals (:mod:`shares`); empty: not divided.
+    shares: tuple[Share, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cap_epsilon", check.positive("cap_epsilon", self.cap_epsilon))
@@ -108,6 +116,9 @@ class Policy:
                     f"filter_order must be a Rényi order above 1, or {AUTO_ORDER!r}, got {order!r}"
                 )
             object.__setattr__(self, "filter_order", float(order))
+        object.__setattr__(
+            self, "shares", checked_shares(self.shares, self.filter_order, self.cap_epsilon)
+        )
         if not isinstance(self.min_window, timedelta) or self.min_window <= timedelta(0):
             raise ValueError(f"min_window must be a positive timedelta, got {self.min_window!r}")
         if self.calendar.shortest_window < self.min_window:
@@ -133,13 +144,15 @@ class Policy:
         """Settle ``across``, the stored query type and the horizon's calendar, whichever
         of them was given (a policy read back names only its query type and calendar)."""
         across = self.across
+        share = parse_share(self.query_type)
+        stored_as = share[1] if share else self.query_type  # a share's: its scope's
         if across is None:
-            across = next((a for a, q in SCOPE_QUERY_TYPES.items() if q == self.query_type), None)
+            across = next((a for a, q in SCOPE_QUERY_TYPES.items() if q == stored_as), None)
         elif across not in SCOPE_QUERY_TYPES:
             raise ValueError(
                 f"across must be one of {sorted(SCOPE_QUERY_TYPES)} (or None), got {across!r}"
             )
-        elif self.query_type not in (ANY, SCOPE_QUERY_TYPES[across]):
+        elif stored_as not in (ANY, SCOPE_QUERY_TYPES[across]):
             raise ValueError(
                 f"a cap across {across.replace('_', ' ')} covers every query type: give no "
                 f"query_type, got {self.query_type!r}"
@@ -163,7 +176,7 @@ class Policy:
             )
         object.__setattr__(self, "across", across)
         object.__setattr__(self, "horizon_windows", horizon)
-        if across is not None:
+        if across is not None and share is None:
             object.__setattr__(self, "query_type", SCOPE_QUERY_TYPES[across])
 
     @property
@@ -186,7 +199,22 @@ class Policy:
             # Only where set: a record written before them signs as it did.
             **({"calendar_span": self.calendar.span} if self.calendar.span > 1 else {}),
             **({"filter_order": self.filter_order} if self.filter_order is not None else {}),
+            **({"shares": [share.as_record() for share in self.shares]} if self.shares else {}),
         }
+
+    def share_policy(self, principal: str) -> Policy:
+        """The policy of ``principal``'s share accounts of this scope: its share's cap,
+        checked like the scope's (same order, calendar and grace). A principal with no
+        share (one removed since its accounts were charged) reads with the scope's own
+        cap, which bounds its accounts as the scope's account bounds the sum."""
+        share = next((s for s in self.shares if s.principal == principal), None)
+        cap = share.cap_epsilon if share is not None else None
+        return replace(
+            self,
+            query_type=share_query_type(principal, self.query_type),
+            cap_epsilon=self.cap_epsilon if cap is None else cap,
+            shares=(),
+        )
 
     def warns_at(self, epsilon: float) -> bool:
         """True once ``epsilon`` reaches the warning fraction of the cap."""
@@ -223,6 +251,12 @@ def checked_at(order: float | str | None) -> str:
     if order is None:
         return "on the reported epsilon"
     return f"at Rényi order {order:g}" if isinstance(order, float) else f"at order {order}"
+
+
+def kept_by_ledger(query_type: str) -> bool:
+    """Whether ``query_type`` is one the ledger keeps for itself (a subject's total at a
+    wider scope, or a principal's share account), never a release's own."""
+    return query_type in SCOPE_ACCOUNTS or parse_share(query_type) is not None
 
 
 def lookup_order(tenant: str, query_type: str) -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ rows for every release cost more than the release's own writes, so:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -23,12 +24,13 @@ from sqlalchemy import Connection, insert, update
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.audit.authority import LedgerAuthority
 from dp_budget_provider.ledger.errors import LedgerCorrupt
-from dp_budget_provider.ledger.storage import database, pipeline, statements
+from dp_budget_provider.ledger.storage import database, history, pipeline, statements
 from dp_budget_provider.ledger.storage.entries import PolicyEntry
 from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import LedgerConfig, PolicyRow
 from dp_budget_provider.ledger.windows.calendar import WindowCalendar
 from dp_budget_provider.ledger.windows.policy import ANY, Policy, lookup_order
+from dp_budget_provider.ledger.windows.shares import Share, parse_share
 
 Policies = dict[tuple[str, str], Policy]
 
@@ -140,7 +142,7 @@ class PolicyStore:
 def policy_of_row(values: tuple[Any, ...]) -> Policy:
     """A policy as :data:`statements.POLICY_ROWS` reads its row."""
     tenant, query_type, cap, warn, calendar, length, min_window, clause, grace = values[:9]
-    span, order = values[9:11]
+    span, order, shares = values[9:12]
     return Policy(
         cap_epsilon=cap,
         warn_fraction=warn,
@@ -151,6 +153,7 @@ def policy_of_row(values: tuple[Any, ...]) -> Policy:
         compliance_clause=clause,
         grace=timedelta(seconds=grace),
         filter_order=order,
+        shares=tuple(Share.from_record(r) for r in json.loads(shares)) if shares else (),
     )
 
 
@@ -162,7 +165,12 @@ def set_records(policies: Iterable[Policy]) -> list[dict[str, object]]:
 def policy_of_scope(
     policies: Mapping[tuple[str, str], Policy], tenant: str, query_type: str
 ) -> Policy:
-    """The policy over a (canonical) tenant and query type: the most specific stored scope."""
+    """The policy over a (canonical) tenant and query type: the most specific stored scope;
+    for a principal's share accounts, its share of the scope's policy (:mod:`shares`)."""
+    share = parse_share(query_type)
+    if share is not None:
+        principal, scope_query_type = share
+        return policy_of_scope(policies, tenant, scope_query_type).share_policy(principal)
     for scope in lookup_order(tenant, query_type):
         if scope in policies:
             return policies[scope]
@@ -201,6 +209,7 @@ def write_policy(
     values = {k: v for k, v in record.items() if k not in ("tenant", "query_type")}
     values["calendar_span"] = record.get("calendar_span")
     values["filter_order"] = record.get("filter_order")
+    values["shares"] = history.canonical_json(record["shares"]) if "shares" in record else None
     values["updated_at"] = now
     values["signature"] = signature
     updated = connection.execute(

@@ -29,12 +29,18 @@ from typing import Any
 
 from dp_budget_provider.ledger.accounts.classes import CohortKeys
 from dp_budget_provider.ledger.accounts.covered import in_lock_order
-from dp_budget_provider.ledger.accounts.keys import LedgerKey
+from dp_budget_provider.ledger.accounts.keys import MAX_PART_LENGTH, LedgerKey
 from dp_budget_provider.ledger.errors import LedgerError
 from dp_budget_provider.ledger.storage.entries import ChargedCohort
 from dp_budget_provider.ledger.windows.calendar import window_bounds
-from dp_budget_provider.ledger.windows.policy import ANY, SCOPE_ACCOUNTS, Policy
+from dp_budget_provider.ledger.windows.policy import ANY, SCOPE_ACCOUNTS, Policy, kept_by_ledger
 from dp_budget_provider.ledger.windows.policy_store import policy_lookup
+from dp_budget_provider.ledger.windows.shares import (
+    SHARE_PREFIX,
+    parse_share,
+    principal_of,
+    share_query_type,
+)
 
 PolicyMap = Mapping[tuple[str, str], Policy]
 
@@ -51,12 +57,19 @@ def wider_policies(policies: PolicyMap, tenant: str) -> list[Policy]:
 
 
 def refuse_scope_names(query_types: set[str]) -> None:
-    """Refuse a release that names a wider scope's query type as its own."""
+    """Refuse a release that names a wider scope's query type, or a share's, as its own."""
     named = sorted(query_types & SCOPE_ACCOUNTS)
     if named:
         raise ValueError(
             f"query type {named[0]!r} is the ledger's account of a subject's total across "
             "a wider scope; a release names its own query type"
+        )
+    shared = sorted(q for q in query_types if q.startswith(SHARE_PREFIX))
+    if shared:
+        raise ValueError(
+            f"query type {shared[0]!r} is the ledger's account of a principal's share of a "
+            f"cap (query types starting {SHARE_PREFIX!r} are the ledger's own); a release "
+            "names its own query type"
         )
 
 
@@ -84,18 +97,29 @@ def _periods(
 
 
 def with_wider_scopes(
-    keys: Sequence[LedgerKey], cohorts: Sequence[CohortKeys], policies: PolicyMap
+    keys: Sequence[LedgerKey],
+    cohorts: Sequence[CohortKeys],
+    policies: PolicyMap,
+    *,
+    shared: bool = True,
+    dag: str | None = None,
 ) -> tuple[list[LedgerKey], list[CohortKeys]]:
     """What a release over ``keys`` (subject keys in lock order) or ``cohorts`` charges
     with every wider cap that applies: the same subjects in each wider scope's period of
-    each window they are charged in, once per period; keys in lock order.
+    each window they are charged in, once per period; and, where a cap is divided among
+    principals, the subjects' accounts of the share of the release's principal (the
+    principal of ``dag``, the release's DAG: :mod:`shares`); keys in lock order.
 
     A window label that is not a calendar window is left to the window checks that
-    follow (they refuse it naming its calendar); it charges no wider scope here.
+    follow (they refuse it naming its calendar); it charges no wider scope here. A
+    release whose DAG has no share of a divided cap is refused (:class:`NoShare`).
+    Without ``shared`` (a correction: a release the ledger missed, by no principal) no
+    share is charged; the scopes' own accounts still hold it.
     """
     refuse_scope_names({key.query_type for key in keys} | {c.query_type for c in cohorts})
-    if not any(query_type in SCOPE_ACCOUNTS for _, query_type in policies):
-        return list(keys), list(cohorts)  # no wider cap anywhere: nothing to add
+    divided = shared and any(policy.shares for policy in policies.values())
+    if not divided and not any(query_type in SCOPE_ACCOUNTS for _, query_type in policies):
+        return list(keys), list(cohorts)  # no wider or divided cap anywhere: nothing to add
     policy_of = policy_lookup(policies)
     wider_of: dict[str, list[Policy]] = {}
 
@@ -110,10 +134,22 @@ def with_wider_scopes(
         except ValueError:  # not a calendar label: refused by the window checks
             return []
 
+    def scopes_of(tenant: str, query_type: str, window: str) -> list[tuple[str, str]]:
+        """(query type, window or period) of every account a release charges for its
+        (tenant, query type, window), its own first."""
+        charged = [(query_type, window), *periods(tenant, query_type, window)]
+        if not divided:
+            return charged
+        return charged + [
+            (_share_of(policy_of, tenant, scope, dag), period)
+            for scope, period in charged
+            if policy_of(LedgerKey.from_canonical(tenant, "-", scope, period)).shares
+        ]
+
     if cohorts:
         extra: dict[tuple[str, str, str], CohortKeys] = {}
         for given in cohorts:
-            for query_type, period in periods(given.tenant, given.query_type, given.window):
+            for query_type, period in scopes_of(given.tenant, given.query_type, given.window)[1:]:
                 extra.setdefault(
                     (given.cohort.digest, query_type, period),
                     CohortKeys(given.cohort, query_type, period),
@@ -125,7 +161,7 @@ def with_wider_scopes(
         scope = (key.tenant, key.query_type, key.window)
         targets = by_scope.get(scope)
         if targets is None:
-            targets = by_scope[scope] = periods(*scope)
+            targets = by_scope[scope] = scopes_of(*scope)[1:]
         for query_type, period in targets:
             parts = (key.tenant, key.subject, query_type, period)
             if parts not in added:
@@ -133,6 +169,34 @@ def with_wider_scopes(
     if not added:
         return list(keys), []
     return in_lock_order([*keys, *added.values()]), []
+
+
+class NoShare(LedgerError):
+    """A release at a scope whose cap is divided among principals, by a DAG that no share
+    names (or with no DAG at all): it has no budget there."""
+
+
+def _share_of(
+    policy_of: Callable[[LedgerKey], Policy], tenant: str, query_type: str, dag: str | None
+) -> str:
+    """The query type of the share accounts a release by ``dag`` charges at the divided
+    scope (tenant, query type)."""
+    policy = policy_of(LedgerKey.from_canonical(tenant, "-", query_type, "-"))
+    share = principal_of(policy.shares, dag)
+    if share is None:
+        raise NoShare(
+            f"the cap of tenant {tenant!r}, query type {query_type!r} is divided among "
+            f"principals ({', '.join(s.principal for s in policy.shares)}) and no share names "
+            f"DAG {dag!r}: an administrator gives the DAG a share (`dp-budget policy set "
+            "--share`)"
+        )
+    found = share_query_type(share.principal, query_type)
+    if len(found) > MAX_PART_LENGTH:
+        raise NoShare(
+            f"query type {query_type!r} is too long to be divided among principals (its "
+            f"share accounts' query type would pass {MAX_PART_LENGTH} characters)"
+        )
+    return found
 
 
 def missed_totals(charged: Sequence[ChargedCohort], policies: PolicyMap) -> list[str]:
@@ -150,7 +214,7 @@ def missed_totals(charged: Sequence[ChargedCohort], policies: PolicyMap) -> list
     feeding: dict[tuple[str, str, str], list[ChargedCohort]] = {}
     needed: list[tuple[ChargedCohort, Policy, str]] = []
     for cohort in charged:
-        if cohort.query_type in SCOPE_ACCOUNTS:
+        if kept_by_ledger(cohort.query_type):
             continue
         try:
             start = window_bounds(cohort.window)[0]
@@ -175,6 +239,55 @@ def missed_totals(charged: Sequence[ChargedCohort], policies: PolicyMap) -> list
                 f"{policy.query_type!r} in {period}, which a cap applied to"
             )
     return missed
+
+
+def missed_shares(
+    charged: Sequence[ChargedCohort], policies: PolicyMap, dag: str | None
+) -> list[str]:
+    """What a reservation by ``dag`` that covered ``charged`` (its history entry's
+    cohorts) charged wrongly at a divided cap, as verify names it: each account of a
+    divided scope must come with the very same cohort in its principal's share account,
+    and no share may be charged that the DAG does not hold."""
+    if not any(policy.shares for policy in policies.values()):
+        expected: set[tuple[str, str, str, str]] = set()
+    else:
+        policy_of = policy_lookup(policies)
+        expected = set()
+        for cohort in charged:
+            if parse_share(cohort.query_type) is not None:
+                continue
+            key = LedgerKey.from_canonical(cohort.tenant, "-", cohort.query_type, cohort.window)
+            policy = policy_of(key)
+            if not policy.shares:
+                continue
+            share = principal_of(policy.shares, dag)
+            if share is None:
+                return [
+                    f"cohort {cohort.cohort} is charged at the divided cap of "
+                    f"({cohort.tenant}, {cohort.query_type}) by DAG {dag!r}, which no share names"
+                ]
+            expected.add(
+                (
+                    cohort.tenant,
+                    share_query_type(share.principal, cohort.query_type),
+                    cohort.window,
+                    cohort.cohort,
+                )
+            )
+    found = {
+        (c.tenant, c.query_type, c.window, c.cohort)
+        for c in charged
+        if parse_share(c.query_type) is not None
+    }
+    return [
+        f"cohort {cohort} in {window} of tenant {tenant!r} is not charged to its share "
+        f"account {query_type!r}, which its DAG's share required"
+        for tenant, query_type, window, cohort in sorted(expected - found)
+    ] + [
+        f"cohort {cohort} in {window} of tenant {tenant!r} is charged to the share account "
+        f"{query_type!r}, which its DAG {dag!r} does not hold"
+        for tenant, query_type, window, cohort in sorted(found - expected)
+    ]
 
 
 class CorrectedTotals:

@@ -373,7 +373,7 @@ def test_verify_names_a_release_that_skipped_a_total_a_cap_applied_to(scoped, le
 
     original = scopes.with_wider_scopes
     try:
-        scopes.with_wider_scopes = lambda keys, cohorts, policies: (list(keys), list(cohorts))
+        scopes.with_wider_scopes = lambda keys, cohorts, policies, **_: (list(keys), list(cohorts))
         scoped.spend(own("pia", "heatmap"), RELEASE)
     finally:
         scopes.with_wider_scopes = original
@@ -437,8 +437,8 @@ def test_verify_names_a_total_charged_to_other_subjects(scoped):
 
     original = scopes.with_wider_scopes
 
-    def decoy(keys, cohorts, policies):
-        keys, cohorts = original(keys, cohorts, policies)
+    def decoy(keys, cohorts, policies, **kw):
+        keys, cohorts = original(keys, cohorts, policies, **kw)
         return [
             dataclasses.replace(key, subject="decoy") if key.query_type == ACROSS_WINDOWS else key
             for key in keys
@@ -466,7 +466,7 @@ def test_verify_names_a_correction_that_skipped_a_total(scoped):
 
     original = scopes.with_wider_scopes
     try:
-        scopes.with_wider_scopes = lambda keys, cohorts, policies: (list(keys), list(cohorts))
+        scopes.with_wider_scopes = lambda keys, cohorts, policies, **_: (list(keys), list(cohorts))
         scoped.correct(own("val", "heatmap"), RELEASE, reason="a missed release")
     finally:
         scopes.with_wider_scopes = original
