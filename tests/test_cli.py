@@ -1217,6 +1217,55 @@ def test_policy_set_caps_across_query_types_and_windows(seeded, capsys):
     assert "4 account(s)" in out
 
 
+def test_policy_set_divides_a_cap_among_principals(seeded, capsys):
+    code, out, err = call(
+        capsys, "--url", seeded, "policy", "set", "--tenant", "acme", "--across", "query_types",
+        "--epsilon", "4", "--filter-order", "auto", "--share", "analytics=0.6:etl_a,etl_b",
+        "--share", "growth=0.4:etl_g",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "share analytics: 0.6 of the budget" in out and "DAGs etl_a, etl_b" in out
+    code, out, _ = call(capsys, "--url", seeded, "policy", "list")
+    assert "analytics=0.6 growth=0.4" in out
+    # A change of its cap keeps the shares (recomputed); --no-shares undivides it.
+    code, out, err = call(
+        capsys, "--url", seeded, "policy", "set", "--tenant", "acme", "--across", "query_types",
+        "--epsilon", "5",
+    )  # fmt: skip
+    assert code == 0 and "share growth: 0.4" in out, err
+    ledger = open_ledger(seeded)
+    shares = ledger.policy_for_scope("acme", "*across query types").shares
+    assert [s.principal for s in shares] == ["analytics", "growth"]
+    assert all(s.cap_epsilon is not None and s.cap_epsilon < 5 for s in shares)
+    ledger.close()
+    code, out, err = call(
+        capsys, "--url", seeded, "policy", "set", "--tenant", "acme", "--across", "query_types",
+        "--no-shares",
+    )  # fmt: skip
+    assert code == 0 and "share" not in out, err
+
+
+@pytest.mark.parametrize(
+    "share",
+    ["analytics", "analytics=0.5", "analytics=2:etl_a", "Ana=0.5:etl_a", "a=0.5:bad/dag"],
+)
+def test_policy_set_refuses_a_share_spelled_wrong(seeded, share):
+    result = run(
+        "policy", "set", "--tenant", "acme", "--across", "query_types", "--epsilon", "3",
+        "--filter-order", "auto", "--share", share, url=seeded,
+    )  # fmt: skip
+    assert result.returncode == 2 and "argument --share:" in result.stderr
+
+
+def test_policy_set_refuses_shares_beyond_the_cap(seeded):
+    result = run(
+        "policy", "set", "--tenant", "acme", "--across", "query_types", "--epsilon", "3",
+        "--filter-order", "auto", "--share", "a=0.6:x", "--share", "b=0.6:y", url=seeded,
+    )  # fmt: skip
+    assert_one_line_error(result)
+    assert result.returncode == 2 and "at most 1" in result.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -13,6 +13,7 @@ from pathlib import Path
 from dp_budget_provider.ledger.accounts.keys import MAX_STORED_INT, canonical_part
 from dp_budget_provider.ledger.audit.checkpoints import CheckpointFile, CheckpointUnreadable
 from dp_budget_provider.ledger.windows.calendar import window_bounds
+from dp_budget_provider.ledger.windows.shares import Share
 
 WINDOW_LABELS = (
     "a window label of the scope's calendar: ISO week 2026-w49, month 2026-12, day "
@@ -98,6 +99,15 @@ def filter_order_value(text: str) -> float | str:
     if value <= 1:
         raise argparse.ArgumentTypeError(f"expected a Rényi order > 1 or 'auto', got {text!r}")
     return value
+
+
+def share_value(text: str) -> Share:
+    """``PRINCIPAL=FRACTION:DAG[,DAG...]``: a principal's share of a cap and the DAGs that
+    act for it (:meth:`Share.parse`)."""
+    try:
+        return Share.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def fraction(text: str) -> float:

@@ -320,13 +320,14 @@ def cmd_policy_list(args: argparse.Namespace) -> int:
             f"{int(p.min_window.total_seconds())}s",
             f"{int(p.grace.total_seconds())}s",
             "-" if p.filter_order is None else f"{p.filter_order:g}",
+            " ".join(f"{s.principal}={s.fraction:g}" for s in p.shares) or "-",
             p.compliance_clause or "-",
         )
         for p in policies
     ]
     headers = [
         "TENANT", "QUERY TYPE", "CAP", "WARN", "CALENDAR", "MIN WINDOW", "GRACE", "FILTER",
-        "CLAUSE",
+        "SHARES", "CLAUSE",
     ]  # fmt: skip
     print_lines(columns(headers, rows, right=(2, 3, 5, 6, 7)))
     return 0

@@ -19,6 +19,7 @@ from dp_budget_provider.cli.arguments import (
     page_number,
     parse_duration,
     positive_number,
+    share_value,
     whole_number,
     window_filter,
     window_label,
@@ -340,6 +341,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="check the cap at this one Rényi order, making it a privacy filter (valid when "
         "releases are chosen from earlier outputs); 'auto' is the cap's own order. Set it "
         "before the scope's first release: a charged scope keeps how its cap is checked",
+    )
+    policy_set.add_argument(
+        "--share",
+        dest="shares",
+        type=share_value,
+        action="append",
+        default=None,
+        metavar="PRINCIPAL=FRACTION:DAG[,DAG...]",
+        help="divide the cap among principals (repeat for each): the principal's fraction "
+        "of the scope's Rényi budget at its filter order, and the DAG ids whose releases "
+        "are the principal's. A DAG no share names is refused at the scope. Given, the "
+        "shares replace the scope's; needs a filter order",
+    )
+    policy_set.add_argument(
+        "--no-shares",
+        action="store_true",
+        help="stop dividing the scope's cap (the scope's own cap still holds)",
     )
     policy_set.add_argument(
         "--horizon-windows",

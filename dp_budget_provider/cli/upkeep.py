@@ -221,6 +221,7 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
             across=args.across,
             horizon_windows=args.horizon_windows,
             filter_order=args.filter_order,
+            shares=() if args.no_shares else args.shares,
         )
         policy = ledger.set_policy(policy)
     print(
@@ -231,4 +232,10 @@ def cmd_policy_set(args: argparse.Namespace) -> int:
         f"grace {int(policy.grace.total_seconds())}s, "
         f"clause: {policy.compliance_clause or '(none)'}"
     )
+    for share in policy.shares:
+        print(
+            f"  share {share.principal}: {share.fraction:g} of the budget (cap "
+            f"{shortest(share.cap_epsilon or 0.0)} at order {policy.filter_order:g}), "
+            f"DAGs {', '.join(share.dags)}"
+        )
     return 0

@@ -25,6 +25,7 @@ from dp_budget_provider.ledger import AdminKey, Policy, PrivacyBudgetLedger
 from dp_budget_provider.ledger.accounts.keys import plain_text
 from dp_budget_provider.ledger.windows.calendar import CalendarKind
 from dp_budget_provider.ledger.windows.policy import revised_policy
+from dp_budget_provider.ledger.windows.shares import Share
 
 KEY_OPTION = "admin_key_file"
 # Opens the ledger to act with the administrator's key, as the named actor.
@@ -81,6 +82,7 @@ class PolicyChange:
     across: str | None = None
     horizon_windows: int | None = None
     filter_order: float | str | None = None
+    shares: list[dict[str, Any]] | None = None
 
     @classmethod
     def of(cls, values: dict[str, Any]) -> PolicyChange:
@@ -104,6 +106,9 @@ class PolicyChange:
             across=self.across,
             horizon_windows=self.horizon_windows,
             filter_order=self.filter_order,
+            shares=None
+            if self.shares is None
+            else [Share(s["principal"], s["fraction"], tuple(s["dags"])) for s in self.shares],
         )
         return ledger.set_policy(policy), created
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from dp_budget_provider.ledger.windows.shares import Share
 
 
 class KeyModel(BaseModel):
@@ -81,6 +83,17 @@ class ClassesPage(BaseModel):
     classes: list[SpendClassModel]
 
 
+class ShareModel(BaseModel):
+    """One principal's share of a scope's cap."""
+
+    principal: str
+    fraction: float = Field(description="part of the scope's Rényi budget at its filter order")
+    dags: list[str] = Field(description="the DAG ids whose releases are the principal's")
+    cap_epsilon: float | None = Field(
+        None, description="the share's cap at the scope's filter order (computed when set)"
+    )
+
+
 class PolicyModel(BaseModel):
     """The cap of one (tenant, query type) scope, ``*`` meaning any."""
 
@@ -98,6 +111,9 @@ class PolicyModel(BaseModel):
         None,
         description="the Rényi order the cap is checked at (a privacy filter); null: "
         "on the reported epsilon",
+    )
+    shares: list[ShareModel] = Field(
+        default_factory=list, description="the cap divided among principals (empty: undivided)"
     )
 
 
@@ -248,6 +264,21 @@ class PolicyChangeModel(BaseModel):
         description="check the cap at this one Rényi order, a privacy filter ('auto': the "
         "cap's own); a charged scope keeps how its cap is checked",
     )
+    shares: list[ShareModel] | None = Field(
+        None,
+        description="divide the cap among principals (replacing the scope's shares; [] "
+        "undivides it); a form gives 'PRINCIPAL=FRACTION:DAG,DAG; ...' or 'none'",
+    )
+
+    @field_validator("shares", mode="before")
+    @classmethod
+    def _shares_of_text(cls, value: Any) -> Any:
+        """A form's text: shares separated by ';', or 'none'."""
+        if not isinstance(value, str):
+            return value
+        if value.strip().lower() == "none":
+            return []
+        return [Share.parse(part).as_record() for part in value.split(";") if part.strip()]
 
 
 class PolicySetModel(BaseModel):

@@ -559,7 +559,7 @@ type, then the default (* / *). δ = {{ info.delta }} for the whole ledger.</p>
 <table id="policies">
 <thead><tr><th>tenant</th><th>query type</th><th class="num">cap ε</th><th>warning at</th>
   <th>windows</th><th>minimum window</th><th>grace</th><th>filter order</th>
-  <th>compliance clause</th></tr></thead>
+  <th>shares</th><th>compliance clause</th></tr></thead>
 <tbody>
 {% for p in policies %}
 <tr><td>{{ p.tenant }}</td><td>{{ p.query_type }}</td>
@@ -568,6 +568,9 @@ type, then the default (* / *). δ = {{ info.delta }} for the whole ledger.</p>
   <td>{{ p.calendar.label }}</td>
   <td>{{ p.min_window.total_seconds() | int }} s</td><td>{{ p.grace.total_seconds() | int }} s</td>
   <td>{{ '%g' % p.filter_order if p.filter_order else '—' }}</td>
+  <td class="shares">{% for s in p.shares %}<span title="DAGs: {{ s.dags | join(', ') }};
+    cap ε {{ '%g' % s.cap_epsilon }}">{{ s.principal }} {{ '%g' % (s.fraction * 100) }}%</span>
+    {%- if not loop.last %}, {% endif %}{% else %}—{% endfor %}</td>
   <td>{{ p.compliance_clause or '—' }}</td></tr>
 {% endfor %}
 </tbody>
@@ -595,6 +598,8 @@ needs its cap). A charged scope keeps its calendar.</p>
     <option value="windows">windows, per horizon</option></select></label>
   <label>horizon (windows) <input name="horizon_windows" inputmode="numeric"></label>
   <label>filter order <input name="filter_order" placeholder="auto"></label>
+  <label>shares <input name="shares" size="40"
+    placeholder="analytics=0.5:etl_a,etl_b; growth=0.3:etl_g (or none)"></label>
   <button type="submit">Set policy</button>
 </form>
 {% elif admin %}

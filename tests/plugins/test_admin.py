@@ -88,6 +88,45 @@ def test_an_admin_sets_caps_across_scopes_and_a_filter_order(browser, seeded, ad
     assert refused.status_code in (400, 422) and "query_type" in refused.text
 
 
+def test_an_admin_divides_a_cap_among_principals(browser, seeded, admin_token):
+    change = {
+        "tenant": "beta", "across": "query_types", "cap_epsilon": 2.0, "filter_order": "auto",
+        "shares": [{"principal": "analytics", "fraction": 0.5, "dags": ["etl_a"]}],
+    }  # fmt: skip
+    response = browser.put("/api/admin/policy", json=change, headers=bearer(admin_token))
+    assert response.status_code == 200, response.text
+    (share,) = response.json()["policy"]["shares"]
+    assert share["principal"] == "analytics" and 0 < share["cap_epsilon"] < 2.0
+    page = browser.get("/policies", headers=bearer(admin_token))
+    assert "analytics 50%" in page.text
+    # The form's text: shares separated by ';', or none.
+    browser.cookies.set("_token", admin_token)
+    token = CSRF_META.search(browser.get("/policies").text).group(1)
+    form = browser.post(
+        "/admin/policy",
+        data={"tenant": "beta", "across": "query_types", "csrf_token": token,
+              "shares": "analytics=0.4:etl_a; growth=0.6:etl_g,etl_h"},
+    )  # fmt: skip
+    assert form.status_code == 200, form.text
+    policy = {p.scope: p for p in seeded.ledger.policies()}[("beta", "*across query types")]
+    assert [(s.principal, s.dags) for s in policy.shares] == [
+        ("analytics", ("etl_a",)), ("growth", ("etl_g", "etl_h"))
+    ]
+    bad = browser.post(
+        "/admin/policy",
+        data={"tenant": "beta", "across": "query_types", "csrf_token": token,
+              "shares": "analytics=0.7:etl_a; growth=0.6:etl_g"},
+    )  # fmt: skip
+    assert bad.status_code in (400, 422) and "at most 1" in bad.text
+    undivided = browser.post(
+        "/admin/policy",
+        data={"tenant": "beta", "across": "query_types", "csrf_token": token, "shares": "none"},
+    )
+    assert undivided.status_code == 200, undivided.text
+    policy = {p.scope: p for p in seeded.ledger.policies()}[("beta", "*across query types")]
+    assert policy.shares == ()
+
+
 def test_an_admin_sets_a_policy_audited_with_their_name(browser, seeded, admin_token):
     response = browser.put(
         "/api/admin/policy",

@@ -282,6 +282,7 @@ def revised_policy(
     across: str | None = None,
     horizon_windows: int | None = None,
     filter_order: float | str | None = None,
+    shares: Iterable[Share] | None = None,
 ) -> tuple[Policy, bool]:
     """The policy an administrator's change makes of a scope's stored one, and whether the
     scope is new (its policy is created rather than updated).
@@ -294,7 +295,8 @@ def revised_policy(
     for ``dp-budget policy set`` and the UI alike. ``across`` names a cap across query
     types or windows (its query type is the scope's own: give none); a horizon keeps
     its number of windows unless ``horizon_windows`` is given, and a scope its filter
-    order unless ``filter_order`` is given (a charged scope keeps it: ``set_policy``).
+    order unless ``filter_order`` is given (a charged scope keeps it: ``set_policy``),
+    and its shares unless ``shares`` is given (empty: the cap is no longer divided).
     """
     tenant = canonical_part("tenant", tenant)
     query_type = canonical_part("query_type", query_type)
@@ -339,5 +341,6 @@ def revised_policy(
         compliance_clause=kept(compliance_clause, current and current.compliance_clause, ""),
         horizon_windows=horizon,
         filter_order=kept(filter_order, current and current.filter_order, None),
+        shares=tuple(shares) if shares is not None else current.shares if current else (),
     )
     return policy, current is None

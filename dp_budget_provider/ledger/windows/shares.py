@@ -111,6 +111,23 @@ class Share:
         }
 
     @classmethod
+    def parse(cls, text: str) -> Share:
+        """A share as an administrator writes it: ``PRINCIPAL=FRACTION:DAG[,DAG...]``
+        (``dp-budget policy set --share``, the UI's form)."""
+        principal, equals, rest = text.partition("=")
+        part, colon, dags = rest.partition(":")
+        if not equals or not colon:
+            raise ValueError(
+                "a share is PRINCIPAL=FRACTION:DAG[,DAG...] (e.g. analytics=0.5:etl_a,etl_b), "
+                f"got {text!r}"
+            )
+        try:
+            fraction = float(part)
+        except ValueError:
+            raise ValueError(f"the share of {principal.strip()!r} has fraction {part!r}") from None
+        return cls(principal.strip(), fraction, tuple(dag.strip() for dag in dags.split(",")))
+
+    @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Share:
         """A share from :meth:`as_record`'s values."""
         if not isinstance(record, Mapping) or set(record) != {
