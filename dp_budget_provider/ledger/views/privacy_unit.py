@@ -57,9 +57,33 @@ def scope_statement(policy: Policy) -> str:
     )
 
 
+def shares_statement(policy: Policy) -> str:
+    """What dividing ``policy``'s cap among principals means for its guarantee."""
+    scope = (
+        f"query type {policy.query_type}" if policy.query_type != ANY else "every query type"
+    )
+    parts = ", ".join(
+        f"{share.principal} {share.fraction:g} (DAGs {', '.join(share.dags)})"
+        for share in policy.shares
+    )
+    return (
+        f"The cap of tenant {policy.tenant}, {scope} is divided among principals: {parts}. "
+        f"Each principal's releases are held to its part of the cap's Rényi budget at order "
+        f"{policy.filter_order:g}, and the parts add up to at most the whole, so the cap "
+        "bounds their sum; what a principal is granted depends only on its own releases "
+        "wherever each cap it meets is divided."
+    )
+
+
 def privacy_unit(policies: Iterable[Policy], tenant: str | None = None) -> dict[str, Any]:
     """The report's privacy unit: the statement, and each capped wider scope (of ``tenant``
-    when the report is about one)."""
+    when the report is about one), and how divided caps are shared."""
+    policies = list(policies)
+    divided = [
+        policy
+        for policy in sorted(policies, key=lambda p: (p.tenant, p.query_type))
+        if policy.shares and (tenant is None or policy.tenant in (tenant, ANY))
+    ]
     wider = [
         policy
         for policy in sorted(policies, key=lambda p: (p.query_type, p.tenant))
@@ -92,6 +116,7 @@ def privacy_unit(policies: Iterable[Policy], tenant: str | None = None) -> dict[
         [
             _UNIT,
             *(scope_statement(policy) for policy in wider),
+            *(shares_statement(policy) for policy in divided),
             f"{unbounded}; their losses compose on top of each other and this report does not "
             "bound that sum.",
             _RESET,
@@ -111,5 +136,15 @@ def privacy_unit(policies: Iterable[Policy], tenant: str | None = None) -> dict[
                 "statement": scope_statement(policy),
             }
             for policy in wider
+        ],
+        "divided_caps": [
+            {
+                "tenant": policy.tenant,
+                "query_type": policy.query_type,
+                "filter_order": policy.filter_order,
+                "shares": [share.as_record() for share in policy.shares],
+                "statement": shares_statement(policy),
+            }
+            for policy in divided
         ],
     }

@@ -33,6 +33,7 @@ from dp_budget_provider.ledger import (
 from dp_budget_provider.ledger.audit.checkpoints import Checkpoint, CheckpointFile
 from dp_budget_provider.ledger.storage import clock as ledger_clock
 from dp_budget_provider.ledger.storage import history
+from dp_budget_provider.ledger.windows.shares import Share
 from tests.admin import AdminLedger
 from tests.ledger.storage.test_pending_and_server_paths import execute
 from tests.scratch_postgres import PG_ADMIN_DSN, scratch_database, url_of
@@ -91,8 +92,15 @@ def build(url: str) -> None:
         ledger.spend(key_for("x", "heatmap", "2026-w45", tenant="acme"), GaussianMechanism(4.0))
         missed = key_for("y", "counts", "2026-w45", tenant="acme")
         ledger.correct(missed, GaussianMechanism(5.0), reason="missed")
+        # beta's total across query types divided between two principals.
+        shares = (Share("team", 0.5, ("etl_team",)), Share("other", 0.25, ("etl_other",)))
+        ledger.set_policy(
+            Policy(5.0, tenant="beta", across="query_types", filter_order="auto", shares=shares)
+        )
+        shared = key_for("z", "counts", "2026-w45", tenant="beta")
+        ledger.spend(shared, GaussianMechanism(4.0), attempt="etl_team/release/manual/-1/1/u1")
         CLOCK["now"] = datetime(2026, 12, 1, 12, tzinfo=UTC)
-        assert ledger.reset("2026-w45") == 9
+        assert ledger.reset("2026-w45") == 12
         erin, frank = (
             key_for("erin", "heatmap", "2026-w49"),
             key_for("frank", "heatmap", "2026-w49"),

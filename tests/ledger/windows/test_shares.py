@@ -297,3 +297,16 @@ def test_shares_sound_holds_share_caps_to_the_budget():
     assert not shares_sound(exact, 2.0, term)
     with pytest.raises(ValueError, match="no Rényi budget"):
         share_caps(SHARES, 0.5, 0.9)
+
+
+def test_the_report_states_how_a_divided_cap_is_shared(divided):
+    from dp_budget_provider.ledger.views import report
+
+    unit = report.build_report(divided)["privacy_unit"]
+    (cap,) = unit["divided_caps"]
+    assert cap["query_type"] == ACROSS_QUERY_TYPES
+    assert [s["principal"] for s in cap["shares"]] == ["analytics", "growth"]
+    assert "divided among principals: analytics 0.5 (DAGs etl_a, etl_a2), growth 0.3" in (
+        unit["statement"]
+    )
+    assert report.build_report(divided, tenant="beta")["privacy_unit"]["divided_caps"] == []
