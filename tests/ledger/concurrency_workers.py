@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -129,17 +130,20 @@ def across_types(
     window: str,
     seed: int,
     rounds: int,
+    dag: str | None,
     barrier: Any,
     results: Any,
 ) -> None:
     """Release over random overlapping subject sets, each under a random query type (a
-    cap across query types binds them all), committing or releasing each reservation.
+    cap across query types binds them all), committing or releasing each reservation;
+    with ``dag``, as that DAG's attempts (its principal's share pays where a cap is
+    divided).
 
     Reports every reservation (the subjects it covers, its query type, how it was
     resolved) and how many were refused.
     """
     rng = random.Random(seed)
-    report: dict[str, Any] = {"reserved": {}, "refused": 0, "error": None}
+    report: dict[str, Any] = {"reserved": {}, "refused": 0, "error": None, "dag": dag}
     try:
         ledger = PrivacyBudgetLedger(url=url)
         mechanism = GaussianMechanism(4.0)
@@ -149,7 +153,9 @@ def across_types(
             query_type = rng.choice(query_types)
             try:
                 reservation = ledger.reserve(
-                    [key_for(subject, query_type, window) for subject in chosen], mechanism
+                    [key_for(subject, query_type, window) for subject in chosen],
+                    mechanism,
+                    attempt=None if dag is None else f"{dag}/release/race/-1/1/{uuid.uuid4()}",
                 )
             except BudgetExhausted:
                 report["refused"] += 1

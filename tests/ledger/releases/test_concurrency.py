@@ -500,7 +500,10 @@ def test_processes_releasing_under_several_query_types_never_pass_the_cap_across
 
     reports = run_workers(
         workers.across_types,
-        [(ledger_url, subjects, query_types, WINDOW, seed, rounds) for seed in range(PROCESSES)],
+        [
+            (ledger_url, subjects, query_types, WINDOW, seed, rounds, None)
+            for seed in range(PROCESSES)
+        ],
         timeout=150,
     )
 
@@ -533,6 +536,66 @@ def test_processes_releasing_under_several_query_types_never_pass_the_cap_across
             assert own == pytest.approx(
                 reference_epsilon(4.0, by_type[subject, query_type]), rel=1e-9
             )
+    assert ledger.open_reservations() == []
+    report = ledger.verify()
+    assert report.ok, report.problems
+    ledger.close()
+
+
+def test_principals_racing_over_the_same_subjects_stay_within_their_shares(ledger_url):
+    """Eight processes, four DAGs of each of two principals, release over overlapping
+    subjects under three query types; the cap across them (3) is divided 0.6 / 0.4. No
+    share account passes its share, no total passes the cap, and each share account is
+    exactly its principal's committed releases."""
+    from dp_budget_provider.ledger.windows.shares import Share, share_query_type
+    from tests.ledger.windows.test_shares import improved_term
+
+    shares = (Share("north", 0.6, ("dag_n",)), Share("south", 0.4, ("dag_s",)))
+    setup = AdminLedger(BudgetCap(10.0, CAP.delta), url=ledger_url)
+    setup.set_policy(Policy(CAP.epsilon, across="query_types", filter_order="auto", shares=shares))
+    policy = setup.policy_for_scope("default", ACROSS_QUERY_TYPES)
+    setup.close()
+    subjects = [f"subject-{i:02d}" for i in range(12)]
+    dags = ["dag_n", "dag_s"]
+    reports = run_workers(
+        workers.across_types,
+        [
+            (
+                ledger_url,
+                subjects,
+                ["heatmap", "count", "trajectory"],
+                WINDOW,
+                seed,
+                20,
+                dags[seed % 2],
+            )
+            for seed in range(PROCESSES)
+        ],
+        timeout=150,
+    )
+    assert [r["error"] for r in reports if r["error"]] == []
+    assert sum(report["refused"] for report in reports) > 0, "meant to exhaust the shares"
+    committed = Counter(
+        (subject, report["dag"])
+        for report in reports
+        for info in report["reserved"].values()
+        if info["outcome"] == "commit"
+        for subject in info["keys"]
+    )
+    ledger = PrivacyBudgetLedger(url=ledger_url)
+    order = policy.filter_order
+    one = order / (2 * 4.0**2)  # a Gaussian(4) release's curve at the filter's order
+    for subject in subjects:
+        for share, dag in zip(policy.shares, dags, strict=True):
+            key = key_for(subject, share_query_type(share.principal, ACROSS_QUERY_TYPES), WINDOW)
+            releases = committed[subject, dag]
+            # Within its part of the budget: the cap less the conversion's term at the order.
+            budget = policy.cap_epsilon - improved_term(order, CAP.delta)
+            assert releases * one <= share.fraction * budget
+            assert ledger.epsilon_of(key) == pytest.approx(
+                reference_epsilon(4.0, releases), rel=1e-9
+            )
+        assert ledger.epsilon_of(key_for(subject, ACROSS_QUERY_TYPES, WINDOW)) <= CAP.epsilon
     assert ledger.open_reservations() == []
     report = ledger.verify()
     assert report.ok, report.problems

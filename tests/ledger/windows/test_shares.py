@@ -306,7 +306,8 @@ def test_the_report_states_how_a_divided_cap_is_shared(divided):
     (cap,) = unit["divided_caps"]
     assert cap["query_type"] == ACROSS_QUERY_TYPES
     assert [s["principal"] for s in cap["shares"]] == ["analytics", "growth"]
-    assert "divided among principals: analytics 0.5 (DAGs etl_a, etl_a2), growth 0.3" in (
-        unit["statement"]
+    assert (
+        "divided among principals: analytics 0.5 (DAGs etl_a, etl_a2), growth 0.3"
+        in (unit["statement"])
     )
     assert report.build_report(divided, tenant="beta")["privacy_unit"]["divided_caps"] == []
