@@ -18,6 +18,8 @@ from fractions import Fraction
 import mpmath
 import pytest
 import sqlalchemy as sa
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import (
@@ -311,3 +313,69 @@ def test_the_report_states_how_a_divided_cap_is_shared(divided):
         in (unit["statement"])
     )
     assert report.build_report(divided, tenant="beta")["privacy_unit"]["divided_caps"] == []
+
+
+# ------------------------------------------------------------------ what a principal is told
+
+PROBES = st.lists(
+    st.tuples(
+        st.sampled_from(["etl_a", "etl_g"]),
+        st.lists(st.sampled_from(["p1", "p2", "p3", "p4"]), min_size=1, max_size=3, unique=True),
+        st.sampled_from(["heatmap", "counts"]),
+        st.sampled_from([2.0, 4.0, 9.0]),
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(releases=PROBES)
+def test_a_principal_is_told_the_same_whatever_another_releases(tmp_path_factory, releases):
+    """Where every cap a release meets is divided (each query type's, and the total
+    across them), the sequence of grants and refusals a principal sees, and of its `fits`
+    answers, is a function of its own releases: replayed on a ledger where the other
+    principal released nothing, it is the same."""
+
+    def told(with_others: bool) -> list[tuple[bool, bool]]:
+        url = f"sqlite:///{tmp_path_factory.mktemp('told') / 'ledger.db'}"
+        ledger = PrivacyBudgetLedger(BudgetCap(10.0, 1e-5), url=url, admin=ADMIN)
+        try:
+            ledger.set_policy(Policy(3.0, filter_order="auto", shares=SHARES))  # every query type
+            ledger.set_policy(
+                Policy(2.0, tenant="acme", across="query_types", filter_order="auto", shares=SHARES)
+            )
+            gate = ReleaseGate(ledger)
+            seen = []
+            for n, (dag, subjects, query_type, z) in enumerate(releases):
+                if dag != "etl_a" and not with_others:
+                    continue
+                keys = [own(subject, query_type) for subject in subjects]
+                release = GaussianMechanism(z)
+                fits = gate.fits(keys, release, dag=dag)
+                try:
+                    gate.commit(gate.reserve(keys, release, attempt=attempt(dag, n)))
+                    granted = True
+                except ReleaseRefused:
+                    granted = False
+                if dag == "etl_a":
+                    seen.append((fits, granted))
+            report = ledger.verify()
+            assert report.ok, report.problems
+            return seen
+        finally:
+            ledger.close()
+
+    assert told(with_others=True) == told(with_others=False)
+
+
+def test_an_undivided_cap_tells_one_principal_about_another(divided):
+    """The converse, which is why every cap a team meets must be divided: a query type's
+    cap that both principals draw on refuses one after the other's releases."""
+    alone = divided.epsilon_alone(CHEAP)  # undivided, and one release fits it, not two
+    divided.set_policy(Policy(1.2 * alone, tenant="acme", query_type="heatmap"))
+    gate = ReleaseGate(divided)
+    keys = [own("nia", "heatmap")]
+    assert gate.fits(keys, CHEAP, dag="etl_a")
+    gate.commit(gate.reserve(keys, CHEAP, attempt=attempt("etl_g", 1)))
+    assert not gate.fits(keys, CHEAP, dag="etl_a")  # analytics has released nothing
