@@ -197,8 +197,8 @@ def test_every_action_the_package_writes_has_a_typed_entry(written):
     assert {row.action for row in written} == set(ENTRY_KINDS)
     # verify's replay applies every kind.
     findings = Findings()
-    configuration = Configuration(findings)
     settings = AuditSettings(np.arange(1.5, 10.0), CAP.delta, "improved", history.UNKEYED)
+    configuration = Configuration(findings, settings)
     charges = Charges(settings, configuration, findings)
     assert {*configuration.handlers(), *charges.handlers()} == set(ENTRY_KINDS.values())
 
