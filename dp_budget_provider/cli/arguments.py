@@ -10,10 +10,10 @@ import re
 from datetime import timedelta
 from pathlib import Path
 
+from dp_budget_provider.ledger import Share
 from dp_budget_provider.ledger.accounts.keys import MAX_STORED_INT, canonical_part
 from dp_budget_provider.ledger.audit.checkpoints import CheckpointFile, CheckpointUnreadable
 from dp_budget_provider.ledger.windows.calendar import window_bounds
-from dp_budget_provider.ledger.windows.shares import Share
 
 WINDOW_LABELS = (
     "a window label of the scope's calendar: ISO week 2026-w49, month 2026-12, day "

@@ -67,6 +67,7 @@ from dp_budget_provider.ledger.windows.maintenance import (
     overdue_warning,
 )
 from dp_budget_provider.ledger.windows.policy import ANY, BudgetCap, Policy
+from dp_budget_provider.ledger.windows.shares import Share
 
 __all__ = [
     "ANY",
@@ -98,6 +99,7 @@ __all__ = [
     "MaintenanceState",
     "POSTGRES_DRIVER",
     "Policy",
+    "Share",
     "PrivacyBudgetLedger",
     "ReleaseGate",
     "ReleaseOutcome",

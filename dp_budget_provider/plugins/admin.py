@@ -21,11 +21,10 @@ from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any
 
-from dp_budget_provider.ledger import AdminKey, Policy, PrivacyBudgetLedger
+from dp_budget_provider.ledger import AdminKey, Policy, PrivacyBudgetLedger, Share
 from dp_budget_provider.ledger.accounts.keys import plain_text
 from dp_budget_provider.ledger.windows.calendar import CalendarKind
 from dp_budget_provider.ledger.windows.policy import revised_policy
-from dp_budget_provider.ledger.windows.shares import Share
 
 KEY_OPTION = "admin_key_file"
 # Opens the ledger to act with the administrator's key, as the named actor.

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from dp_budget_provider.ledger.windows.shares import Share
+from dp_budget_provider.ledger import Share
 
 
 class KeyModel(BaseModel):

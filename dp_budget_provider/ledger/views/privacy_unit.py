@@ -59,9 +59,7 @@ def scope_statement(policy: Policy) -> str:
 
 def shares_statement(policy: Policy) -> str:
     """What dividing ``policy``'s cap among principals means for its guarantee."""
-    scope = (
-        f"query type {policy.query_type}" if policy.query_type != ANY else "every query type"
-    )
+    scope = f"query type {policy.query_type}" if policy.query_type != ANY else "every query type"
     parts = ", ".join(
         f"{share.principal} {share.fraction:g} (DAGs {', '.join(share.dags)})"
         for share in policy.shares
