@@ -210,6 +210,11 @@ class ReleaseGate:
         """The cap and calendar in force for (tenant, query type): public to its releases."""
         return self._ledger.policy_for_scope(tenant, query_type)
 
+    def policy_for_release(self, tenant: str, query_type: str, dag: str | None) -> Policy:
+        """The cap a release by DAG ``dag`` is held to at (tenant, query type): its
+        principal's share where the cap is divided, else the scope's (public to it)."""
+        return self._ledger.policy_for_release(tenant, query_type, dag)
+
     def cohort(self, subjects: Any, tenant: str = "default") -> Cohort:
         """Register a cohort (what the handle says depends only on its subjects)."""
         return self._ledger.cohort(subjects, tenant)

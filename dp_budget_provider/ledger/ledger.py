@@ -242,6 +242,7 @@ class PrivacyBudgetLedger:
     policies = _handed_to("_policies", Policies.policies)
     policy_for = _handed_to("_policies", Policies.policy_for)
     policy_for_scope = _handed_to("_policies", Policies.policy_for_scope)
+    policy_for_release = _handed_to("_policies", Policies.policy_for_release)
 
     # ------------------------------------------------------------------ audit
 

@@ -97,7 +97,7 @@ class BudgetSensor(BaseSensorOperator):
         subjects = [self.subject] if self.subject is not None else self.subjects
         try:
             keys = covered_by(subjects, self.query_type, [window], self.tenant)
-            cap = ledger.policy_for_scope(self.tenant, self.query_type).cap_epsilon
+            cap = ledger.policy_for_release(self.tenant, self.query_type, self.dag_id).cap_epsilon
         except ValueError as refusal:
             raise AirflowFailException(f"no release can follow: {refusal}") from None
         if ledger.cost_alone(self.mechanism, self.count) > cap:

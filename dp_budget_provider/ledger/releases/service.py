@@ -50,6 +50,7 @@ from dp_budget_provider.ledger.gate import (
     ReleaseReceipt,
     ReleaseRefused,
 )
+from dp_budget_provider.ledger.windows.shares import dag_of
 
 
 class ReleaseResult(enum.Enum):
@@ -119,14 +120,18 @@ class DeclaredRelease:
         return Mechanism.from_spec(self.mechanism)
 
     def mechanism_on(
-        self, gate: ReleaseGate, log: logging.Logger | logging.LoggerAdapter[Any]
+        self,
+        gate: ReleaseGate,
+        log: logging.Logger | logging.LoggerAdapter[Any],
+        dag: str | None = None,
     ) -> Mechanism:
         """The mechanism to release with: the declared one, or for ``auto`` the least noise
-        with which the release alone fits its target (the scope's cap by default). Planned
+        with which the release alone fits its target (the cap a release by ``dag`` is held
+        to: its share's where the cap is divided, else the scope's, by default). Planned
         on nothing spent, so the choice tells nothing about anyone."""
         if not self.auto:
             return self.fixed_mechanism()
-        cap = gate.policy_for_scope(self.tenant, self.query_type).cap_epsilon
+        cap = gate.policy_for_release(self.tenant, self.query_type, dag).cap_epsilon
         target = min(cap, self.target_epsilon or cap)
         needed = plan_noise_multiplier_for(
             [(RDPAccountant(gate.orders), target)],
@@ -189,7 +194,7 @@ def make_release(
     runs on success and on any failure alike), and the noise is added at most once.
     """
     try:
-        mechanism = declared.mechanism_on(gate, log)
+        mechanism = declared.mechanism_on(gate, log, dag_of(attempt))
     except ValueError as error:  # a release no noise fits: the same on every attempt
         return ReleaseOutcome(ReleaseResult.invalid, error=error)
     plan = declared.plan(mechanism)

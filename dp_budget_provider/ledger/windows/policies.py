@@ -27,7 +27,7 @@ from dp_budget_provider.ledger.windows.policy_store import (
     policy_of_scope,
     write_policy,
 )
-from dp_budget_provider.ledger.windows.shares import Share, parse_share, share_caps
+from dp_budget_provider.ledger.windows.shares import Share, parse_share, principal_of, share_caps
 
 
 class Policies:
@@ -138,3 +138,11 @@ class Policies:
         query_type = canonical_part("query_type", query_type)
         with self._database.reading() as connection:
             return policy_of_scope(self._store.read(connection), tenant, query_type)
+
+    def policy_for_release(self, tenant: str, query_type: str, dag: str | None) -> Policy:
+        """The policy a release by DAG ``dag`` is held to at (tenant, query type): its
+        principal's share where the cap is divided (:mod:`shares`), else the scope's. What
+        noise is planned against and a sensor's "never fits" is decided on."""
+        policy = self.policy_for_scope(tenant, query_type)
+        share = principal_of(policy.shares, dag)
+        return policy if share is None else policy.share_policy(share.principal)
