@@ -193,6 +193,19 @@ class ReleaseGate:
         """What this release alone costs, in eps at the ledger's delta."""
         return self._ledger.epsilon_alone(mechanism, count)
 
+    def checked_alone(self, policy: Policy, mechanism: Mechanism, count: int = 1) -> float:
+        """What ``policy``'s cap is compared with for this release on an account with
+        nothing spent (at its filter order): what noise is planned against. A function
+        of the release and the policy alone."""
+        return self._ledger.checked_alone(policy, mechanism, count)
+
+    def fits_alone(
+        self, tenant: str, query_type: str, mechanism: Mechanism, count: int = 1
+    ) -> bool:
+        """Whether this release alone fits the cap of (tenant, query type): if not, no
+        window ever will. Priced on nothing spent, so it says nothing about anyone."""
+        return self._ledger.fits_an_empty_account(tenant, query_type, mechanism, count)
+
     def fits(self, keys: Covered, mechanism: Mechanism, count: int = 1) -> bool:
         """Whether the release would be granted now: one bit, nothing about why (a sealed
         window, a re-scoped subject or a quarantine answer False like a full cap: told
