@@ -19,6 +19,7 @@ from dp_budget_provider.accounting.calibration import (
     CalibrationInfeasible,
     plan_noise_multiplier,
     plan_noise_multiplier_for,
+    plan_noise_multiplier_where,
 )
 from dp_budget_provider.accounting.conversion import (
     CONVERSIONS,
@@ -72,6 +73,7 @@ __all__ = [
     "gaussian_epsilon",
     "plan_noise_multiplier",
     "plan_noise_multiplier_for",
+    "plan_noise_multiplier_where",
     "rdp_to_epsilon",
     "sample_discrete_gaussian",
     "sample_discrete_laplace",

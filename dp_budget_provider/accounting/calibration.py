@@ -27,6 +27,7 @@ __all__ = [
     "calibrate_analytic_gaussian",
     "plan_noise_multiplier",
     "plan_noise_multiplier_for",
+    "plan_noise_multiplier_where",
 ]
 
 _MAX_NOISE_MULTIPLIER = 1e8
@@ -89,6 +90,18 @@ def plan_noise_multiplier_for(
         raise CalibrationInfeasible(
             f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} keeps {count} more release(s)"
             f" within eps={min(targets)} at delta={delta}: already spent eps={spent_epsilon}"
+        )
+    return _least_fitting(fits, _MAX_NOISE_MULTIPLIER)
+
+
+def plan_noise_multiplier_where(fits: Callable[[float], bool], what: str) -> float:
+    """A least z with ``fits(z)``, for a caller whose test is not an accountant's epsilon
+    against a target (the ledger's cap check, which may count a curve at one Rényi order:
+    a privacy filter). Only a z checked to fit is returned, as above; ``what`` names the
+    release in :class:`CalibrationInfeasible` when even z = 1e8 does not fit."""
+    if not fits(_MAX_NOISE_MULTIPLIER):
+        raise CalibrationInfeasible(
+            f"no noise multiplier up to {_MAX_NOISE_MULTIPLIER:g} fits {what}"
         )
     return _least_fitting(fits, _MAX_NOISE_MULTIPLIER)
 

@@ -92,12 +92,15 @@ def positive_number(text: str) -> float:
 
 
 def filter_order_value(text: str) -> float | str:
-    """A Rényi order above 1, or ``auto`` (the cap's own order)."""
-    if text.strip().lower() == "auto":
-        return "auto"
+    """A Rényi order above 1, ``auto`` (the cap's own order) or ``reported`` (the cap
+    checked on the reported epsilon: not a privacy filter)."""
+    if text.strip().lower() in ("auto", "reported"):
+        return text.strip().lower()
     value = finite_number(text)
     if value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a Rényi order > 1 or 'auto', got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a Rényi order > 1, 'auto' or 'reported', got {text!r}"
+        )
     return value
 
 

@@ -319,7 +319,7 @@ def cmd_policy_list(args: argparse.Namespace) -> int:
             p.calendar.label,
             f"{int(p.min_window.total_seconds())}s",
             f"{int(p.grace.total_seconds())}s",
-            "-" if p.filter_order is None else f"{p.filter_order:g}",
+            "reported" if p.filter_order is None else f"{p.filter_order:g}",
             " ".join(f"{s.principal}={s.fraction:g}" for s in p.shares) or "-",
             p.compliance_clause or "-",
         )

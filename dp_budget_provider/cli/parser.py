@@ -338,9 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--filter-order",
         type=filter_order_value,
         default=None,
-        help="check the cap at this one Rényi order, making it a privacy filter (valid when "
-        "releases are chosen from earlier outputs); 'auto' is the cap's own order. Set it "
-        "before the scope's first release: a charged scope keeps how its cap is checked",
+        help="the one Rényi order the cap is checked at, a privacy filter (valid when "
+        "releases are chosen from earlier outputs); 'auto' is the cap's own order. "
+        "'reported' checks the cap on the reported epsilon, which is not a filter. A charged "
+        "scope keeps how its cap is checked; by default a scope keeps its current one",
     )
     policy_set.add_argument(
         "--share",

@@ -223,6 +223,26 @@ class ReleaseGate:
         """What this release alone costs, in eps at the ledger's delta."""
         return self._ledger.epsilon_alone(mechanism, count)
 
+    def checked_alone(self, policy: Policy, mechanism: Mechanism, count: int = 1) -> float:
+        """What ``policy``'s cap is compared with for this release on an account with
+        nothing spent (at its filter order): what noise is planned against. A function
+        of the release and the policy alone."""
+        return self._ledger.checked_alone(policy, mechanism, count)
+
+    def fits_alone(
+        self,
+        tenant: str,
+        query_type: str,
+        mechanism: Mechanism,
+        count: int = 1,
+        *,
+        dag: str | None = None,
+    ) -> bool:
+        """Whether this release, by DAG ``dag``, alone fits the cap of (tenant, query
+        type) it is held to (its share's where the cap is divided): if not, no window ever
+        will. Priced on nothing spent, so it says nothing about anyone."""
+        return self._ledger.fits_an_empty_account(tenant, query_type, mechanism, count, dag=dag)
+
     def fits(
         self, keys: Covered, mechanism: Mechanism, count: int = 1, *, dag: str | None = None
     ) -> bool:

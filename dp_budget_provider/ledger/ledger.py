@@ -173,6 +173,12 @@ class PrivacyBudgetLedger:
         return self._pricing.conversion
 
     @property
+    def pricing(self) -> Pricing:
+        """How the ledger prices releases and counts spend against a cap (its grid, delta
+        and conversion, fixed for its life)."""
+        return self._pricing
+
+    @property
     def url(self) -> str:
         """The database URL without password."""
         return self._database.url
@@ -216,6 +222,7 @@ class PrivacyBudgetLedger:
     would_exceed = _handed_to("_budget_checks", BudgetChecks.would_exceed)
     fits_an_empty_account = _handed_to("_budget_checks", BudgetChecks.fits_an_empty_account)
     epsilon_alone = _handed_to("_budget_checks", BudgetChecks.epsilon_alone)
+    checked_alone = _handed_to("_budget_checks", BudgetChecks.checked_alone)
     prospective_accountants = _handed_to("_budget_checks", BudgetChecks.prospective_accountants)
     prospective_accountant = _handed_to("_budget_checks", BudgetChecks.prospective_accountant)
     prospective_epsilon = _handed_to("_budget_checks", BudgetChecks.prospective_epsilon)

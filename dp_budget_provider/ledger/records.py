@@ -15,6 +15,7 @@ from dp_budget_provider.ledger.windows.policy import (
     STATE_SEALED,
     STATE_WARNING,
     Policy,
+    within_cap,
 )
 
 OPEN, COMMITTED, RELEASED, REAPED = "open", "committed", "released", "reaped"
@@ -24,9 +25,14 @@ OPEN, COMMITTED, RELEASED, REAPED = "open", "committed", "released", "reaped"
 class SpendReceipt:
     """One account after a debit: its cumulative eps, headroom and warning state.
 
-    ``subjects`` is how many subjects the account's class holds: each of them is at
-    ``epsilon``. ``key`` is the account's (a class label as its subject), or the subject
-    key asked about when the receipt answers for one subject.
+    ``epsilon`` is the eps the ledger reports (the least over the grid, or the exact
+    Gaussian bound); ``remaining``, ``fraction`` and ``warned`` count the spend as the cap
+    check does (:meth:`Pricing.checked_epsilon`: at the policy's filter order), so they
+    say what the cap still grants: an account the filter refuses shows no room, although
+    its reported eps may be below the cap. ``subjects`` is how many subjects the
+    account's class holds: each of them is at ``epsilon``. ``key`` is the account's (a
+    class label as its subject), or the subject key asked about when the receipt answers
+    for one subject.
     """
 
     key: LedgerKey
@@ -61,7 +67,7 @@ class BudgetCheck:
     @property
     def exceeds(self) -> bool:
         """The release would pass ``key``'s cap: reserving it now would be refused."""
-        return self.checked_epsilon > self.cap_epsilon
+        return not within_cap(self.checked_epsilon, self.cap_epsilon)
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,9 @@ class AccountStatus:
     ``held_epsilon`` counts every open reservation as charged too, and
     ``remaining_after_held`` is the cap minus it: what a new release can still get.
     ``warned`` and ``exhausted`` (so the state) are decided on the held spend, since
-    that is what the next release is checked against.
+    that is what the next release is checked against. The epsilons are those the ledger
+    reports; remaining, fraction, warning and exhaustion count the spend as the cap
+    check does (at the policy's filter order: :class:`SpendReceipt`).
 
     ``key`` is a subject's key; ``account`` is the label of the account (spend class)
     holding its spend, and ``subjects`` how many subjects hold it: the class's size (a
@@ -140,17 +148,17 @@ class AccountStatus:
     def of(cls, row: Any, standing: Standing, policy: Policy) -> AccountStatus:
         """The status of a per-subject row (``subject_rows``: the account's columns, the
         subject, the ``account`` label and ``size``), given where it stands and its policy."""
-        committed, held, cap = standing.committed.epsilon, standing.held.epsilon, policy.cap_epsilon
+        checked, cap = standing.checked, policy.cap_epsilon
         return cls(
             key=LedgerKey.from_canonical(row.tenant, row.subject, row.query_type, row.window),
-            epsilon=committed,
+            epsilon=standing.committed.epsilon,
             cap_epsilon=cap,
-            remaining=max(0.0, cap - committed),
-            fraction=committed / cap,
-            held_epsilon=held,
-            remaining_after_held=max(0.0, cap - held),
-            warned=policy.warns_at(held),
-            exhausted=policy.exhausts_at(held, standing.next_epsilon),
+            remaining=max(0.0, cap - checked.committed),
+            fraction=checked.committed / cap,
+            held_epsilon=standing.held.epsilon,
+            remaining_after_held=max(0.0, cap - checked.held),
+            warned=policy.warns_at(checked.held),
+            exhausted=policy.exhausts_at(checked.held, standing.next_epsilon),
             open_reservations=row.open_reservations,
             releases=row.releases,
             method=standing.committed.method,

@@ -110,7 +110,7 @@ class PolicyModel(BaseModel):
     filter_order: float | None = Field(
         None,
         description="the Rényi order the cap is checked at (a privacy filter); null: "
-        "on the reported epsilon",
+        "on the reported epsilon (not a filter under adaptive releases)",
     )
     shares: list[ShareModel] = Field(
         default_factory=list, description="the cap divided among principals (empty: undivided)"
@@ -259,10 +259,11 @@ class PolicyChangeModel(BaseModel):
     horizon_windows: int | None = Field(
         None, description="with across='windows': how many consecutive windows a horizon spans"
     )
-    filter_order: Literal["auto"] | float | None = Field(
+    filter_order: Literal["auto", "reported"] | float | None = Field(
         None,
         description="check the cap at this one Rényi order, a privacy filter ('auto': the "
-        "cap's own); a charged scope keeps how its cap is checked",
+        "cap's own); 'reported': on the reported epsilon, not a filter; left out, a scope "
+        "keeps how its cap is checked (a charged scope must)",
     )
     shares: list[ShareModel] | None = Field(
         None,

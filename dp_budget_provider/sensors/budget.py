@@ -97,10 +97,12 @@ class BudgetSensor(BaseSensorOperator):
         subjects = [self.subject] if self.subject is not None else self.subjects
         try:
             keys = covered_by(subjects, self.query_type, [window], self.tenant)
-            cap = ledger.policy_for_release(self.tenant, self.query_type, self.dag_id).cap_epsilon
+            alone = ledger.fits_alone(
+                self.tenant, self.query_type, self.mechanism, self.count, dag=self.dag_id
+            )
         except ValueError as refusal:
             raise AirflowFailException(f"no release can follow: {refusal}") from None
-        if ledger.cost_alone(self.mechanism, self.count) > cap:
+        if not alone:
             raise AirflowFailException(
                 f"{self.count} x {self.mechanism.to_spec()} exceeds the cap even on an empty "
                 "account: no window will ever fit it"

@@ -49,3 +49,21 @@ def test_a_release_pays_from_its_dag_s_share(ledger, tmp_path):
     assert len(ledger.history(KEY)) == before
     report = ledger.verify()
     assert report.ok, report.problems
+
+
+def test_auto_noise_is_planned_on_the_dag_s_share(ledger, tmp_path):
+    """noise_multiplier="auto" plans the least noise with which the release alone fits the
+    cap its DAG is held to: its share's, where the cap is divided (planned on nothing spent,
+    so it says nothing about anyone)."""
+    out = tmp_path / "out.json"
+    dag = load_dag(release_source(out, mechanism={"kind": "gaussian", "noise_multiplier": "auto"}))
+    ledger.set_policy(
+        Policy(3.0, filter_order="auto", shares=[Share("analytics", 0.4, (dag.dag_id,))])
+    )
+    share = ledger.policy_for_release("default", "heatmap", dag.dag_id)
+    assert share.cap_epsilon < 3.0
+    dag_run = dag.test()
+    assert str(dag_run.state) == "success"
+    receipt = json.loads(out.read_text())["receipt"]
+    assert receipt["share"]["fraction"] == pytest.approx(1.0, abs=1e-3)  # the share, all of it
+    assert receipt["share"]["fraction"] <= 1.0

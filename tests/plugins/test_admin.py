@@ -110,7 +110,8 @@ def test_an_admin_divides_a_cap_among_principals(browser, seeded, admin_token):
     assert form.status_code == 200, form.text
     policy = {p.scope: p for p in seeded.ledger.policies()}[("beta", "*across query types")]
     assert [(s.principal, s.dags) for s in policy.shares] == [
-        ("analytics", ("etl_a",)), ("growth", ("etl_g", "etl_h"))
+        ("analytics", ("etl_a",)),
+        ("growth", ("etl_g", "etl_h")),
     ]
     bad = browser.post(
         "/admin/policy",

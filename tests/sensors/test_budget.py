@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowSkipException, TaskDeferred
 
-from dp_budget_provider.accounting import GaussianMechanism
+from dp_budget_provider.accounting import GaussianMechanism, RDPAccountant, rdp_to_epsilon
 from dp_budget_provider.ledger import (
     BudgetCap,
     Policy,
@@ -103,6 +103,24 @@ def test_a_release_too_big_for_any_window_fails_immediately(ledger, monkeypatch)
 
     with pytest.raises(AirflowFailException, match="no window will ever fit"):
         sensor(mechanism=GaussianMechanism(0.5)).execute({})
+
+
+def test_a_release_the_filter_refuses_alone_fails_immediately(ledger, monkeypatch):
+    """The cap of 3 checked at its filter order, 7.5: a release whose reported epsilon
+    (the exact Gaussian bound) fits the cap alone, but whose curve at that order does not,
+    never fits any window."""
+    ledger.set_policy(Policy(3.0, filter_order="auto"))
+    release = GaussianMechanism(1.45)
+    accountant = RDPAccountant()
+    accountant.compose(release)
+    at_order = np.flatnonzero(accountant.orders == 7.5)
+    checked = rdp_to_epsilon(accountant.orders[at_order], accountant.rdp[at_order], 1e-5)[0]
+    assert accountant.get_epsilon(1e-5)[0] <= 3.0 < checked
+    at(monkeypatch, datetime(2026, 7, 14, 12, 0, tzinfo=UTC))
+    from airflow.sdk.exceptions import AirflowFailException
+
+    with pytest.raises(AirflowFailException, match="no window will ever fit"):
+        sensor(mechanism=release).execute({})
 
 
 def test_no_subject_stands_for_the_empty_account(ledger, monkeypatch):

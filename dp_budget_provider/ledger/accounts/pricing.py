@@ -16,7 +16,7 @@ from dp_budget_provider.accounting import Conversion, EpsilonBound, Mechanism
 from dp_budget_provider.accounting.conversion import conversion_terms
 from dp_budget_provider.accounting.filter import filter_epsilon, filter_order
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
-from dp_budget_provider.ledger.accounts.spend import Spend
+from dp_budget_provider.ledger.accounts.spend import Pending, Spend, prospective
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.records import SpendReceipt
 from dp_budget_provider.ledger.storage import history
@@ -125,6 +125,12 @@ class Pricing:
             self.filter_cache[signature] = found
         return found
 
+    def checked_alone(self, cost: Spend, policy: Policy) -> float:
+        """What the cap of ``policy`` is compared with for a release of ``cost`` on an
+        account with nothing spent: what planning and "can this ever fit" must price,
+        since a release the filter refuses alone is refused on every account."""
+        return self.checked_epsilon(prospective(Spend(), Pending(), cost), policy)
+
     def stored_epsilon(self, rho: float, mu2: float | None) -> float:
         """The epsilon of a prospective spend the server recorded (validated as stored)."""
         spend = Spend.from_columns(rho, None, mu2, self.orders.size)
@@ -138,7 +144,10 @@ class Pricing:
         sizes: Sequence[int],
     ) -> list[SpendReceipt]:
         """Receipts of accounts ``keys`` holding ``spends`` for classes of ``sizes``
-        subjects; each distinct (spend, policy) pair is converted once."""
+        subjects; each distinct (spend, policy) pair is converted once. The epsilon is the
+        one the ledger reports; remaining, fraction and warning are counted as the cap is
+        checked (:meth:`checked_epsilon`), so an account the cap will grant nothing more
+        shows no room."""
         policy_of = policy_lookup(policies)
         made: dict[tuple[int, int], tuple[Any, ...]] = {}
         receipts = []
@@ -147,18 +156,20 @@ class Pricing:
             marker = (id(spend), id(policy))
             fields = made.get(marker)
             if fields is None:
-                fields = made[marker] = _receipt_fields(self.bounds([spend])[0], policy)
+                fields = made[marker] = _receipt_fields(
+                    self.bounds([spend])[0], self.checked_epsilon(spend, policy), policy
+                )
             receipts.append(SpendReceipt(key, *fields, subjects=size))
         return receipts
 
 
-def _receipt_fields(bound: EpsilonBound, policy: Policy) -> tuple[Any, ...]:
+def _receipt_fields(bound: EpsilonBound, checked: float, policy: Policy) -> tuple[Any, ...]:
     """A receipt's values after its key (SpendReceipt's field order)."""
     return (
         bound.epsilon,
-        max(0.0, policy.cap_epsilon - bound.epsilon),
-        bound.epsilon / policy.cap_epsilon,
-        policy.warns_at(bound.epsilon),
+        max(0.0, policy.cap_epsilon - checked),
+        checked / policy.cap_epsilon,
+        policy.warns_at(checked),
         policy.cap_epsilon,
         bound.method,
     )

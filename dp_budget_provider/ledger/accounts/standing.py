@@ -1,5 +1,10 @@
 """Where an account stands: committed eps, held eps, and whether another release still fits.
 
+Epsilons are those the ledger reports; whether a release still fits, and how much room
+is left, are counted as the cap check counts them (:meth:`Pricing.checked_epsilon`, at
+the policy's filter order), so an account is shown exhausted exactly when the cap will
+grant it nothing its scope releases.
+
 An account row stores its committed spend and the summed cost of its open reservations
 (``pending_*``). What people need to read is both: what has been spent, and what is
 spent once every open reservation is charged (the prospective check of the next release
@@ -15,7 +20,7 @@ Accounts charged by the same releases hold the same stored values, so each disti
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,23 +28,29 @@ from typing import Any, Protocol
 import numpy as np
 from sqlalchemy import Connection, select
 
-from dp_budget_provider.accounting import Conversion, EpsilonBound
+from dp_budget_provider.accounting import EpsilonBound
 from dp_budget_provider.ledger.accounts.spend import Pending, Spend, prospective
 from dp_budget_provider.ledger.storage.schema import Account, ReservationKey
 from dp_budget_provider.ledger.storage.schema import Reservation as ReservationRow
+from dp_budget_provider.ledger.windows.policy import Policy
+
+
+class SpendPricing(Protocol):
+    """What a standing needs of the ledger's pricing (:class:`Pricing`, which this module
+    does not import: pricing's receipts are records, and records hold standings)."""
+
+    orders: np.ndarray
+
+    def bounds(self, spends: Sequence[Spend]) -> list[EpsilonBound]: ...
+
+    def checked_epsilon(self, spend: Spend, policy: Policy) -> float: ...
 
 
 class ReadableLedger(Protocol):
-    """What a standing needs of a ledger: its delta and conversion, and a read."""
+    """What a standing needs of a ledger: its pricing, and a read."""
 
     @property
-    def delta(self) -> float: ...
-
-    @property
-    def orders(self) -> np.ndarray: ...
-
-    @property
-    def conversion(self) -> Conversion: ...
+    def pricing(self) -> SpendPricing: ...
 
     def reading(self) -> AbstractContextManager[Connection]: ...
 
@@ -59,17 +70,27 @@ Scope = tuple[str, str]
 
 
 @dataclass(frozen=True)
-class Standing:
-    """An account's committed and held eps, and the eps the next release would bring.
+class Checked:
+    """The committed and held spend of an account as its cap check counts them."""
 
-    ``held`` counts every open reservation as charged. ``next_epsilon`` is the least eps
-    any release its scope has reserved would bring the held spend to; None while the
-    scope has reserved nothing (no release to measure against).
+    committed: float
+    held: float
+
+
+@dataclass(frozen=True)
+class Standing:
+    """An account's committed and held eps, and what the next release would bring.
+
+    ``held`` counts every open reservation as charged. ``checked`` is both as the cap
+    check counts them. ``next_epsilon`` is the least the cap check would count for any
+    release its scope has reserved on top of the held spend; None while the scope has
+    reserved nothing (no release to measure against).
     """
 
     committed: EpsilonBound
     held: EpsilonBound
     next_epsilon: float | None
+    checked: Checked
 
 
 def stored_values(row: Any) -> tuple[Any, ...]:
@@ -78,12 +99,16 @@ def stored_values(row: Any) -> tuple[Any, ...]:
 
 
 class Standings:
-    """The standing of account rows of one ledger, converting each distinct value once."""
+    """The standing of account rows of one ledger, converting each distinct value once.
 
-    def __init__(self, ledger: ReadableLedger) -> None:
+    ``policy_of`` gives the policy over a (tenant, query type): how its cap is checked.
+    """
+
+    def __init__(self, ledger: ReadableLedger, policy_of: Callable[[str, str], Policy]) -> None:
         self._ledger = ledger
-        self._orders = np.asarray(ledger.orders)
-        self._bounds: dict[tuple[Any, ...], EpsilonBound] = {}
+        self._pricing = ledger.pricing
+        self._policy_of = policy_of
+        self._orders = np.asarray(self._pricing.orders)
         self._releases: dict[Scope, list[Spend]] = {}
         self._standings: dict[tuple[Any, ...], Standing] = {}
 
@@ -98,11 +123,7 @@ class Standings:
 
     def epsilon(self, spend: Spend) -> EpsilonBound:
         """The eps of ``spend`` at the ledger's delta (cached by value)."""
-        bound = self._bounds.get(spend.signature)
-        if bound is None:
-            bound = spend.epsilon(self._orders, self._ledger.delta, self._ledger.conversion)
-            self._bounds[spend.signature] = bound
-        return bound
+        return self._pricing.bounds([spend])[0]
 
     def _standing(self, row: Any) -> Standing:
         stored = stored_values(row)
@@ -115,11 +136,18 @@ class Standings:
             )
             held = committed.plus(pending.as_spend())
             releases = self._releases[(row.tenant, row.query_type)]
+            policy = self._policy_of(row.tenant, row.query_type)
+            checked = self._pricing.checked_epsilon
             next_epsilon = min(
-                (self.epsilon(prospective(committed, pending, cost)).epsilon for cost in releases),
+                (checked(prospective(committed, pending, cost), policy) for cost in releases),
                 default=None,
             )
-            standing = Standing(self.epsilon(committed), self.epsilon(held), next_epsilon)
+            standing = Standing(
+                self.epsilon(committed),
+                self.epsilon(held),
+                next_epsilon,
+                Checked(checked(committed, policy), checked(held, policy)),
+            )
             self._standings[stored] = standing
         return standing
 

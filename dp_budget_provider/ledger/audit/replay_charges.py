@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from dp_budget_provider.accounting import Mechanism, rdp_to_epsilon
-from dp_budget_provider.accounting.filter import filter_epsilon
 from dp_budget_provider.ledger.accounts import classes
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
+from dp_budget_provider.ledger.accounts.pricing import Pricing
 from dp_budget_provider.ledger.accounts.spend import Pending, Spend
 from dp_budget_provider.ledger.audit.replay_acts import Configuration
 from dp_budget_provider.ledger.audit.replay_listings import ListingStore
@@ -103,7 +103,8 @@ class Charges:
         # Cohorts named since the last batch was checked against dp_cohorts: (tenant,
         # digest) -> the size named (see ``class_checks.check_named``).
         self.cohorts: dict[tuple[str, str], int] = {}
-        self._bounds: dict[tuple[Any, ...], float] = {}
+        # The ledger's own pricing: verify counts a grant as the cap check counted it.
+        self._pricing = Pricing(settings.orders, settings.delta, settings.conversion)
         self._costs: dict[tuple[str, int], Spend] = {}
         self.corrected_totals = scopes.CorrectedTotals()
 
@@ -131,29 +132,19 @@ class Charges:
         """What the ledger compared with ``policy``'s cap for ``spend`` when it passes the
         cap (with the slack of rounding), None when it does not.
 
-        A policy that fixes its filter order was checked at that order alone (the privacy
-        filter, :mod:`~dp_budget_provider.accounting.filter`). One written before filter
-        orders was checked on the epsilon the ledger reports: the RDP conversion alone
-        bounds that from above (the exact Gaussian bound is only ever lower), so it
-        settles the spends well under their cap without the exact search; the rest are
-        converted exactly, once per distinct spend."""
+        The statistic is the cap check's own (:meth:`Pricing.checked_epsilon`): at the
+        policy's filter order, or for a policy on the reported rule the epsilon the ledger
+        reports. For the latter the RDP conversion alone bounds it from above (the exact
+        Gaussian bound is only ever lower), so it settles the spends well under their cap
+        without the exact search."""
         s = self.settings
         limit = policy.cap_epsilon * (1 + _CAP_SLACK)
-        if isinstance(policy.filter_order, float):
-            checked = filter_epsilon(
-                s.orders, spend.curve(s.orders), policy.filter_order, s.delta, s.conversion
-            )
-            return checked if checked > limit else None
-        rough, _ = rdp_to_epsilon(s.orders, spend.curve(s.orders), s.delta, s.conversion)
-        if rough <= limit:
-            return None
-        signature = spend.signature
-        found = self._bounds.get(signature)
-        if found is None:
-            if len(self._bounds) > 100_000:
-                self._bounds.clear()
-            found = self._bounds[signature] = spend.epsilon(s.orders, s.delta, s.conversion).epsilon
-        return found if found > limit else None
+        if policy.filter_order is None:
+            rough, _ = rdp_to_epsilon(s.orders, spend.curve(s.orders), s.delta, s.conversion)
+            if rough <= limit:
+                return None
+        checked = self._pricing.checked_epsilon(spend, policy)
+        return checked if checked > limit else None
 
     def _live(self, key: LedgerKey) -> KeyState | None:
         state = self.keys.get(key)

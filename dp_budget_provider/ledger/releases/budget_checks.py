@@ -154,12 +154,25 @@ class BudgetChecks:
         query_type: str,
         mechanism: Mechanism | Mapping[str, Any],
         count: int = 1,
+        *,
+        dag: str | None = None,
     ) -> bool:
-        """Whether this release alone fits the cap in force for (tenant, query type): if
-        not, no window will ever fit it. Priced on nothing spent, never on an account (a
-        subject of any name may hold spend)."""
-        cap = self._policies.policy_for_scope(tenant, query_type).cap_epsilon
-        return self.epsilon_alone(mechanism, count) <= cap
+        """Whether this release, by DAG ``dag``, alone fits the cap in force for (tenant,
+        query type) (its share's where the cap is divided): if not, no window will ever
+        fit it. Priced on nothing spent, never on an account (a subject of any name may
+        hold spend), and counted as the cap check counts it (at the policy's filter
+        order): a release the filter refuses alone is refused on every account, whatever
+        its reported epsilon."""
+        policy = self._policies.policy_for_release(tenant, query_type, dag)
+        return policy.admits(self.checked_alone(policy, mechanism, count))
+
+    def checked_alone(
+        self, policy: Policy, mechanism: Mechanism | Mapping[str, Any], count: int = 1
+    ) -> float:
+        """What the cap of ``policy`` is compared with for this release on an account with
+        nothing spent (:meth:`Pricing.checked_alone`): what noise is planned against."""
+        cost = self._pricing.cost(mechanism_of(mechanism), check.count("count", count))
+        return self._pricing.checked_alone(cost, policy)
 
     def epsilon_alone(self, mechanism: Mechanism | Mapping[str, Any], count: int = 1) -> float:
         """What this release costs on its own, in eps at the ledger's delta: priced as the

@@ -184,7 +184,7 @@ class Reservations:
                 found = totals[marker] = (total, self._pricing.bounds([total])[0])
             policy = policy_of(key)
             checked = self._pricing.checked_epsilon(found[0], policy)
-            if checked > policy.cap_epsilon:
+            if not policy.admits(checked):
                 example = classes.example_subject(pipe.core(), key)
                 raise BudgetExhausted(example, checked, policy.cap_epsilon)
             worst = max(worst, found[1].epsilon)

@@ -37,9 +37,9 @@ from typing import Any
 from dp_budget_provider.accounting import (
     GaussianMechanism,
     Mechanism,
-    RDPAccountant,
-    plan_noise_multiplier_for,
+    plan_noise_multiplier_where,
 )
+from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.answer_rule import AnswerRule
 from dp_budget_provider.accounting.release import NoiseKind, NoisePlan, plan_noise
 from dp_budget_provider.ledger.accounts.classes import subjects_in
@@ -126,19 +126,24 @@ class DeclaredRelease:
         dag: str | None = None,
     ) -> Mechanism:
         """The mechanism to release with: the declared one, or for ``auto`` the least noise
-        with which the release alone fits its target (the cap a release by ``dag`` is held
-        to: its share's where the cap is divided, else the scope's, by default). Planned
-        on nothing spent, so the choice tells nothing about anyone."""
+        with which the release alone costs at most its target (the scope's cap by default)
+        and fits the cap as the scope's cap check counts it (at its filter order: noise
+        planned on the reported epsilon alone could be refused by the filter on an empty
+        account). Planned on nothing spent, so the choice tells nothing about anyone."""
         if not self.auto:
             return self.fixed_mechanism()
-        cap = gate.policy_for_release(self.tenant, self.query_type, dag).cap_epsilon
-        target = min(cap, self.target_epsilon or cap)
-        needed = plan_noise_multiplier_for(
-            [(RDPAccountant(gate.orders), target)],
-            gate.delta,
-            self.count,
-            gate.conversion,
-            mechanism_for=lambda z: self.plan(GaussianMechanism(z)).charged,
+        policy = gate.policy_for_release(self.tenant, self.query_type, dag)
+        target = min(policy.cap_epsilon, self.target_epsilon or policy.cap_epsilon)
+        target = check.positive("target_epsilon", target)
+
+        def fits(noise_multiplier: float) -> bool:
+            charged = self.plan(GaussianMechanism(noise_multiplier)).charged
+            return gate.cost_alone(charged, self.count) <= target and policy.admits(
+                gate.checked_alone(policy, charged, self.count)
+            )
+
+        needed = plan_noise_multiplier_where(
+            fits, f"{self.count} release(s) within eps={target} at delta={gate.delta}"
         )
         log.info("noise_multiplier='auto' resolved to %.6g (target eps %g)", needed, target)
         return GaussianMechanism(needed)

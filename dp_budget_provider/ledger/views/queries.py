@@ -143,8 +143,8 @@ def find_accounts(
     limit, offset = page_bounds(limit, offset)
     if sort not in SORTS:
         raise ValueError(f"sort must be one of {', '.join(SORTS)}; got {sort!r}")
-    standings = Standings(ledger)
     policies = PolicyCache(ledger)
+    standings = Standings(ledger, policies)
     if filters.state is None and sort in SQL_SORTS:
         return _sql_page(ledger, filters, sort, descending, limit, offset, standings, policies)
     groups = _groups(ledger, filters, standings, policies)
@@ -188,13 +188,13 @@ class _Group:
         return (self.tenant, self.query_type, *self.spend)
 
     def value(self, sort: str) -> float:
-        epsilon, cap = self.standing.committed.epsilon, self.policy.cap_epsilon
+        checked, cap = self.standing.checked, self.policy.cap_epsilon
         if sort == "epsilon":
-            return epsilon
-        if sort == "fraction":
-            return epsilon / cap
+            return self.standing.committed.epsilon
+        if sort == "fraction":  # as AccountStatus counts them: as the cap check does
+            return checked.committed / cap
         if sort == "remaining":  # what a new release can still get: after the held spend
-            return max(0.0, cap - self.standing.held.epsilon)
+            return max(0.0, cap - checked.held)
         return _STATE_RANK[self.state]
 
 
@@ -218,7 +218,7 @@ def _groups(
                 int(row.size),
                 standing,
                 policy,
-                policy.state_at(standing.held.epsilon, standing.next_epsilon),
+                policy.state_at(standing.checked.held, standing.next_epsilon),
             )
         )
     return groups
@@ -372,7 +372,9 @@ def account_status(ledger: PrivacyBudgetLedger, key: LedgerKey) -> AccountStatus
                 break
     if row is None:
         return None
-    return AccountStatus.of(row, Standings(ledger).of_row(row), ledger.policy_for(key))
+    policies = PolicyCache(ledger)
+    standing = Standings(ledger, policies).of_row(row)
+    return AccountStatus.of(row, standing, policies(row.tenant, row.query_type))
 
 
 def subject_totals(ledger: PrivacyBudgetLedger, key: LedgerKey) -> list[AccountStatus]:

@@ -19,7 +19,11 @@ from dp_budget_provider.ledger.storage import history, statements
 from dp_budget_provider.ledger.storage.schema import HistoryEntry
 from dp_budget_provider.ledger.storage.schema import Reservation as ReservationRow
 from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
-from dp_budget_provider.ledger.windows.policy_store import PolicyStore, policy_for
+from dp_budget_provider.ledger.windows.policy_store import (
+    PolicyStore,
+    policy_for,
+    policy_of_scope,
+)
 
 
 class Reading:
@@ -37,7 +41,7 @@ class Reading:
         self._pricing = pricing
         self._holdings = holdings
         self._store = store
-        self._readable = readable  # what a standing reads: grid, delta, conversion, a read
+        self._readable = readable  # what a standing reads: pricing, a read
 
     # ------------------------------------------------------------------ reading
 
@@ -126,9 +130,10 @@ class Reading:
         with self._database.reading() as connection:
             rows = list(connection.execute(query))
             policies = self._store.read(connection)
+        standings = Standings(self._readable, lambda t, q: policy_of_scope(policies, t, q))
         return [
             AccountStatus.of(row, standing, policy_for(policies, LedgerKey.from_row(row)))
-            for row, standing in zip(rows, Standings(self._readable).of_rows(rows), strict=True)
+            for row, standing in zip(rows, standings.of_rows(rows), strict=True)
         ]
 
     def history(

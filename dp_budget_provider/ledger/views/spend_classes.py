@@ -96,7 +96,7 @@ def _classes(ledger: PrivacyBudgetLedger, filters: AccountFilter) -> list[SpendC
             int(row.size),
             AccountStatus.of(row, standing, policies(row.tenant, row.query_type)),
         )
-        for row, standing in zip(rows, Standings(ledger).of_rows(rows), strict=True)
+        for row, standing in zip(rows, Standings(ledger, policies).of_rows(rows), strict=True)
     ]
     if filters.state is not None:  # AccountFilter spells it as AccountStatus.state does
         classes = [c for c in classes if c.status.state == filters.state]
@@ -179,10 +179,11 @@ def class_members(
             .limit(limit)
         )
         rows = list(connection.execute(members))
-    policy = PolicyCache(ledger)(shared.tenant, shared.query_type)
+    policies = PolicyCache(ledger)
+    policy = policies(shared.tenant, shared.query_type)
     items = [
         AccountStatus.of(row, standing, policy)
-        for row, standing in zip(rows, Standings(ledger).of_rows(rows), strict=True)
+        for row, standing in zip(rows, Standings(ledger, policies).of_rows(rows), strict=True)
     ]
     return Page(total=int(shared.size), offset=offset, limit=limit, items=items)
 

@@ -8,6 +8,7 @@ a policy its administrator did not sign.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from sqlalchemy import select
 
@@ -20,7 +21,13 @@ from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import LedgerConfig
 from dp_budget_provider.ledger.storage.schema import Window as WindowRow
 from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
-from dp_budget_provider.ledger.windows.policy import ANY, Policy, checked_at
+from dp_budget_provider.ledger.windows.policy import (
+    ANY,
+    AUTO_ORDER,
+    REPORTED,
+    Policy,
+    checked_at,
+)
 from dp_budget_provider.ledger.windows.policy_store import (
     PolicyStore,
     policy_lookup,
@@ -59,9 +66,11 @@ class Policies:
 
         Likewise a charged scope keeps how its cap is checked: at the one Rényi order of
         its ``filter_order`` (a privacy filter, :mod:`~dp_budget_provider.accounting.filter`,
-        valid only with its order fixed before its first release; ``"auto"``: the cap's
-        own order), or without one on the epsilon the ledger reports. A policy that would
-        check a charged scope otherwise is refused.
+        valid only with its order fixed before its first release), or on the epsilon the
+        ledger reports (``None``, not a filter: scopes charged so before filters were the
+        default). ``"auto"`` (the default) is the order the charged (tenant, query type)
+        pairs the policy governs are checked at, where they all are at one, else the
+        cap's own order. A policy that would check a charged scope otherwise is refused.
         """
         if not isinstance(policy, Policy):
             raise ValueError(f"policy must be a Policy, got {policy!r}")
@@ -86,7 +95,7 @@ class Policies:
                 ).all()
             ]
             before = policy_lookup(stored)
-            order = self._pricing.fixed_order(policy.filter_order, policy.cap_epsilon)
+            order = self._order(policy, charged, stored)
             policy = dataclasses.replace(
                 policy, filter_order=order, shares=self._priced_shares(policy, order)
             )
@@ -107,8 +116,8 @@ class Policies:
                         f"tenant {tenant!r}, query type {query_type!r} has been charged with "
                         f"its cap checked {checked_at(was_order)}; a policy checking it "
                         f"{checked_at(order)} would not be one privacy filter (a filter's "
-                        "order is fixed before its first release). Keep its filter_order, or "
-                        "use a new query type"
+                        "order is fixed before its first release). Keep its filter_order "
+                        f"({_spelled(was_order)}), or use a new query type"
                     )
             write_policy(
                 connection, self._journal, self._store.authority, policy, clock.stamp(clock.now())
@@ -120,6 +129,20 @@ class Policies:
         if not policy.shares or order is None:
             return policy.shares
         return share_caps(policy.shares, policy.cap_epsilon, self._pricing.conversion_term(order))
+
+    def _order(
+        self, policy: Policy, charged: list[LedgerKey], stored: Mapping[tuple[str, str], Policy]
+    ) -> float | None:
+        """``policy``'s filter order as it is stored: ``"auto"`` the one order the charged
+        pairs it governs are checked at (a change of cap keeps a filter's order), else
+        the cap's own."""
+        order = policy.filter_order
+        if order == AUTO_ORDER:
+            before, governs = policy_lookup(stored), policy_lookup({**stored, policy.scope: policy})
+            was = {before(p).filter_order for p in charged if governs(p).scope == policy.scope}
+            if len(was) == 1 and isinstance(kept := next(iter(was)), float):
+                return kept
+        return self._pricing.fixed_order(order, policy.cap_epsilon)
 
     def policies(self) -> list[Policy]:
         """Every stored policy, default first."""
@@ -146,3 +169,8 @@ class Policies:
         policy = self.policy_for_scope(tenant, query_type)
         share = principal_of(policy.shares, dag)
         return policy if share is None else policy.share_policy(share.principal)
+
+
+def _spelled(order: float | None) -> str:
+    """A stored filter order as ``filter_order`` (and ``--filter-order``) is given."""
+    return REPORTED if order is None else f"{order:g}"

@@ -31,8 +31,11 @@ ACROSS_QUERY_TYPES = "*across query types"
 ACROSS_WINDOWS = "*across windows"
 SCOPE_QUERY_TYPES = {"query_types": ACROSS_QUERY_TYPES, "windows": ACROSS_WINDOWS}
 SCOPE_ACCOUNTS = frozenset(SCOPE_QUERY_TYPES.values())
-# A policy's filter order chosen by its cap (``Policy(filter_order="auto")``).
+# A policy's filter order chosen by its cap (``Policy(filter_order="auto")``, the default).
 AUTO_ORDER = "auto"
+# The spelling of a cap checked on the reported epsilon instead of at one order (not a
+# privacy filter under adaptive releases: docs/accounting.md). Held as None, stored NULL.
+REPORTED = "reported"
 DEFAULT_MIN_WINDOW = timedelta(days=1)
 # How long after a window ends late, retried and backfilled runs may still be charged to
 # it, before maintenance may seal it. Scheduled runs start after their data interval
@@ -90,9 +93,10 @@ class Policy:
     across: str | None = None
     horizon_windows: int | None = None
     # The one Rényi order the cap is checked at, making it a privacy filter (see
-    # :mod:`~dp_budget_provider.accounting.filter`); "auto": the cap's own order, written
-    # down by ``set_policy``. None: the cap is checked on the epsilon the ledger reports.
-    # A charged scope keeps it.
+    # :mod:`~dp_budget_provider.accounting.filter`). "auto": the cap's own order, or the
+    # order a charged scope is already checked at, written down by ``set_policy``. None
+    # (spelled "reported" too): the cap is checked on the epsilon the ledger reports,
+    # which is not a filter under adaptive releases. A charged scope keeps it.
     filter_order: float | str | None = None
     # The scope's cap divided among principals (:mod:`shares`); empty: not divided.
     shares: tuple[Share, ...] = ()
@@ -106,14 +110,17 @@ class Policy:
             raise ValueError(f"calendar must be a WindowCalendar, got {self.calendar!r}")
         self._scope_of_policy()
         order = self.filter_order
-        if order is not None and order != AUTO_ORDER:
+        if order == REPORTED:
+            object.__setattr__(self, "filter_order", None)
+        elif order is not None and order != AUTO_ORDER:
             if (
                 isinstance(order, bool)
                 or not isinstance(order, int | float)
                 or not (1.0 < float(order) < float("inf"))
             ):
                 raise ValueError(
-                    f"filter_order must be a Rényi order above 1, or {AUTO_ORDER!r}, got {order!r}"
+                    f"filter_order must be a Rényi order above 1, {AUTO_ORDER!r} or "
+                    f"{REPORTED!r}, got {order!r}"
                 )
             object.__setattr__(self, "filter_order", float(order))
         object.__setattr__(
@@ -216,6 +223,11 @@ class Policy:
             shares=(),
         )
 
+    def admits(self, checked_epsilon: float) -> bool:
+        """Whether the cap grants an account whose spend, with the release asked for, the
+        cap check counts as ``checked_epsilon`` (:meth:`Pricing.checked_epsilon`)."""
+        return within_cap(checked_epsilon, self.cap_epsilon)
+
     def warns_at(self, epsilon: float) -> bool:
         """True once ``epsilon`` reaches the warning fraction of the cap."""
         return epsilon >= self.warn_fraction * self.cap_epsilon
@@ -231,7 +243,7 @@ class Policy:
         """
         if epsilon >= self.cap_epsilon:
             return True
-        return next_epsilon is not None and next_epsilon > self.cap_epsilon
+        return next_epsilon is not None and not self.admits(next_epsilon)
 
     def state_at(self, epsilon: float, next_epsilon: float | None = None) -> str:
         """The state an account holding ``epsilon`` is shown in: ``ok``, ``WARNING`` (past
@@ -241,6 +253,13 @@ class Policy:
         return STATE_WARNING if self.warns_at(epsilon) else STATE_OK
 
 
+def within_cap(checked_epsilon: float, cap_epsilon: float) -> bool:
+    """The cap decision, the one comparison every grant, check, plan and state makes:
+    what the cap check counts (the filter's statistic at the policy's order, or the
+    reported epsilon) may reach the cap, not pass it."""
+    return checked_epsilon <= cap_epsilon
+
+
 STATE_OK, STATE_WARNING, STATE_EXHAUSTED = "ok", "WARNING", "EXHAUSTED"
 STATE_RESCOPED = "RESCOPED"
 STATE_SEALED = "SEALED"  # the window is sealed: the final spend, never charged again
@@ -248,7 +267,7 @@ STATE_SEALED = "SEALED"  # the window is sealed: the final spend, never charged 
 
 def checked_at(order: float | str | None) -> str:
     """How a cap with this ``filter_order`` is checked, as people read it."""
-    if order is None:
+    if order is None or order == REPORTED:
         return "on the reported epsilon"
     return f"at Rényi order {order:g}" if isinstance(order, float) else f"at order {order}"
 
@@ -297,6 +316,9 @@ def revised_policy(
     its number of windows unless ``horizon_windows`` is given, and a scope its filter
     order unless ``filter_order`` is given (a charged scope keeps it: ``set_policy``),
     and its shares unless ``shares`` is given (empty: the cap is no longer divided).
+
+    its number of windows unless ``horizon_windows`` is given, and a scope how its cap is
+    checked unless ``filter_order`` is given (a charged scope keeps it: ``set_policy``).
     """
     tenant = canonical_part("tenant", tenant)
     query_type = canonical_part("query_type", query_type)
@@ -340,7 +362,8 @@ def revised_policy(
         grace=kept(grace, current and current.grace, DEFAULT_GRACE),
         compliance_clause=kept(compliance_clause, current and current.compliance_clause, ""),
         horizon_windows=horizon,
-        filter_order=kept(filter_order, current and current.filter_order, None),
         shares=tuple(shares) if shares is not None else current.shares if current else (),
+        # A kept None is the reported rule, not "not given".
+        filter_order=kept(filter_order, current and (current.filter_order or REPORTED), REPORTED),
     )
     return policy, current is None

@@ -204,6 +204,10 @@ def write_policy(
 ) -> None:
     """Create or replace the policy of ``policy.scope``, signed by the administrator (on
     a ledger that has one), with its history entry."""
+    if isinstance(policy.filter_order, str):  # "auto" is set_policy's to resolve
+        raise ValueError(
+            f"a policy is stored with its filter order resolved, not {policy.filter_order!r}"
+        )
     record = policy.as_record()
     signature = authority.sign_policy(record) if authority.trusted is not None else None
     values = {k: v for k, v in record.items() if k not in ("tenant", "query_type")}
