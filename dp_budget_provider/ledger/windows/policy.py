@@ -31,7 +31,7 @@ ACROSS_QUERY_TYPES = "*across query types"
 ACROSS_WINDOWS = "*across windows"
 SCOPE_QUERY_TYPES = {"query_types": ACROSS_QUERY_TYPES, "windows": ACROSS_WINDOWS}
 SCOPE_ACCOUNTS = frozenset(SCOPE_QUERY_TYPES.values())
-# A policy's filter order chosen by its cap (``Policy(filter_order="auto")``, the default).
+# A policy's filter order chosen by its cap (``Policy(filter_order="auto")``).
 AUTO_ORDER = "auto"
 # The spelling of a cap checked on the reported epsilon instead of at one order (not a
 # privacy filter under adaptive releases: docs/accounting.md). Held as None, stored NULL.
