@@ -46,6 +46,7 @@ from dp_budget_provider.ledger.records import (
     SpendReceipt,
     VerifyReport,
 )
+from dp_budget_provider.ledger.releases.guarantee import CohortSizeBucket, ReleaseGuarantee
 from dp_budget_provider.ledger.releases.lease import lease_of_seconds
 from dp_budget_provider.ledger.releases.service import (
     DeclaredRelease,
@@ -87,6 +88,7 @@ __all__ = [
     "ClockSkew",
     "Cohort",
     "CohortKeys",
+    "CohortSizeBucket",
     "DeclaredRelease",
     "LedgerConfigMismatch",
     "LedgerCorrupt",
@@ -100,6 +102,7 @@ __all__ = [
     "Policy",
     "PrivacyBudgetLedger",
     "ReleaseGate",
+    "ReleaseGuarantee",
     "ReleaseOutcome",
     "ReleaseReceipt",
     "ReleaseRefused",
