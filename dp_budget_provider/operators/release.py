@@ -22,7 +22,9 @@ keys and the attempt in the task's context and turns the service's named outcome
 XCom, metrics and Airflow exceptions.
 
 A released value's guarantee (cost, noise, windows, the cohort's size bucket: see
-``ReleaseGuarantee``) goes into the asset event of each outlet Asset (``outlets.py``).
+``ReleaseGuarantee``) goes into the asset event of each outlet Asset (``outlets.py``)
+and into the task's OpenLineage run facet (``dp_budget_provider/openlineage``, imported
+only when the OpenLineage provider asks for it).
 """
 
 from __future__ import annotations
@@ -208,7 +210,7 @@ class DPReleaseOperator(BaseOperator):
         self.dp_budget_conn_id = dp_budget_conn_id
         # At parse time, so that a bad spec, sensitivity or granularity never reaches a run.
         self._declared()
-        # This attempt's guarantee once charged.
+        # This attempt's guarantee once charged, for the lineage methods (run after execute).
         self._guarantee: ReleaseGuarantee | None = None
 
     # ------------------------------------------------------------------ declaration
@@ -290,6 +292,23 @@ class DPReleaseOperator(BaseOperator):
             publish_guarantee(context["outlet_events"], outlets, self._guarantee)
         self._report(summary, context)
         return outcome.value
+
+    # ------------------------------------------------------------------ lineage
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage of a released value: its guarantee facet, inlets and outlets."""
+        return self._lineage()
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
+        """OpenLineage of a failed attempt: the guarantee facet if it was charged."""
+        return self._lineage()
+
+    def _lineage(self) -> Any:
+        """This attempt's ``OperatorLineage``; OpenLineage is imported here, not with the
+        module, so the operator runs without the OpenLineage provider."""
+        from dp_budget_provider.openlineage.lineage import release_lineage
+
+        return release_lineage(self._guarantee, self.inlets, self.outlets)
 
     def _report(self, summary: dict[str, Any], context: Any) -> None:
         """Count the release; in an exposed gate, warn (and notify) past the warning
