@@ -122,3 +122,39 @@ def test_an_asset_alias_outlet_is_refused_before_anything_is_reserved(ledger, tm
     dag_run, ran = run_release(tmp_path, 'AssetAlias("dp-releases")')
     assert task_states(dag_run)["release"] == "failed" and not ran
     assert ledger.history() == before
+
+
+TASKFLOW_DAG = """
+from datetime import datetime, timezone
+from airflow.sdk import DAG, Asset, task
+
+with DAG("DAG_ID", schedule=None, start_date=datetime(2026, 1, 1, tzinfo=timezone.utc)) as dag:
+    @task.dp_release(
+        mechanism={mechanism!r},
+        l1_sensitivity=1.0,
+        granularity=1,
+        subjects={subjects!r},
+        query_type="visit_counts",
+        window={window!r},
+        outlets=[{outlet}],
+    )
+    def total() -> int:
+        return 50
+
+    total()
+"""
+
+
+def test_the_taskflow_form_publishes_the_same_guarantee(ledger, tmp_path):
+    asset, uri = fresh_asset()
+    source = TASKFLOW_DAG.format(
+        mechanism=MECHANISM, subjects=SUBJECTS, window=WINDOW, outlet=asset
+    )
+    dag_run = load_dag(source).test()
+    assert str(dag_run.state) == "success"
+    (event,) = asset_events(uri)
+    receipt = stored_xcom(dag_run, "total", "dp_budget_receipt")
+    guarantee = event["extra"]["dp_guarantee"]
+    assert guarantee["reservation_id"] == receipt["reservation_id"]
+    assert guarantee["epsilon"] == receipt["epsilon"] > 0
+    assert guarantee["cohort_size"] == {"at_least": 10, "below": 100}
