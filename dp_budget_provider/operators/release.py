@@ -288,7 +288,7 @@ class DPReleaseOperator(BaseOperator):
         context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
         if outcome.error is not None:
             raise outcome.error
-        if self._guarantee is not None:  # released: always charged, so always present
+        if outlets and self._guarantee is not None:  # released: charged, so it has one
             publish_guarantee(context["outlet_events"], outlets, self._guarantee)
         self._report(summary, context)
         return outcome.value
