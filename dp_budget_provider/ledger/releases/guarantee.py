@@ -8,7 +8,7 @@ more than the receipt already says:
 
 ==================  ============================================================
 ``reservation_id``  the ledger's reservation: what an administrator looks up
-``mechanism``       the mechanism charged (a noise-free spec, e.g. zCDP rho)
+``mechanism``       the mechanism charged, as a spec (the discrete one for lattice noise)
 ``noise``           ``lattice`` (exact discrete noise) or ``unsafe_float``
 ``noise_std``       the standard deviation of the noise on each value
 ``epsilon``         what this release alone costs, at ``delta``
