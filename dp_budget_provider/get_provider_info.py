@@ -103,6 +103,15 @@ def get_provider_info() -> dict[str, Any]:
             ),
         ],
         "extra-links": ["dp_budget_provider.plugins.links.DPBudgetAccountLink"],
+        "asset-uris": [
+            {
+                "schemes": ["dp-release"],
+                "handler": "dp_budget_provider.assets.dp_release.sanitize_uri",
+                "to_openlineage_converter": (
+                    "dp_budget_provider.assets.dp_release.convert_asset_to_openlineage"
+                ),
+            }
+        ],
         "task-decorators": [
             {
                 "name": "dp_release",

@@ -33,6 +33,10 @@ def test_every_registered_module_and_class_imports():
     for decorator in info["task-decorators"]:
         module, _, name = decorator["class-name"].rpartition(".")
         assert callable(getattr(importlib.import_module(module), name))
+    for scheme in info["asset-uris"]:
+        for path in (scheme["handler"], scheme["to_openlineage_converter"]):
+            module, _, name = path.rpartition(".")
+            assert callable(getattr(importlib.import_module(module), name))
 
 
 def test_entry_point_is_installed():

@@ -164,7 +164,17 @@ KNOWN_ADAPTER_REACHES = {
     ("plugins.templates", "ledger.windows.calendar"),
 }
 
-ADAPTERS = ("hooks", "operators", "sensors", "triggers", "plugins", "decorators", "cli")
+ADAPTERS = (
+    "hooks",
+    "operators",
+    "sensors",
+    "triggers",
+    "plugins",
+    "decorators",
+    "cli",
+    "assets",
+    "openlineage",
+)
 
 
 def _layer(module: str) -> str:

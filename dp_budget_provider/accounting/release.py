@@ -33,6 +33,7 @@ from typing import Any, Literal
 import numpy as np
 
 from dp_budget_provider.accounting import noise as samplers
+from dp_budget_provider.accounting import spread as spreads
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.accounting.answer_rule import AnswerRule
 from dp_budget_provider.accounting.lattice import Lattice, inflation_units
@@ -94,6 +95,21 @@ class NoisePlan:
     def granularity(self) -> float | None:
         """The spacing of every value the release can output (None: float noise)."""
         return None if self.lattice is None else float(self.lattice.granularity)
+
+    @property
+    def noise_std(self) -> float:
+        """The standard deviation of the noise added to each value, in the answer's units:
+        of the distribution drawn (discrete on the lattice, continuous for unsafe float
+        noise), which is what a reader of the release needs to judge its accuracy."""
+        if self.lattice is None:
+            std = spreads.gaussian_std if self.family == "gaussian" else spreads.laplace_std
+            return std(self.spread)
+        units = self.lattice.in_units(self.spread)
+        if self.family == "gaussian":
+            in_units = spreads.discrete_gaussian_std(units)
+        else:
+            in_units = spreads.discrete_laplace_std(units)
+        return in_units * float(self.lattice.granularity)
 
     def add_noise(self, answer: Any, *, seed: int | None = None) -> Any:
         """The noisy release as plain JSON-serialisable Python (number or nested lists).

@@ -46,6 +46,7 @@ from dp_budget_provider.ledger.records import (
     SpendReceipt,
     VerifyReport,
 )
+from dp_budget_provider.ledger.releases.guarantee import CohortSizeBucket, ReleaseGuarantee
 from dp_budget_provider.ledger.releases.lease import lease_of_seconds
 from dp_budget_provider.ledger.releases.service import (
     DeclaredRelease,
@@ -88,6 +89,7 @@ __all__ = [
     "ClockSkew",
     "Cohort",
     "CohortKeys",
+    "CohortSizeBucket",
     "DeclaredRelease",
     "LedgerConfigMismatch",
     "LedgerCorrupt",
@@ -102,6 +104,7 @@ __all__ = [
     "Share",
     "PrivacyBudgetLedger",
     "ReleaseGate",
+    "ReleaseGuarantee",
     "ReleaseOutcome",
     "ReleaseReceipt",
     "ReleaseRefused",

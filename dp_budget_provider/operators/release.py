@@ -20,6 +20,11 @@ The sequence itself is the ledger's release service (``make_release``,
 ``dp_budget_provider/ledger/releases/service.py``, no Airflow): the operator finds the
 keys and the attempt in the task's context and turns the service's named outcome into
 XCom, metrics and Airflow exceptions.
+
+A released value's guarantee (cost, noise, windows, the cohort's size bucket: see
+``ReleaseGuarantee``) goes into the asset event of each outlet Asset (``outlets.py``)
+and into the task's OpenLineage run facet (``dp_budget_provider/openlineage``, imported
+only when the OpenLineage provider asks for it).
 """
 
 from __future__ import annotations
@@ -43,11 +48,13 @@ from dp_budget_provider.ledger import (
     DeclaredRelease,
     LedgerKey,
     ReleaseGate,
+    ReleaseGuarantee,
     ReleaseResult,
     SubjectSource,
     covered_by,
     make_release,
 )
+from dp_budget_provider.operators.outlets import publish_guarantee, release_outlets
 from dp_budget_provider.plugins.links import DPBudgetAccountLink
 
 RECEIPT_XCOM_KEY = "dp_budget_receipt"
@@ -130,6 +137,10 @@ class DPReleaseOperator(BaseOperator):
     :param nan_value: what a NaN in the exact answer becomes before noise (default 0).
     :param on_exhausted: ``"fail"`` (raise :class:`DPBudgetExhaustedError`) or ``"skip"``.
     :param on_budget_warning: a notifier called when a key passes its warning fraction.
+
+    Outlets: each outlet Asset's event carries the release's guarantee in its extra, under
+    ``"dp_guarantee"`` (see :mod:`dp_budget_provider.operators.outlets`); an
+    ``AssetAlias`` outlet is refused.
     """
 
     template_fields: Sequence[str] = (
@@ -199,6 +210,8 @@ class DPReleaseOperator(BaseOperator):
         self.dp_budget_conn_id = dp_budget_conn_id
         # At parse time, so that a bad spec, sensitivity or granularity never reaches a run.
         self._declared()
+        # This attempt's guarantee once charged, for the lineage methods (run after execute).
+        self._guarantee: ReleaseGuarantee | None = None
 
     # ------------------------------------------------------------------ declaration
 
@@ -244,16 +257,19 @@ class DPReleaseOperator(BaseOperator):
     # ------------------------------------------------------------------ execute
 
     def execute(self, context: Any) -> Any:
+        self._guarantee = None
         gate = DPBudgetHook(dp_budget_conn_id=self.dp_budget_conn_id).get_ledger()
         warn_overdue_maintenance(gate, self.log)
         try:
             keys = self._keys(gate, context)
-        except ValueError as refusal:  # bad subjects or windows: the same on every try
+            outlets = release_outlets(self.outlets)
+        except ValueError as refusal:  # bad subjects, windows or outlets: on every try
             raise AirflowFailException(f"no release: {refusal}") from None
         answer = partial(self.python_callable, *self.op_args, **self.op_kwargs)
         outcome = make_release(
             gate, self._declared(), keys, answer, attempt=attempt_id(context), log=self.log
         )
+        self._guarantee = ReleaseGuarantee.of(outcome, keys, gate.delta)
         summary = outcome.summary
         match outcome.result:
             case ReleaseResult.invalid:  # a release no noise fits, bad keys: on every try
@@ -272,8 +288,27 @@ class DPReleaseOperator(BaseOperator):
         context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
         if outcome.error is not None:
             raise outcome.error
+        if outlets and self._guarantee is not None:  # released: charged, so it has one
+            publish_guarantee(context["outlet_events"], outlets, self._guarantee)
         self._report(summary, context)
         return outcome.value
+
+    # ------------------------------------------------------------------ lineage
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage of a released value: its guarantee facet, inlets and outlets."""
+        return self._lineage()
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
+        """OpenLineage of a failed attempt: the guarantee facet if it was charged."""
+        return self._lineage()
+
+    def _lineage(self) -> Any:
+        """This attempt's ``OperatorLineage``; OpenLineage is imported here, not with the
+        module, so the operator runs without the OpenLineage provider."""
+        from dp_budget_provider.openlineage.lineage import release_lineage
+
+        return release_lineage(self._guarantee, self.inlets, self.outlets)
 
     def _report(self, summary: dict[str, Any], context: Any) -> None:
         """Count the release; in an exposed gate, warn (and notify) past the warning

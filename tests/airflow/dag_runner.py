@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sqlite3
 import textwrap
 import uuid
 from pathlib import Path
@@ -64,3 +65,42 @@ def stored_xcom(dag_run: Any, task_id: str, key: str) -> Any:
         except ValueError:
             return value
     return value
+
+
+def asset_events(uri: str) -> list[dict[str, Any]]:
+    """The asset events of the Asset ``uri`` as stored in the metadata database, oldest
+    first: each one's source (dag, task, run) and extra."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(AssetEvent)
+            .join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+            .where(AssetModel.uri == uri)
+            .order_by(AssetEvent.id)
+        ).scalars()
+        return [
+            {
+                "dag_id": event.source_dag_id,
+                "task_id": event.source_task_id,
+                "run_id": event.source_run_id,
+                "extra": event.extra,
+            }
+            for event in rows
+        ]
+
+
+def metadata_copy(airflow_home: Path, home: Path) -> Path:
+    """A private copy of the session's migrated metadata database in a new AIRFLOW_HOME
+    ``home`` (SQLite's backup, safe while the session holds it open): a process of its own
+    runs DAGs there without migrating one."""
+    home.mkdir()
+    source = sqlite3.connect(airflow_home / "airflow.db")
+    target = sqlite3.connect(home / "airflow.db")
+    with target:
+        source.backup(target)
+    source.close()
+    target.close()
+    return home

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -16,7 +14,7 @@ from dp_budget_provider.accounting.answer_rule import AnswerRule
 from dp_budget_provider.accounting.release import plan_noise
 from dp_budget_provider.ledger import key_for
 from tests.admin import ADMIN
-from tests.airflow.dag_runner import load_dag, stored_xcom, task_states
+from tests.airflow.dag_runner import load_dag, metadata_copy, stored_xcom, task_states
 from tests.ledger_time import this_week
 
 # Over 20 s in all: scheduled before the light files (tests/conftest.py).
@@ -237,19 +235,6 @@ print(json.dumps(states))
 """
 
 
-def _metadata_copy(airflow_home: Path, home: Path) -> Path:
-    """A private copy of the session's migrated metadata database (SQLite's backup, safe
-    while the session holds it open): a racing process runs DAGs without migrating one."""
-    home.mkdir()
-    source = sqlite3.connect(airflow_home / "airflow.db")
-    target = sqlite3.connect(home / "airflow.db")
-    with target:
-        source.backup(target)
-    source.close()
-    target.close()
-    return home
-
-
 def test_two_processes_racing_on_one_key_never_exceed_the_cap(
     ledger, ledger_url, tmp_path, airflow_db
 ):
@@ -263,7 +248,7 @@ def test_two_processes_racing_on_one_key_never_exceed_the_cap(
         window=key.window,
     )
     root = str(__import__("pathlib").Path(__file__).resolve().parents[2])
-    homes = [_metadata_copy(airflow_db, tmp_path / f"home{i}") for i in range(2)]
+    homes = [metadata_copy(airflow_db, tmp_path / f"home{i}") for i in range(2)]
     env = {
         **__import__("os").environ,
         "AIRFLOW_CONN_DP_BUDGET_DEFAULT": json.dumps(
