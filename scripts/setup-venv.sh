@@ -13,6 +13,12 @@ if [ ! -f "$stamp" ]; then
   echo "==> installing dp-budget-provider[test] into .venv (about a minute on a fresh machine)"
   .venv/bin/pip install --quiet --upgrade pip
   .venv/bin/pip install --quiet -e '.[test]'
+  # The editable build leaves a second copy of the package's metadata in the source tree
+  # (dp_budget_provider.egg-info). Code run from the tree (the tests, a DAG run) would then
+  # find the provider's entry points twice, and Airflow's plugin manager, meeting the
+  # duplicate, drops other providers' plugins (OpenLineage's listener among them). The
+  # installed metadata in .venv is the one that counts.
+  rm -rf ./*.egg-info
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

@@ -215,6 +215,7 @@ def test_the_openlineage_provider_emits_the_guarantee_of_a_release(tmp_path, air
         if event["job"]["name"].endswith(".release")
     }
 
+    assert ("lineage_released.release", "COMPLETE") in by_job, sorted(by_job)
     complete = by_job["lineage_released.release", "COMPLETE"]
     (asset_event,) = report["lineage_released"]["events"]
     facet = complete["run"]["facets"][FACET_KEY]

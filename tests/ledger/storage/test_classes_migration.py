@@ -216,8 +216,14 @@ def assert_legacy_accounts_are_classes_of_one(
             "clearance",
             "policy_set",
         ],
-        # Revisions 0010 (signatures) and 0013 (a horizon's span).
-        "dp_policies": [*schema["dp_policies"], "signature", "calendar_span", "filter_order"],
+        # Revisions 0010 (signatures), 0013 (a horizon's span, a filter order), 0014 (shares).
+        "dp_policies": [
+            *schema["dp_policies"],
+            "signature",
+            "calendar_span",
+            "filter_order",
+            "shares",
+        ],
         "dp_members": ["tenant", "query_type", "window", "subject", "account"],
         "dp_cohorts": ["id", "tenant", "digest", "size", "created_at"],
         "dp_cohort_members": ["cohort_id", "subject"],
