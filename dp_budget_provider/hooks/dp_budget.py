@@ -310,7 +310,7 @@ class DPBudgetHook(BaseHook):
         """The ledger as a task may use it: releases within the caps, and nothing about
         other releases (unless ``[dp_budget] expose_budget_state``)."""
         exposed = conf.getboolean("dp_budget", "expose_budget_state", fallback=False)
-        return ReleaseGate(self.ledger, exposed=exposed)
+        return ReleaseGate(self.ledger, exposed=exposed, dag=_running_dag())
 
     def test_connection(self) -> tuple[bool, str]:
         """Used by the UI's "Test" button: open the ledger and verify its history chain."""
@@ -321,6 +321,18 @@ class DPBudgetHook(BaseHook):
         if report.ok:
             return True, f"ledger OK: {report.accounts} accounts, {report.entries} history entries"
         return False, "; ".join(report.problems[:5])
+
+
+def _running_dag() -> str | None:
+    """The DAG id of the task this process runs, from Airflow's task context (not from any
+    argument its author wrote); None outside a task. Where a cap is divided among
+    principals, a gate answers about this DAG's share only."""
+    from airflow.sdk import get_current_context
+
+    try:
+        return get_current_context()["ti"].dag_id
+    except RuntimeError:  # no task is running
+        return None
 
 
 class LegacyDPBudgetHook(DPBudgetHook):

@@ -46,7 +46,7 @@ from dp_budget_provider.ledger.records import Reservation, SpendReceipt
 from dp_budget_provider.ledger.storage import history
 from dp_budget_provider.ledger.windows.maintenance import MaintenanceState
 from dp_budget_provider.ledger.windows.policy import Policy, kept_by_ledger
-from dp_budget_provider.ledger.windows.shares import parse_share
+from dp_budget_provider.ledger.windows.shares import dag_of, parse_share
 
 T = TypeVar("T")
 UNIFORM_REFUSAL = "the privacy budget ledger refused this release; nothing was released or charged"
@@ -181,9 +181,15 @@ def _subjects(keys: Covered) -> int:
 class ReleaseGate:
     """A ledger as a task may use it (see the module docstring)."""
 
-    def __init__(self, ledger: PrivacyBudgetLedger, *, exposed: bool = False) -> None:
+    def __init__(
+        self, ledger: PrivacyBudgetLedger, *, exposed: bool = False, dag: str | None = None
+    ) -> None:
         self._ledger = ledger
         self.exposed = exposed
+        # The DAG whose task holds the gate (the hook takes it from the task's context):
+        # where a cap is divided, every answer is about its principal's share, and it may
+        # reserve only as itself. A gate outside any task has none (no share anywhere).
+        self.dag = dag
 
     @property
     def delta(self) -> float:
@@ -210,10 +216,10 @@ class ReleaseGate:
         """The cap and calendar in force for (tenant, query type): public to its releases."""
         return self._ledger.policy_for_scope(tenant, query_type)
 
-    def policy_for_release(self, tenant: str, query_type: str, dag: str | None) -> Policy:
-        """The cap a release by DAG ``dag`` is held to at (tenant, query type): its
+    def policy_for_release(self, tenant: str, query_type: str) -> Policy:
+        """The cap a release of this gate's DAG is held to at (tenant, query type): its
         principal's share where the cap is divided, else the scope's (public to it)."""
-        return self._ledger.policy_for_release(tenant, query_type, dag)
+        return self._ledger.policy_for_release(tenant, query_type, self.dag)
 
     def cohort(self, subjects: Any, tenant: str = "default") -> Cohort:
         """Register a cohort (what the handle says depends only on its subjects)."""
@@ -230,28 +236,23 @@ class ReleaseGate:
         return self._ledger.checked_alone(policy, mechanism, count)
 
     def fits_alone(
-        self,
-        tenant: str,
-        query_type: str,
-        mechanism: Mechanism,
-        count: int = 1,
-        *,
-        dag: str | None = None,
+        self, tenant: str, query_type: str, mechanism: Mechanism, count: int = 1
     ) -> bool:
-        """Whether this release, by DAG ``dag``, alone fits the cap of (tenant, query
-        type) it is held to (its share's where the cap is divided): if not, no window ever
-        will. Priced on nothing spent, so it says nothing about anyone."""
-        return self._ledger.fits_an_empty_account(tenant, query_type, mechanism, count, dag=dag)
+        """Whether this release alone fits the cap of (tenant, query type) this gate's DAG
+        is held to (its share's where the cap is divided): if not, no window ever will.
+        Priced on nothing spent, so it says nothing about anyone."""
+        return self._ledger.fits_an_empty_account(
+            tenant, query_type, mechanism, count, dag=self.dag
+        )
 
-    def fits(
-        self, keys: Covered, mechanism: Mechanism, count: int = 1, *, dag: str | None = None
-    ) -> bool:
-        """Whether the release, made by DAG ``dag``, would be granted now: one bit, nothing
-        about why (a sealed window, a re-scoped subject or a quarantine answer False like
-        a full cap: told apart, they would say something about other DAGs' subjects).
-        Where a cap is divided, ``dag``'s share is what it is checked against."""
+    def fits(self, keys: Covered, mechanism: Mechanism, count: int = 1) -> bool:
+        """Whether the release, made by this gate's DAG, would be granted now: one bit,
+        nothing about why (a sealed window, a re-scoped subject or a quarantine answer False
+        like a full cap: told apart, they would say something about other DAGs' subjects).
+        Where a cap is divided, the DAG's own share is what it is checked against: a task
+        cannot ask about another DAG's."""
         try:
-            return not self._ledger.budget_check(keys, mechanism, count, dag=dag).exceeds
+            return not self._ledger.budget_check(keys, mechanism, count, dag=self.dag).exceeds
         except LedgerUnavailable:
             raise
         except LedgerError:
@@ -260,7 +261,14 @@ class ReleaseGate:
     def reserve(
         self, keys: Covered, mechanism: Mechanism, count: int = 1, *, attempt: str
     ) -> GrantedRelease:
-        """Reserve the release's cost on ``keys``, or raise :class:`ReleaseRefused`."""
+        """Reserve the release's cost on ``keys``, or raise :class:`ReleaseRefused`. A
+        gate held by a DAG's task reserves only as that DAG (its ``attempt`` names it):
+        which share pays is the DAG's."""
+        if self.dag is not None and dag_of(attempt) != self.dag:
+            raise ValueError(
+                f"attempt {attempt!r} does not name this task's DAG {self.dag!r}: a task "
+                "reserves as its own DAG"
+            )
         reservation = self._refusing(
             lambda: self._ledger.reserve(keys, mechanism, count, attempt=attempt)
         )

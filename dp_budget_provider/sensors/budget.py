@@ -97,9 +97,7 @@ class BudgetSensor(BaseSensorOperator):
         subjects = [self.subject] if self.subject is not None else self.subjects
         try:
             keys = covered_by(subjects, self.query_type, [window], self.tenant)
-            alone = ledger.fits_alone(
-                self.tenant, self.query_type, self.mechanism, self.count, dag=self.dag_id
-            )
+            alone = ledger.fits_alone(self.tenant, self.query_type, self.mechanism, self.count)
         except ValueError as refusal:
             raise AirflowFailException(f"no release can follow: {refusal}") from None
         if not alone:
@@ -108,7 +106,7 @@ class BudgetSensor(BaseSensorOperator):
                 "account: no window will ever fit it"
             )
         try:
-            return ledger.fits(keys, self.mechanism, self.count, dag=self.dag_id)
+            return ledger.fits(keys, self.mechanism, self.count)
         except ValueError as refusal:
             raise AirflowFailException(f"no release can follow: {refusal}") from None
         except ReleaseRefused as refusal:

@@ -50,7 +50,6 @@ from dp_budget_provider.ledger.gate import (
     ReleaseReceipt,
     ReleaseRefused,
 )
-from dp_budget_provider.ledger.windows.shares import dag_of
 
 
 class ReleaseResult(enum.Enum):
@@ -120,19 +119,17 @@ class DeclaredRelease:
         return Mechanism.from_spec(self.mechanism)
 
     def mechanism_on(
-        self,
-        gate: ReleaseGate,
-        log: logging.Logger | logging.LoggerAdapter[Any],
-        dag: str | None = None,
+        self, gate: ReleaseGate, log: logging.Logger | logging.LoggerAdapter[Any]
     ) -> Mechanism:
         """The mechanism to release with: the declared one, or for ``auto`` the least noise
-        with which the release alone costs at most its target (the scope's cap by default)
-        and fits the cap as the scope's cap check counts it (at its filter order: noise
-        planned on the reported epsilon alone could be refused by the filter on an empty
-        account). Planned on nothing spent, so the choice tells nothing about anyone."""
+        with which the release alone costs at most its target (the cap the gate's DAG is
+        held to by default: its share's where the cap is divided, else the scope's) and
+        fits that cap as its check counts it (at its filter order: noise planned on the
+        reported epsilon alone could be refused by the filter on an empty account).
+        Planned on nothing spent, so the choice tells nothing about anyone."""
         if not self.auto:
             return self.fixed_mechanism()
-        policy = gate.policy_for_release(self.tenant, self.query_type, dag)
+        policy = gate.policy_for_release(self.tenant, self.query_type)
         target = min(policy.cap_epsilon, self.target_epsilon or policy.cap_epsilon)
         target = check.positive("target_epsilon", target)
 
@@ -199,7 +196,7 @@ def make_release(
     runs on success and on any failure alike), and the noise is added at most once.
     """
     try:
-        mechanism = declared.mechanism_on(gate, log, dag_of(attempt))
+        mechanism = declared.mechanism_on(gate, log)
     except ValueError as error:  # a release no noise fits: the same on every attempt
         return ReleaseOutcome(ReleaseResult.invalid, error=error)
     plan = declared.plan(mechanism)

@@ -244,6 +244,15 @@ class WindowChanges:
             moment = clock.now()
             now = clock.stamp(moment)
             locked, policies, charge = self._locks.lock_chargeable(pipe, keys, moment)
+            policy_of = policy_lookup(policies)
+            divided = [key.query_type for key in (old, new) if policy_of(key).shares]
+            if divided:
+                raise LedgerError(
+                    f"query type {divided[0]!r} of tenant {old.tenant!r} has its cap divided "
+                    "among principals: a rescope would move every principal's spend through "
+                    "the scope's own accounts and seal the key for all of them, which one "
+                    "principal's task may not do; release under the new query type instead"
+                )
             source, target = charge.account_of(old), charge.account_of(new)
             if locked[source].open_reservations:
                 raise LedgerError(f"{old} has open reservations; commit or reap them first")

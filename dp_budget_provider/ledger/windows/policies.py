@@ -34,7 +34,13 @@ from dp_budget_provider.ledger.windows.policy_store import (
     policy_of_scope,
     write_policy,
 )
-from dp_budget_provider.ledger.windows.shares import Share, parse_share, principal_of, share_caps
+from dp_budget_provider.ledger.windows.shares import (
+    Share,
+    parse_share,
+    principal_of,
+    share_caps,
+    shares_sound,
+)
 
 
 class Policies:
@@ -128,7 +134,14 @@ class Policies:
         """``policy``'s shares with their caps at its filter order (:mod:`shares`)."""
         if not policy.shares or order is None:
             return policy.shares
-        return share_caps(policy.shares, policy.cap_epsilon, self._pricing.conversion_term(order))
+        term = self._pricing.conversion_term(order)
+        priced = share_caps(policy.shares, policy.cap_epsilon, term)
+        if not shares_sound(priced, policy.cap_epsilon, term):  # what verify will prove
+            raise ValueError(
+                f"a cap of {policy.cap_epsilon:g} leaves too small a Rényi budget at order "
+                f"{order:g} to divide (its conversion alone costs {term:.17g}): give a larger cap"
+            )
+        return priced
 
     def _order(
         self, policy: Policy, charged: list[LedgerKey], stored: Mapping[tuple[str, str], Policy]

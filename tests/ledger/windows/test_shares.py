@@ -25,6 +25,7 @@ from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.ledger import (
     BudgetCap,
     BudgetExhausted,
+    LedgerError,
     Policy,
     PrivacyBudgetLedger,
     key_for,
@@ -221,11 +222,15 @@ def test_a_release_may_not_name_a_share_account(divided):
 
 def test_budget_check_and_the_gate_answer_for_the_dag_s_share(divided):
     releases_granted(divided, "etl_g", "jo", "counts")  # growth's share of jo is used up
-    gate = ReleaseGate(divided)
+    gate = ReleaseGate(divided, dag="etl_a")
     keys = [own("jo", "heatmap")]
-    assert not gate.fits(keys, CHEAP, dag="etl_g")
-    assert gate.fits(keys, CHEAP, dag="etl_a")
-    assert not gate.fits(keys, CHEAP, dag="etl_x")  # no share: no budget
+    assert not ReleaseGate(divided, dag="etl_g").fits(keys, CHEAP)
+    assert gate.fits(keys, CHEAP)
+    assert not ReleaseGate(divided, dag="etl_x").fits(keys, CHEAP)  # no share: no budget
+    assert not ReleaseGate(divided).fits(keys, CHEAP)  # a gate outside any task: none
+    # A task's gate reserves only as its own DAG: it cannot spend another's share.
+    with pytest.raises(ValueError, match="does not name this task's DAG 'etl_a'"):
+        gate.reserve(keys, CHEAP, attempt=attempt("etl_g", 98))
     granted = gate.reserve(keys, CHEAP, attempt=attempt("etl_a", 99))
     receipt = gate.commit(granted).as_dict()
     share = receipt["share"]
@@ -233,7 +238,7 @@ def test_budget_check_and_the_gate_answer_for_the_dag_s_share(divided):
     assert share["epsilon_after"] == pytest.approx(divided.epsilon_alone(CHEAP))
     assert "account" not in receipt  # nothing of the scope's own accounts
     with pytest.raises(ReleaseRefused):
-        gate.reserve(keys, CHEAP, attempt=attempt("etl_g", 99))
+        ReleaseGate(divided, dag="etl_g").reserve(keys, CHEAP, attempt=attempt("etl_g", 99))
 
 
 def test_redividing_a_charged_scope_keeps_its_cap(divided):
@@ -345,14 +350,14 @@ def test_a_principal_is_told_the_same_whatever_another_releases(tmp_path_factory
             ledger.set_policy(
                 Policy(2.0, tenant="acme", across="query_types", filter_order="auto", shares=SHARES)
             )
-            gate = ReleaseGate(ledger)
             seen = []
             for n, (dag, subjects, query_type, z) in enumerate(releases):
                 if dag != "etl_a" and not with_others:
                     continue
+                gate = ReleaseGate(ledger, dag=dag)
                 keys = [own(subject, query_type) for subject in subjects]
                 release = GaussianMechanism(z)
-                fits = gate.fits(keys, release, dag=dag)
+                fits = gate.fits(keys, release)
                 try:
                     gate.commit(gate.reserve(keys, release, attempt=attempt(dag, n)))
                     granted = True
@@ -374,8 +379,41 @@ def test_an_undivided_cap_tells_one_principal_about_another(divided):
     cap that both principals draw on refuses one after the other's releases."""
     alone = divided.epsilon_alone(CHEAP)  # undivided, and one release fits it, not two
     divided.set_policy(Policy(1.2 * alone, tenant="acme", query_type="heatmap"))
-    gate = ReleaseGate(divided)
+    analytics, growth = ReleaseGate(divided, dag="etl_a"), ReleaseGate(divided, dag="etl_g")
     keys = [own("nia", "heatmap")]
-    assert gate.fits(keys, CHEAP, dag="etl_a")
-    gate.commit(gate.reserve(keys, CHEAP, attempt=attempt("etl_g", 1)))
-    assert not gate.fits(keys, CHEAP, dag="etl_a")  # analytics has released nothing
+    assert analytics.fits(keys, CHEAP)
+    growth.commit(growth.reserve(keys, CHEAP, attempt=attempt("etl_g", 1)))
+    assert not analytics.fits(keys, CHEAP)  # analytics has released nothing
+
+
+def test_a_rescope_at_a_divided_cap_is_refused(divided):
+    """A rescope moves the scope's own account (everyone's spend) and seals the key for
+    every principal: from one principal's task it would tell it of others' releases and
+    block theirs. Refused, from or to a query type whose cap is divided."""
+    divided.set_policy(
+        Policy(3.0, tenant="acme", query_type="heatmap", filter_order="auto", shares=SHARES)
+    )
+    gate = ReleaseGate(divided, dag="etl_a")
+    old, new = own("ola", "heatmap"), own("ola", "trajectory")
+    gate.commit(gate.reserve([old], CHEAP, attempt=attempt("etl_a", 1)))
+    for source, target in ((old, new), (own("ola", "counts"), old)):
+        with pytest.raises(ReleaseRefused):
+            gate.rescope(source, target, reason="re-scored")
+        with pytest.raises(LedgerError, match="divided among principals"):
+            divided.rescope(source, target, reason="re-scored")
+    assert divided.epsilon_of(new) == 0.0
+    # An undivided pair of query types is re-scoped as before.
+    divided.spend(own("ola", "snapshot"), CHEAP, attempt=attempt("etl_a", 2))
+    divided.rescope(own("ola", "snapshot"), own("ola", "counts"), reason="re-scored")
+
+
+def test_set_policy_refuses_shares_of_a_budget_too_small_to_divide(divided):
+    policy = divided.policy_for_scope("acme", ACROSS_QUERY_TYPES)
+    term = divided._pricing.conversion_term(policy.filter_order)  # noqa: SLF001
+    tiny = term + 4 * math.ulp(term)
+    with pytest.raises(ValueError, match="too small a Rényi budget"):
+        divided.set_policy(
+            Policy(tiny, tenant="acme", across="query_types", filter_order=policy.filter_order,
+                   shares=[Share(f"p{j}", 0.25, (f"d{j}",)) for j in range(4)])
+        )  # fmt: skip
+    assert divided.verify().ok
