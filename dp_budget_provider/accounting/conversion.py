@@ -107,6 +107,11 @@ def conversion_terms(
     return np.where(terms.unusable, np.inf, terms.first - terms.second)
 
 
+def conversion_term(order: float, delta: float, conversion: Conversion = "improved") -> float:
+    """``c(a)`` at one order: a cap's Rényi budget at ``order`` is the cap less this."""
+    return float(conversion_terms(np.array([order], dtype=np.float64), delta, conversion)[0])
+
+
 def _epsilon_per_order(rdp: np.ndarray, delta: float, terms: _Terms) -> np.ndarray:
     per_order = rdp + terms.first
     per_order -= terms.second

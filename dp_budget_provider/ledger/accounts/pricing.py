@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from dp_budget_provider.accounting import Conversion, EpsilonBound, Mechanism
-from dp_budget_provider.accounting.conversion import conversion_terms
+from dp_budget_provider.accounting.conversion import conversion_term
 from dp_budget_provider.accounting.filter import filter_epsilon, filter_order
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.accounts.spend import Pending, Spend, prospective
@@ -100,7 +100,7 @@ class Pricing:
         a cap's Rényi budget at that order is the cap less this."""
         if order not in self.orders:
             raise ValueError(f"order {order!r} is not an order of the ledger's grid")
-        return float(conversion_terms(np.array([order]), self.delta, self.conversion)[0])
+        return conversion_term(order, self.delta, self.conversion)
 
     def checked_epsilon(self, spend: Spend, policy: Policy) -> float:
         """What the cap of ``policy`` is compared with for an account holding ``spend``

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from dp_budget_provider.accounting.conversion import conversion_terms
+from dp_budget_provider.accounting.conversion import conversion_term
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.audit import authority
 from dp_budget_provider.ledger.audit.authority import AdminPublicKey
@@ -115,7 +113,7 @@ class Configuration:
         s = self.settings
         if not isinstance(order, float) or order not in s.orders:
             return False
-        term = float(conversion_terms(np.array([order]), s.delta, s.conversion)[0])
+        term = conversion_term(order, s.delta, s.conversion)
         return shares_sound(policy.shares, policy.cap_epsilon, term)
 
     def _on_quarantine(self, entry: Any, recorded: QuarantineEntry, keys: list[LedgerKey]) -> None:

@@ -140,11 +140,12 @@ def with_wider_scopes(
         charged = [(query_type, window), *periods(tenant, query_type, window)]
         if not divided:
             return charged
-        return charged + [
-            (_share_of(policy_of, tenant, scope, dag), period)
-            for scope, period in charged
-            if policy_of(LedgerKey.from_canonical(tenant, "-", scope, period)).shares
-        ]
+        shares = []
+        for scope, period in charged:
+            policy = policy_of(LedgerKey.from_canonical(tenant, "-", scope, period))
+            if policy.shares:
+                shares.append((_share_of(policy, tenant, scope, dag), period))
+        return charged + shares
 
     if cohorts:
         extra: dict[tuple[str, str, str], CohortKeys] = {}
@@ -176,12 +177,9 @@ class NoShare(LedgerError):
     names (or with no DAG at all): it has no budget there."""
 
 
-def _share_of(
-    policy_of: Callable[[LedgerKey], Policy], tenant: str, query_type: str, dag: str | None
-) -> str:
+def _share_of(policy: Policy, tenant: str, query_type: str, dag: str | None) -> str:
     """The query type of the share accounts a release by ``dag`` charges at the divided
-    scope (tenant, query type)."""
-    policy = policy_of(LedgerKey.from_canonical(tenant, "-", query_type, "-"))
+    scope (tenant, query type), whose policy is ``policy``."""
     share = principal_of(policy.shares, dag)
     if share is None:
         raise NoShare(
