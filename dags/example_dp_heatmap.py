@@ -49,7 +49,9 @@ with DAG(
     catchup=False,
     # window: empty charges the windows of the run's data interval (last week); a label
     # charges that one window of the tenant's calendar (the demo's 60-second windows).
-    params={"tenant": "acme", "window": ""},
+    # refresh: a re-run is handed the heatmap already released for its week, charging
+    # nothing; trigger with {"refresh": true} to release it again, charged in full.
+    params={"tenant": "acme", "window": "", "refresh": False},
     tags=["dp-budget", "example"],
     doc_md=__doc__,
 ) as dag:
@@ -74,6 +76,7 @@ with DAG(
         query_type="heatmap",
         tenant="{{ params.tenant }}",
         window="{{ params.window }}",
+        refresh="{{ params.refresh }}",
     )
 
 

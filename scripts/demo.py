@@ -1,8 +1,11 @@
 """The README's main job: example DAGs gated by the embedded SQLite ledger, run with dag.test().
 
-1. ``example_dp_heatmap`` runs five times: the first three debit every subject's account,
-   after the third no further release fits (the accounts read EXHAUSTED), and the fourth
-   and fifth are refused (no release, nothing written), each shown as one line.
+1. ``example_dp_heatmap`` runs five times over one window's data: the first release debits
+   every subject's account; the second run is a re-run of the same release and is handed
+   the heatmap already released, charging nothing; the third and fourth ask for a fresh
+   release (``refresh``) and are charged, after which no further release fits (the
+   accounts read EXHAUSTED); the fifth is refused (no release, nothing written), shown as
+   one line.
 2. ``example_dp_budget_gated`` then finds this window exhausted: its BudgetSensor defers
    to the start of the next window (the demo tenant uses 60-second windows so you can
    watch it), the trigger fires at that start, the sensor re-checks, and the release
@@ -139,17 +142,28 @@ def main() -> None:
     # The runs read this 60-second window's data (a weekly schedule's interval would span
     # ten thousand of them).
     window = calendar.window_of(datetime.now(timezone.utc))
+    # Run 2 re-runs run 1's release: it is handed the heatmap already released, charging
+    # nothing. Runs 3 to 5 ask for a fresh release of the same data (refresh), charged.
+    before = 0.0
     for number in range(1, 6):
+        conf = {"tenant": TENANT, "window": window, "refresh": number >= 3}
         with task_log(f"heatmap-run-{number}") as log:
-            state = str(heatmap.test(run_conf={"tenant": TENANT, "window": window}).state)
+            state = str(heatmap.test(run_conf=conf).state)
         account = max(ledger.accounts(tenant=TENANT), key=lambda a: a.epsilon)
-        if state == "success":
-            flag = _STATE_NOTES.get(account.state, "")
+        if state == "success" and account.epsilon == before:
             say(
-                f"heatmap run {number}: released over 50 subjects; each now at eps "
+                f"heatmap run {number}: a re-run of the same release: handed the heatmap "
+                f"already released, charged nothing (eps stays {account.epsilon:.4f})"
+            )
+        elif state == "success":
+            flag = _STATE_NOTES.get(account.state, "")
+            fresh = " (refresh: a new release of the same data)" if conf["refresh"] else ""
+            say(
+                f"heatmap run {number}: released over 50 subjects{fresh}; each now at eps "
                 f"{account.epsilon:.4f} of {account.cap_epsilon} in window "
                 f"{display_window(account.key.window)}{flag}"
             )
+            before = account.epsilon
         else:
             text = log.read_text()
             refusal = next((line for line in text.splitlines() if "no release:" in line), "")

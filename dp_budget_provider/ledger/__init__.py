@@ -47,6 +47,7 @@ from dp_budget_provider.ledger.records import (
     VerifyReport,
 )
 from dp_budget_provider.ledger.releases.guarantee import CohortSizeBucket, ReleaseGuarantee
+from dp_budget_provider.ledger.releases.identity import ReleaseIdentity, ReleaseSlot
 from dp_budget_provider.ledger.releases.lease import lease_of_seconds
 from dp_budget_provider.ledger.releases.service import (
     DeclaredRelease,
@@ -105,10 +106,12 @@ __all__ = [
     "PrivacyBudgetLedger",
     "ReleaseGate",
     "ReleaseGuarantee",
+    "ReleaseIdentity",
     "ReleaseOutcome",
     "ReleaseReceipt",
     "ReleaseRefused",
     "ReleaseResult",
+    "ReleaseSlot",
     "Reservation",
     "ReservationClosed",
     "ReservationStateError",

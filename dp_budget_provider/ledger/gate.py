@@ -27,6 +27,7 @@ Administrative acts are not offered at all (and need the administrator's key any
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ from dp_budget_provider.ledger.audit.authority import SEALED_SIZE
 from dp_budget_provider.ledger.errors import BudgetExhausted, LedgerError, LedgerUnavailable
 from dp_budget_provider.ledger.ledger import PrivacyBudgetLedger
 from dp_budget_provider.ledger.records import Reservation, SpendReceipt
+from dp_budget_provider.ledger.releases.identity import ReleaseIdentity
+from dp_budget_provider.ledger.releases.stored import Keep
 from dp_budget_provider.ledger.storage import history
 from dp_budget_provider.ledger.windows.maintenance import MaintenanceState
 from dp_budget_provider.ledger.windows.policy import Policy, kept_by_ledger
@@ -111,6 +114,11 @@ class ReleaseReceipt:
     named: LedgerKey | None = None
     # The release's principal's shares after it, where a cap is divided (:func:`_share_state`).
     share: dict[str, Any] | None = None
+    # Handed the stored answer of an earlier run of the same release (``reservation_id``
+    # is that run's): nothing was charged now.
+    reused: bool = False
+    # Whether the answer was kept for re-runs (None: not asked to keep it).
+    stored: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The receipt as plain JSON values (a task's XCom)."""
@@ -121,9 +129,12 @@ class ReleaseReceipt:
             "mechanism": self.mechanism,
             "epsilon": self.epsilon,
             "cap_epsilon": self.cap_epsilon,
+            "reused": self.reused,
         }
         if self.share is not None:
             document["share"] = self.share
+        if self.stored is not None:
+            document["stored"] = self.stored
         if self.accounts is not None:
             worst = max(self.accounts, key=lambda r: r.fraction)
             document.update(
@@ -135,6 +146,28 @@ class ReleaseReceipt:
                 method=worst.method,
             )
         return document
+
+
+@dataclass(frozen=True)
+class ReusedRelease:
+    """A re-run handed the stored answer of its release: the answer, and the receipt the
+    release's own task was given (the release alone: no account's state), marked reused."""
+
+    value: Any
+    receipt: ReleaseReceipt
+
+
+def _stored_receipt(document: Mapping[str, Any]) -> ReleaseReceipt:
+    """The receipt a stored release kept (:meth:`ReleaseGate.commit`), marked reused."""
+    return ReleaseReceipt(
+        reservation_id=document["reservation_id"],
+        subjects=document["keys"],
+        windows=tuple(document["windows"]),
+        mechanism=dict(document["mechanism"]),
+        epsilon=document["epsilon"],
+        cap_epsilon=document["cap_epsilon"],
+        reused=True,
+    )
 
 
 def _share_state(receipts: list[SpendReceipt]) -> dict[str, Any] | None:
@@ -283,26 +316,62 @@ class ReleaseGate:
             reservation,
         )
 
-    def commit(self, granted: GrantedRelease) -> ReleaseReceipt:
-        """Charge the release (it happened); the receipt describes the release alone."""
-        receipts = self._refusing(lambda: self._ledger.commit(granted._reservation))
-        own = next(r for r in receipts if not kept_by_ledger(r.key.query_type))
-        policy = self._ledger.policy_for(own.key)
-        shares = [r for r in receipts if parse_share(r.key.query_type) is not None]
-        named = None
-        if self.exposed:
-            named = self._ledger.subject_of(max(receipts, key=lambda r: r.fraction).key)
-        return ReleaseReceipt(
+    def commit(
+        self, granted: GrantedRelease, keep: tuple[ReleaseIdentity, Any] | None = None
+    ) -> ReleaseReceipt:
+        """Charge the release (it happened); the receipt describes the release alone.
+
+        ``keep``: the release's identity and its noisy answer, kept with the commit for
+        re-runs of the same release (:meth:`reuse`), with the receipt of the release alone
+        (never an account's state, even in an exposed gate: a re-run may come much later).
+        An answer too large to keep is not (:data:`stored.MAX_STORED_BYTES`): the receipt's
+        ``stored`` says whether it was.
+        """
+        own = next(k for k in granted._reservation.keys if not kept_by_ledger(k.query_type))
+        released = ReleaseReceipt(
             granted.id,
             granted.subjects,
             granted.windows,
             granted.mechanism.to_spec(),
             self.cost_alone(granted.mechanism, granted.count),
-            policy.cap_epsilon,
-            receipts if self.exposed else None,
-            named,
-            _share_state(shares),
+            self._ledger.policy_for(own).cap_epsilon,
         )
+        kept = None
+        if keep is not None:
+            self._own(keep[0])
+            kept = Keep.of(keep[0], keep[1], released.as_dict())
+        receipts = self._refusing(lambda: self._ledger.commit(granted._reservation, kept))
+        shares = [r for r in receipts if parse_share(r.key.query_type) is not None]
+        named = None
+        if self.exposed:
+            named = self._ledger.subject_of(max(receipts, key=lambda r: r.fraction).key)
+        return dataclasses.replace(
+            released,
+            accounts=receipts if self.exposed else None,
+            named=named,
+            share=_share_state(shares),
+            stored=None if keep is None else kept is not None,
+        )
+
+    def reuse(self, identity: ReleaseIdentity, *, attempt: str) -> ReusedRelease | None:
+        """The stored answer of ``identity`` (a release of this gate's DAG) and its
+        receipt, marked reused, charging nothing; None when the release was never made
+        (or kept). Refused (:class:`ReleaseRefused`, its reason sealed) in quarantine and
+        when the stored answer does not prove against the history: it is then never
+        served. Whether an answer is stored depends only on this DAG's own releases."""
+        self._own(identity)
+        answer = self._refusing(lambda: self._ledger.reuse(identity, attempt))
+        if answer is None:
+            return None
+        return ReusedRelease(answer.value, _stored_receipt(answer.receipt))
+
+    def _own(self, identity: ReleaseIdentity) -> None:
+        """Refuse a release identity of another DAG than the one holding this gate."""
+        if self.dag is not None and identity.dag != self.dag:
+            raise ValueError(
+                f"release identity of DAG {identity.dag!r} is not this task's DAG {self.dag!r}: "
+                "a task keeps and reuses only its own DAG's releases"
+            )
 
     def release(self, granted: GrantedRelease, reason: str = "") -> None:
         """Give the reservation back: the data was never touched."""

@@ -209,6 +209,7 @@ class PrivacyBudgetLedger:
 
     reserve = _handed_to("_reservations", Reservations.reserve)
     commit = _handed_to("_reservations", Reservations.commit)
+    reuse = _handed_to("_reservations", Reservations.reuse)
     release = _handed_to("_reservations", Reservations.release)
     renew = _handed_to("_reservations", Reservations.renew)
     keep_alive = _handed_to("_reservations", Reservations.keep_alive)

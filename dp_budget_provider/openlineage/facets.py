@@ -46,6 +46,7 @@ class DpBudgetReleaseGuaranteeRunFacet(RunFacet):
     cap_epsilon: float
     windows: list[str]
     cohort_size: dict[str, int]
+    reused: bool = False
 
     @classmethod
     def of(cls, guarantee: ReleaseGuarantee) -> DpBudgetReleaseGuaranteeRunFacet:

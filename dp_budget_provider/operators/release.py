@@ -21,6 +21,15 @@ The sequence itself is the ledger's release service (``make_release``,
 keys and the attempt in the task's context and turns the service's named outcome into
 XCom, metrics and Airflow exceptions.
 
+A release made before (same DAG, task, map index, data interval or window, mechanism and
+parameters, and cohort: its identity, ``dp_budget_provider/ledger/releases/identity.py``)
+is not made again: a cleared task, a re-run of a successful run or a backfill over an
+interval already released is handed the stored noisy answer and its receipt, marked
+``reused``, charging nothing (reusing a published answer is post-processing; a fresh
+answer would cost again, and averaging fresh answers peels the noise off).
+``refresh=True`` makes a new release of the same identity, charged in full, whose answer
+the next re-run is handed.
+
 A released value's guarantee (cost, noise, windows, the cohort's size bucket: see
 ``ReleaseGuarantee``) goes into the asset event of each outlet Asset (``outlets.py``)
 and into the task's OpenLineage run facet (``dp_budget_provider/openlineage``, imported
@@ -50,10 +59,12 @@ from dp_budget_provider.ledger import (
     ReleaseGate,
     ReleaseGuarantee,
     ReleaseResult,
+    ReleaseSlot,
     SubjectSource,
     covered_by,
     make_release,
 )
+from dp_budget_provider.ledger.releases.identity import query_digest
 from dp_budget_provider.operators.outlets import publish_guarantee, release_outlets
 from dp_budget_provider.plugins.links import DPBudgetAccountLink
 
@@ -91,6 +102,23 @@ def data_interval(context: Mapping[str, Any]) -> tuple[datetime, datetime]:
         return start, end
     moment = context.get("logical_date") or datetime.now(timezone.utc)
     return moment, moment
+
+
+def _name_of(function: Callable[..., Any]) -> str:
+    """Where a callable is defined, by name (``module.qualname``)."""
+    module = getattr(function, "__module__", None) or ""
+    return f"{module}.{getattr(function, '__qualname__', type(function).__qualname__)}"
+
+
+def refreshing(refresh: bool | str) -> bool:
+    """``refresh`` as rendered: a bool, or a template's text ``True``/``False`` (any case);
+    anything else is a ValueError (a release is never refreshed, or not, by accident)."""
+    if isinstance(refresh, bool):
+        return refresh
+    flag = {"true": True, "false": False}.get(str(refresh).strip().lower())
+    if flag is None:
+        raise ValueError(f"refresh must render to True or False, got {refresh!r}")
+    return flag
 
 
 class DPReleaseOperator(BaseOperator):
@@ -137,6 +165,10 @@ class DPReleaseOperator(BaseOperator):
     :param nan_value: what a NaN in the exact answer becomes before noise (default 0).
     :param on_exhausted: ``"fail"`` (raise :class:`DPBudgetExhaustedError`) or ``"skip"``.
     :param on_budget_warning: a notifier called when a key passes its warning fraction.
+    :param refresh: make a new release even if this release (same identity) was made
+        before, charged in full; by default a re-run is handed the stored answer.
+        Templated: ``"{{ params.refresh }}"`` lets a manual run ask for it (it must render
+        to ``True`` or ``False``).
 
     Outlets: each outlet Asset's event carries the release's guarantee in its extra, under
     ``"dp_guarantee"`` (see :mod:`dp_budget_provider.operators.outlets`); an
@@ -149,6 +181,7 @@ class DPReleaseOperator(BaseOperator):
         "tenant",
         "query_type",
         "window",
+        "refresh",
         "op_args",
         "op_kwargs",
     )
@@ -179,6 +212,7 @@ class DPReleaseOperator(BaseOperator):
         op_args: Collection[Any] | None = None,
         op_kwargs: Mapping[str, Any] | None = None,
         on_budget_warning: BaseNotifier | None = None,
+        refresh: bool | str = False,
         dp_budget_conn_id: str = DPBudgetHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
@@ -207,6 +241,9 @@ class DPReleaseOperator(BaseOperator):
         self.op_args = list(op_args or [])
         self.op_kwargs = dict(op_kwargs or {})
         self.on_budget_warning = on_budget_warning
+        if not isinstance(refresh, bool | str):
+            raise ValueError(f"refresh must be True, False or a template, got {refresh!r}")
+        self.refresh = refresh
         self.dp_budget_conn_id = dp_budget_conn_id
         # At parse time, so that a bad spec, sensitivity or granularity never reaches a run.
         self._declared()
@@ -254,6 +291,17 @@ class DPReleaseOperator(BaseOperator):
         subjects = [self.subject] if self.subject is not None else self.subjects
         return covered_by(subjects, self.query_type, windows, self.tenant)
 
+    def _slot(self, context: Mapping[str, Any]) -> ReleaseSlot:
+        """Where this release is made, from the task's context (never an argument): its
+        DAG, task and map index, and the data it reads (the window it was told to charge,
+        else the run's data interval)."""
+        ti = context["ti"]
+        query = query_digest(_name_of(self.python_callable))
+        if self.window:
+            return ReleaseSlot.in_window(ti.dag_id, ti.task_id, ti.map_index, self.window, query)
+        start, end = data_interval(context)
+        return ReleaseSlot.over_interval(ti.dag_id, ti.task_id, ti.map_index, start, end, query)
+
     # ------------------------------------------------------------------ execute
 
     def execute(self, context: Any) -> Any:
@@ -263,11 +311,19 @@ class DPReleaseOperator(BaseOperator):
         try:
             keys = self._keys(gate, context)
             outlets = release_outlets(self.outlets)
-        except ValueError as refusal:  # bad subjects, windows or outlets: on every try
+            refreshing(self.refresh)
+        except ValueError as refusal:  # bad subjects, windows, outlets, refresh: on every try
             raise AirflowFailException(f"no release: {refusal}") from None
         answer = partial(self.python_callable, *self.op_args, **self.op_kwargs)
         outcome = make_release(
-            gate, self._declared(), keys, answer, attempt=attempt_id(context), log=self.log
+            gate,
+            self._declared(),
+            keys,
+            answer,
+            attempt=attempt_id(context),
+            log=self.log,
+            slot=self._slot(context),
+            refresh=refreshing(self.refresh),
         )
         self._guarantee = ReleaseGuarantee.of(outcome, keys, gate.delta)
         summary = outcome.summary
@@ -284,13 +340,15 @@ class DPReleaseOperator(BaseOperator):
             case ReleaseResult.withheld:  # quarantined meanwhile: charged when reaped
                 self.log.error("release withheld: %s", outcome.refusal)
                 raise AirflowFailException(f"release withheld: {outcome.refusal}")
-        # released or failed: the data was touched, charged either way, and the receipt says so
+        # released or failed: the data was touched, charged either way, and the receipt says
+        # so; or reused: charged before, and the receipt says when
         context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
         if outcome.error is not None:
             raise outcome.error
-        if outlets and self._guarantee is not None:  # released: charged, so it has one
+        if outlets and self._guarantee is not None:  # released or reused: charged once
             publish_guarantee(context["outlet_events"], outlets, self._guarantee)
-        self._report(summary, context)
+        if outcome.result is ReleaseResult.released:
+            self._report(summary, context)
         return outcome.value
 
     # ------------------------------------------------------------------ lineage

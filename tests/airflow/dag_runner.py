@@ -25,9 +25,11 @@ def ledger_connection(monkeypatch: Any, url: str, **extra: Any) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_DP_BUDGET_DEFAULT", value)
 
 
-def load_dag(source: str) -> Any:
-    """Write ``source`` into the dags folder and import it; returns the DAG it defines."""
-    name = f"test_dag_{uuid.uuid4().hex[:10]}"
+def load_dag(source: str, name: str | None = None) -> Any:
+    """Write ``source`` into the dags folder and import it; returns the DAG it defines,
+    whose id is ``name`` (default: new for each call; a name given again rewrites that
+    DAG's file, as an author editing one DAG does)."""
+    name = name or f"test_dag_{uuid.uuid4().hex[:10]}"
     path = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"]) / f"{name}.py"
     path.write_text(textwrap.dedent(source).replace("DAG_ID", name))
     spec = importlib.util.spec_from_file_location(name, path)

@@ -99,6 +99,7 @@ def test_the_asset_event_carries_the_guarantee_of_the_release(ledger, tmp_path):
             "cap_epsilon": 3.0,
             "windows": [WINDOW],
             "cohort_size": {"at_least": 10, "below": 100},  # 50 residents
+            "reused": False,
         }
     }
     assert receipt["epsilon"] > 0 and receipt["epsilon"] != 0  # not the callable's forgery

@@ -2,7 +2,8 @@
 
 The ledger owns windows: a run is charged for every window its data interval overlaps,
 a sealed (reset) window is never charged again, and every task-instance try is an
-attempt of its own, so a deleted and re-created run is charged again.
+attempt of its own: a deleted and re-created run is a new attempt, handed the release its
+first run made (the same release), and charged again when it asks for a fresh one.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ with DAG(
     schedule=CronDataIntervalTimetable("0 0 * * 0", timezone="UTC"),  # Sunday to Sunday
     start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
     catchup=False,
+    params={{"refresh": False}},
 ) as dag:
     DPReleaseOperator(
         task_id="release",
@@ -49,6 +51,7 @@ with DAG(
         l2_sensitivity=1.0,
         subjects=["alice", "bob"],
         query_type="heatmap",
+        refresh="{{{{ params.refresh }}}}",
     )
 """
 
@@ -97,18 +100,26 @@ def test_a_weekly_run_spanning_two_iso_weeks_charges_both(ledger, weekly):
     assert ledger.verify().ok
 
 
-def test_a_re_created_run_is_a_new_attempt_and_is_charged_again(ledger, weekly):
+def test_a_re_created_run_is_a_new_attempt_handed_the_same_release(ledger, weekly):
     """dag.test() with the same run_after deletes the earlier run and creates it again
     with the same run id and try number 1: only the task instance's UUID tells the two
-    tries apart, and it must, or the second run would release for free."""
+    tries apart. The second run is the same release (same task, interval, mechanism and
+    subjects): it is handed the first one's answer and charged nothing. Asked for a fresh
+    release ({"refresh": true}), the re-created run is a new attempt and is charged again,
+    or it would release for free."""
     dag, ran = weekly
     after = datetime(2026, 11, 16, 1, tzinfo=UTC)
     first = dag.test(logical_date=SUNDAY, run_after=after)
     second = dag.test(logical_date=SUNDAY, run_after=after)
     assert first.run_id == second.run_id
+    assert runs_of(ran) == 1
+    (reuse,) = [e["payload"] for e in ledger.history() if e["action"] == "reuse"]
+    third = dag.test(logical_date=SUNDAY, run_after=after, run_conf={"refresh": True})
+    assert third.run_id == first.run_id
     assert runs_of(ran) == 2
     attempts = [e["payload"]["attempt_id"] for e in ledger.history() if e["action"] == "commit"]
-    assert len(attempts) == len(set(attempts)) == 2
+    attempts.append(reuse["attempt_id"])
+    assert len(attempts) == len(set(attempts)) == 3
     assert all(attempt.split("/")[3:5] == ["-1", "1"] for attempt in attempts)
     twice = RDPAccountant()
     twice.compose(DISCRETE_Z4, 2)
@@ -122,6 +133,9 @@ def test_reset_then_backfill_of_the_sealed_week_is_refused(ledger, weekly, monke
     # The maintenance run after the grace period: weeks 45 and 46 are sealed and dropped.
     ledger_time_at(monkeypatch, window_bounds("2026-w46")[1] + DEFAULT_GRACE + timedelta(hours=1))
     assert ledger.reset_closed() == {"2026-w45": 2, "2026-w46": 2}
+    # A re-run of the sealed weeks' own release is handed its answer, charging nothing.
+    assert task_states(dag.test(logical_date=SUNDAY))["release"] == "success"
+    assert runs_of(ran) == 1
     before = ledger.history()
     backfill = dag.test(logical_date=SUNDAY - timedelta(days=7))  # w44 and the sealed w45
     assert task_states(backfill)["release"] == "failed"

@@ -22,6 +22,7 @@ from dp_budget_provider.ledger.audit.replay_state import (
     AuditSettings,
     Findings,
 )
+from dp_budget_provider.ledger.audit.replay_stored import KeptAnswers
 from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.storage.entries import ENTRY_KINDS, RefiningEntry
 from dp_budget_provider.ledger.storage.schema import (
@@ -39,7 +40,12 @@ class Replay:
         self.findings = Findings()
         self.configuration = Configuration(self.findings, settings)
         self.charges = Charges(settings, self.configuration, self.findings)
-        self._handlers = {**self.configuration.handlers(), **self.charges.handlers()}
+        self.kept = KeptAnswers(self.findings)
+        self._handlers = {
+            **self.configuration.handlers(),
+            **self.charges.handlers(),
+            **self.kept.handlers(),
+        }
 
     def apply(self, entry: Any, keys: list[LedgerKey], links: list[tuple[str, ...]]) -> None:
         """Apply one entry (with its reservation's keys, in order, and the cohorts
@@ -55,6 +61,7 @@ class Replay:
                 return
             record = kind.from_payload(payload)
             self._handlers[kind](entry, record, keys)
+            self.kept.note(entry, record)
             charged = record.cohorts if isinstance(record, RefiningEntry) else None
             covered = [(c.tenant, c.cohort, c.query_type, c.window) for c in charged or ()]
             if sorted(links) != sorted(covered):

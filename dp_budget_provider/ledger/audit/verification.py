@@ -38,6 +38,9 @@ and compares every stored row, column by column, with what the replay says:
   accounts to ``dp_sealed_accounts``, each proven like a live one and sealed when the
   reset sealed it, and keeps its members and listings, proven as before (a reset of an
   earlier version dropped all three; its cohorts stay);
+* ``dp_stored_releases``: each answer kept for re-runs is the one its identity's last
+  keeping commit recorded, unedited, and each reuse hands out an answer a commit kept
+  (``replay_stored``);
 
 and proves the cap: no key's lifetime spend in a window (across resets, re-scopes and
 corrections) plus what was in flight ever passed the cap in force when a reservation was
@@ -76,6 +79,7 @@ from dp_budget_provider.ledger.audit.class_checks import (
 )
 from dp_budget_provider.ledger.audit.replay import Replay, read_history
 from dp_budget_provider.ledger.audit.replay_state import AuditSettings
+from dp_budget_provider.ledger.audit.replay_stored import check_stored_releases
 from dp_budget_provider.ledger.audit.table_checks import (
     check_accounts,
     check_config,
@@ -190,6 +194,11 @@ def _replayed(
         lambda: check_cohort_accounts(connection, charges, problems),
     )
     _guarded(problems, "dp_members", lambda: check_members(connection, charges, problems))
+    _guarded(
+        problems,
+        "dp_stored_releases",
+        lambda: check_stored_releases(connection, replay.kept, problems),
+    )
     return VerifyReport(
         entries=entries,
         accounts=accounts or 0,

@@ -20,6 +20,9 @@ more than the receipt already says:
 ``cap_epsilon``     the cap the release's scope is held to (public policy)
 ``windows``         the budget windows charged
 ``cohort_size``     how many subjects the release covers, as a public bucket
+``reused``          true when the run was handed the stored answer of an earlier
+                    run of the same release (``reservation_id`` is that run's),
+                    charging nothing
 ==================  ============================================================
 
 Never a subject, an account key, or anything about other releases. The cohort's size is
@@ -90,11 +93,13 @@ class ReleaseGuarantee:
     cap_epsilon: float
     windows: tuple[str, ...]
     cohort_size: CohortSizeBucket
+    reused: bool = False
 
     @classmethod
     def of(cls, outcome: ReleaseOutcome, keys: Covered, delta: float) -> ReleaseGuarantee | None:
-        """The guarantee of a charged release (``released``, or ``failed`` after the data
-        was touched); None when nothing was charged. ``keys`` is what the release covered,
+        """The guarantee of a charged release (``released``, ``failed`` after the data was
+        touched, or ``reused``: the earlier release's); None when nothing was charged.
+        ``keys`` is what the release covered,
         ``delta`` the ledger's."""
         if outcome.receipt is None or outcome.plan is None:
             return None
@@ -112,6 +117,7 @@ class ReleaseGuarantee:
             cap_epsilon=receipt.cap_epsilon,
             windows=tuple(receipt.windows),
             cohort_size=CohortSizeBucket.of(cohort_size(keys)),
+            reused=receipt.reused,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -127,4 +133,5 @@ class ReleaseGuarantee:
             "cap_epsilon": self.cap_epsilon,
             "windows": list(self.windows),
             "cohort_size": self.cohort_size.as_dict(),
+            "reused": self.reused,
         }

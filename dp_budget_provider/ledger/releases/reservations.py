@@ -50,15 +50,18 @@ from dp_budget_provider.ledger.records import (
     Reservation,
     SpendReceipt,
 )
-from dp_budget_provider.ledger.releases import reservation_rows
+from dp_budget_provider.ledger.releases import reservation_rows, stored
+from dp_budget_provider.ledger.releases.identity import ReleaseIdentity
 from dp_budget_provider.ledger.releases.lease import LeaseKeeper, WarningLog
 from dp_budget_provider.ledger.releases.locks import ChargeLocks, charged_once_more_if_stale
+from dp_budget_provider.ledger.releases.stored import Keep, StoredAnswer
 from dp_budget_provider.ledger.storage import clock, history, pipeline, statements
 from dp_budget_provider.ledger.storage.entries import (
     CommitEntry,
     ReapEntry,
     ReleaseEntry,
     ReserveEntry,
+    ReuseEntry,
 )
 from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import Reservation as ReservationRow
@@ -254,9 +257,11 @@ class Reservations:
         *,
         state: str,
         reaped: tuple[str, str | None] | None = None,
+        keep: Keep | None = None,
     ) -> list[SpendReceipt]:
         """Turn an open reservation into committed spend on each of its keys (general path):
-        a commit, or with ``reaped`` (why, and the lease it held) a reap."""
+        a commit, or with ``reaped`` (why, and the lease it held) a reap. ``keep``: the
+        commit's answer, kept for re-runs of its release (:mod:`stored`)."""
         now = clock.stamp(clock.now())
         cost = Spend.from_columns(
             row.cost_rho, row.cost_residual, row.cost_gaussian_mu2, self._pricing.orders.size
@@ -270,6 +275,7 @@ class Reservations:
             .where(ReservationRow.id == row.id)
             .values(state=state, resolved_at=now)
         )
+        stored = keep.store(connection, row.id, now) if keep is not None else None
         charged = {
             "attempt_id": row.attempt_id,
             "cost": cost,
@@ -278,7 +284,7 @@ class Reservations:
             "keys_digest": history.keys_digest(keys),
         }
         entry = (
-            CommitEntry(**charged)
+            CommitEntry(**charged, stored=stored)
             if reaped is None
             else ReapEntry(**charged, reason=reaped[0], lease_expires_at=reaped[1])
         )
@@ -358,10 +364,12 @@ class Reservations:
             )
         return row
 
-    def commit(self, reservation: Reservation) -> list[SpendReceipt]:
+    def commit(self, reservation: Reservation, keep: Keep | None = None) -> list[SpendReceipt]:
         """Charge a reservation (the release happened); a second commit charges nothing.
 
-        Only the attempt that reserved may commit (see :meth:`_owned_row`).
+        Only the attempt that reserved may commit (see :meth:`_owned_row`). ``keep``: the
+        release's answer, kept in the same transaction for re-runs of its identity
+        (:mod:`stored`; a second commit keeps nothing).
         """
         with self._database.write() as connection:
             row = self._owned_row(connection, reservation, "commit")
@@ -381,7 +389,31 @@ class Reservations:
                 raise ReservationStateError(
                     f"reservation {row.id} was {row.state}; it cannot be committed"
                 )
-            return self._charge(connection, row, state=COMMITTED)
+            return self._charge(connection, row, state=COMMITTED, keep=keep)
+
+    def reuse(self, identity: ReleaseIdentity, attempt: str) -> StoredAnswer | None:
+        """The stored answer of ``identity`` for ``attempt``, proven against the history
+        (:func:`stored.served`), with the reuse appended to the history; None (nothing
+        written) when the identity has no stored answer. Charges nothing: the answer is
+        already published. Refused in quarantine (:class:`LedgerQuarantined`), and when the
+        stored answer does not prove (:class:`LedgerCorrupt`)."""
+        attempt_id = self._attempt(attempt)
+        with self._database.write() as connection:
+            self._locks.refuse_if_quarantined(connection)
+            answer = stored.served(connection, identity, self._journal.key)
+            if answer is None:
+                return None
+            self._journal.append(
+                connection,
+                ReuseEntry(
+                    attempt_id=attempt_id,
+                    identity=answer.identity,
+                    reservation=answer.reservation_id,
+                    digest=answer.digest,
+                ),
+                at=clock.stamp(clock.now()),
+            )
+            return answer
 
     def release(self, reservation: Reservation, reason: str = "") -> None:
         """Drop a reservation whose release never touched the data (nothing is charged).

@@ -20,7 +20,15 @@ failed      the query or the noise raised after the reservation (``error``, what
             (``receipt``) and nothing is released
 withheld    the commit was refused (``refusal``: the ledger was quarantined meanwhile): no
             value; the reservation stays open and the reap charges it
+reused      the release was made before (same identity: :mod:`identity`): ``value`` is its
+            stored answer and ``receipt`` its receipt, marked reused; nothing ran, nothing
+            was charged, the history records the reuse
 ==========  =============================================================================
+
+A release made at a :class:`ReleaseSlot` (the operators give the task's) has an identity,
+decided before the data is read: if that identity has a stored answer it is handed out
+again (``reused``), unless ``refresh=True``, which makes a new release, charged in full,
+whose answer then replaces the stored one. A released answer is kept with its commit.
 
 What the caller does with an outcome (exceptions, XCom, metrics) is the caller's; the
 service only logs its own steps (the resolved noise, the reservation, its lease).
@@ -50,6 +58,8 @@ from dp_budget_provider.ledger.gate import (
     ReleaseReceipt,
     ReleaseRefused,
 )
+from dp_budget_provider.ledger.releases.identity import ReleaseIdentity, ReleaseSlot
+from dp_budget_provider.ledger.releases.stored import MAX_STORED_BYTES
 
 
 class ReleaseResult(enum.Enum):
@@ -60,6 +70,7 @@ class ReleaseResult(enum.Enum):
     refused = "refused"
     failed = "failed"
     withheld = "withheld"
+    reused = "reused"
 
 
 @dataclass(frozen=True)
@@ -111,6 +122,29 @@ class DeclaredRelease:
             granularity=self.granularity,
             rule=self.rule,
         )
+
+    def identity_part(self, plan: NoisePlan) -> dict[str, Any]:
+        """What the release is, as its identity names it (:mod:`identity`): the scope, the
+        mechanism declared and the one charged, and how the answer is noised."""
+        declared = self.mechanism
+        return {
+            "tenant": self.tenant,
+            "query_type": self.query_type,
+            "declared": declared.to_spec() if isinstance(declared, Mechanism) else declared,
+            "mechanism": plan.charged.to_spec(),
+            "count": self.count,
+            "noise": self.noise,
+            "granularity": plan.granularity,
+            "l2_sensitivity": self.l2_sensitivity,
+            "l1_sensitivity": self.l1_sensitivity,
+            "rule": {
+                "nan_value": self.rule.nan_value,
+                "bounds": None if self.rule.bounds is None else list(self.rule.bounds),
+                "cells": self.rule.cells,
+                "integer": self.rule.integer,
+            },
+            "target_epsilon": self.target_epsilon,
+        }
 
     def fixed_mechanism(self) -> Mechanism:
         """The declared mechanism (not ``auto``)."""
@@ -187,6 +221,8 @@ def make_release(
     *,
     attempt: str,
     log: logging.Logger | logging.LoggerAdapter[Any],
+    slot: ReleaseSlot | None = None,
+    refresh: bool = False,
 ) -> ReleaseOutcome:
     """Reserve ``declared`` on ``keys`` (a list, read twice on a refusal) as ``attempt``,
     run ``compute`` (the exact, clipped answer), add the noise and commit; the outcome
@@ -194,12 +230,30 @@ def make_release(
 
     Once ``compute`` has started the attempt is charged whatever happens next (the commit
     runs on success and on any failure alike), and the noise is added at most once.
+    Made at ``slot``, a release made before is handed its stored answer instead (unless
+    ``refresh``), and a released answer is kept for the next run.
     """
     try:
         mechanism = declared.mechanism_on(gate, log)
     except ValueError as error:  # a release no noise fits: the same on every attempt
         return ReleaseOutcome(ReleaseResult.invalid, error=error)
     plan = declared.plan(mechanism)
+    identity = None
+    if slot is not None:
+        try:
+            identity = ReleaseIdentity.of(slot, declared.identity_part(plan), keys)
+        except ValueError as error:  # bad keys
+            return ReleaseOutcome(ReleaseResult.invalid, plan, error=error)
+        if refresh:
+            log.info(
+                "refresh=True: release %s is made again, charged in full; its answer replaces "
+                "the stored one",
+                identity.digest,
+            )
+        else:
+            reused = _reused(gate, identity, plan, keys, attempt, log)
+            if reused is not None:
+                return reused
     try:
         granted = gate.reserve(keys, plan.charged, declared.count, attempt=attempt)
     except ValueError as error:  # bad keys or windows
@@ -222,7 +276,42 @@ def make_release(
         # and the receipt says so. Committed inside the handler, so that an error of the
         # commit itself keeps this one as its context.
         return _charged(gate, granted, plan, ReleaseResult.failed, error=error)
-    return _charged(gate, granted, plan, ReleaseResult.released, value=value)
+    keep = None if identity is None else (identity, value)
+    outcome = _charged(gate, granted, plan, ReleaseResult.released, value=value, keep=keep)
+    if outcome.receipt is not None and outcome.receipt.stored is False:
+        log.warning(
+            "the answer is larger than the %d bytes a ledger keeps for re-runs: it is not "
+            "kept, so a re-run of this release is a new release, charged again",
+            MAX_STORED_BYTES,
+        )
+    return outcome
+
+
+def _reused(
+    gate: ReleaseGate,
+    identity: ReleaseIdentity,
+    plan: NoisePlan,
+    keys: Covered,
+    attempt: str,
+    log: logging.Logger | logging.LoggerAdapter[Any],
+) -> ReleaseOutcome | None:
+    """The outcome of handing out ``identity``'s stored answer (or of the gate refusing
+    to), None when it has none. Decided by the identity alone, never by the data."""
+    try:
+        found = gate.reuse(identity, attempt=attempt)
+    except ValueError as error:  # an identity of another DAG
+        return ReleaseOutcome(ReleaseResult.invalid, plan, error=error)
+    except ReleaseRefused as refusal:
+        return ReleaseOutcome(ReleaseResult.refused, plan, subjects_in(keys), refusal=refusal)
+    if found is None:
+        return None
+    log.info(
+        "release %s was made before (reservation %s): its stored answer is handed out again, "
+        "charging nothing (refresh=True makes a new release, charged in full)",
+        identity.digest,
+        found.receipt.reservation_id,
+    )
+    return ReleaseOutcome(ReleaseResult.reused, plan, value=found.value, receipt=found.receipt)
 
 
 def _charged(
@@ -233,12 +322,13 @@ def _charged(
     *,
     value: Any = None,
     error: BaseException | None = None,
+    keep: tuple[ReleaseIdentity, Any] | None = None,
 ) -> ReleaseOutcome:
     """Commit a release whose data was touched: ``result``, or ``withheld`` if the gate
     refuses the commit (quarantined meanwhile: the reservation stays open and is charged
-    when reaped)."""
+    when reaped). ``keep``: its identity and answer, kept for re-runs."""
     try:
-        receipt = gate.commit(granted)
+        receipt = gate.commit(granted, keep)
     except ReleaseRefused as refusal:
         return ReleaseOutcome(ReleaseResult.withheld, plan, refusal=refusal)
     return ReleaseOutcome(result, plan, value=value, receipt=receipt, error=error)

@@ -288,10 +288,22 @@ class ReserveEntry(RefiningEntry):
 
 
 @dataclass(frozen=True, kw_only=True)
+class StoredMark(Record):
+    """A release's stored answer as its commit records it: the release's ``identity`` and
+    the ``digest`` binding its identity document, answer and receipt
+    (``dp_stored_releases``)."""
+
+    identity: str
+    digest: str
+
+
+@dataclass(frozen=True, kw_only=True)
 class CommitEntry(Entry):
     """A reservation charged: its release happened. Its cost moves from pending to the
     committed spend of its keys (``key_count``, in lock order, bound by
-    ``keys_digest``)."""
+    ``keys_digest``). ``stored``: the answer kept for re-runs of the same release (None:
+    none kept: a reap, a failed attempt, an answer too large, or a commit before stored
+    releases)."""
 
     action: ClassVar[str] = "commit"
     attempt_id: str
@@ -299,6 +311,7 @@ class CommitEntry(Entry):
     count: int
     key_count: int
     keys_digest: str
+    stored: StoredMark | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -319,6 +332,19 @@ class ReleaseEntry(Entry):
     action: ClassVar[str] = "release"
     attempt_id: str
     reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReuseEntry(Entry):
+    """A re-run of a release handed the stored answer of the release that charged
+    ``reservation`` (its commit recorded the answer as ``digest``), charging nothing:
+    handing out an answer already published is post-processing."""
+
+    action: ClassVar[str] = "reuse"
+    attempt_id: str
+    identity: str
+    reservation: str
+    digest: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -380,6 +406,7 @@ ENTRY_KINDS: dict[str, type[Entry]] = {
         CommitEntry,
         ReapEntry,
         ReleaseEntry,
+        ReuseEntry,
         CorrectionEntry,
         RescopeEntry,
         ResetEntry,

@@ -177,6 +177,17 @@ def entry_hash(
     return link_hash(prev_hash, link_prefix(at, action, actor, body), seq, key, keyed=keyed)
 
 
+def link_holds(row: Any, key: ChainKey, keyed_from: int | None) -> bool:
+    """Whether a stored entry carries the link its content makes on its previous link: an
+    HMAC under ``key`` from entry ``keyed_from`` on (the ledger's history is keyed from
+    there), plain sha256 before. Under a key, only the ledger can have written it."""
+    keyed = keyed_from is not None and row.seq >= keyed_from
+    recomputed = entry_hash(
+        row.prev_hash, row.seq, row.at, row.action, row.actor, entry_body(row), key, keyed=keyed
+    )
+    return hmac.compare_digest(recomputed, row.hash)
+
+
 def entry_body(row: Any) -> dict[str, Any]:
     """The hashed part of a stored row besides seq/at/action/actor."""
     return {
@@ -379,18 +390,8 @@ def chain_problems(
                 f"previous-hash link does not match the preceding entry of chain {row.chain} "
                 "(entries missing, moved or inserted)",
             )
-        keyed = keyed_from is not None and row.seq >= keyed_from
-        recomputed = entry_hash(
-            row.prev_hash,
-            row.seq,
-            row.at,
-            row.action,
-            row.actor,
-            entry_body(row),
-            key,
-            keyed=keyed,
-        )
-        if not hmac.compare_digest(recomputed, row.hash):
+        if not link_holds(row, key, keyed_from):
+            keyed = keyed_from is not None and row.seq >= keyed_from
             what = "its keyed link" if keyed else "its hash"
             yield ChainProblem(row.seq, f"content does not match {what} (entry edited or forged)")
         mark = expected.pop(row.seq, None)

@@ -391,3 +391,24 @@ class MaintenanceRun(Base):
     job: Mapped[str] = mapped_column(String(16), primary_key=True)
     last_run_at: Mapped[str] = mapped_column(String(40))
     actor: Mapped[str] = mapped_column(Text)
+
+
+class StoredRelease(Base):
+    """The noisy answer of the last committed release of one identity (revision 0015),
+    which a re-run of that release is handed instead of a fresh, charged answer.
+
+    ``identity`` is the digest of ``document`` (what the release is: ``identity``);
+    ``value`` and ``receipt`` are canonical JSON; ``digest`` binds the three, and the
+    commit entry that charged ``reservation_id`` records it, so a stored answer edited in
+    the database matches no entry and is never served (``stored``).
+    """
+
+    __tablename__ = "dp_stored_releases"
+
+    identity: Mapped[str] = mapped_column(String(64), primary_key=True)
+    reservation_id: Mapped[str] = mapped_column(String(36), unique=True)
+    document: Mapped[str] = mapped_column(Text)
+    value: Mapped[str] = mapped_column(Text)
+    receipt: Mapped[str] = mapped_column(Text)
+    digest: Mapped[str] = mapped_column(String(64))
+    stored_at: Mapped[str] = mapped_column(String(40))

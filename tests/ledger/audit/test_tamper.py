@@ -31,6 +31,8 @@ from dp_budget_provider.ledger import (
     key_for,
 )
 from dp_budget_provider.ledger.audit.checkpoints import Checkpoint, CheckpointFile
+from dp_budget_provider.ledger.releases.identity import ReleaseIdentity, ReleaseSlot
+from dp_budget_provider.ledger.releases.stored import Keep
 from dp_budget_provider.ledger.storage import clock as ledger_clock
 from dp_budget_provider.ledger.storage import history
 from dp_budget_provider.ledger.windows.shares import Share
@@ -63,6 +65,7 @@ TOKENS = {
     "dp_windows": "window",
     "dp_policies": "polic",
     "dp_ledger_config": "dp_ledger_config",
+    "dp_stored_releases": "dp_stored_releases",
 }
 
 
@@ -106,6 +109,13 @@ def build(url: str) -> None:
             key_for("frank", "heatmap", "2026-w49"),
         )
         ledger.spend(erin, GaussianMechanism(3.0))
+        # A release whose commit kept its answer, and a re-run handed it.
+        identity = ReleaseIdentity.of(
+            ReleaseSlot.in_window("etl", "heatmap", -1, "2026-w49"), {"count": 1}, [frank]
+        )
+        kept = Keep.of(identity, [3.5, 4.25], {"reservation_id": "kept", "epsilon": 0.5})
+        ledger.commit(ledger.reserve(frank, GaussianMechanism(3.0)), kept)
+        assert ledger.reuse(identity, "etl/heatmap/rerun") is not None
         ledger.reserve([erin, frank], LaplaceMechanism(0.25))  # stays open: pending residual
         ledger.reserve(erin, GaussianMechanism(6.0))  # stays open: pending mu^2
         ledger.release(
@@ -221,6 +231,7 @@ TABLES = (
     "dp_history",
     "dp_chain_head",
     "dp_windows",
+    "dp_stored_releases",
 )
 
 

@@ -253,6 +253,16 @@ def assert_legacy_accounts_are_classes_of_one(
         ],
         # Revision 0012 (when each maintenance job last ran).
         "dp_maintenance": ["job", "last_run_at", "actor"],
+        # Revision 0015 (the answers re-runs of a release are handed).
+        "dp_stored_releases": [
+            "identity",
+            "reservation_id",
+            "document",
+            "value",
+            "receipt",
+            "digest",
+            "stored_at",
+        ],
     }
     assert rows(url, ACCOUNTS) == [(*row, 1, None) for row in before]
     assert sorted(rows(url, MEMBERS)) == sorted(
