@@ -47,7 +47,11 @@ from dp_budget_provider.ledger.records import (
     VerifyReport,
 )
 from dp_budget_provider.ledger.releases.guarantee import CohortSizeBucket, ReleaseGuarantee
-from dp_budget_provider.ledger.releases.identity import ReleaseIdentity, ReleaseSlot
+from dp_budget_provider.ledger.releases.identity import (
+    ReleaseIdentity,
+    ReleaseSlot,
+    query_digest,
+)
 from dp_budget_provider.ledger.releases.lease import lease_of_seconds
 from dp_budget_provider.ledger.releases.service import (
     DeclaredRelease,
@@ -131,6 +135,7 @@ __all__ = [
     "lease_of_seconds",
     "make_release",
     "overdue_warning",
+    "query_digest",
     "subject_ids",
     "subjects_in",
     "verify_and_checkpoint",

@@ -297,11 +297,7 @@ class ReleaseGate:
         """Reserve the release's cost on ``keys``, or raise :class:`ReleaseRefused`. A
         gate held by a DAG's task reserves only as that DAG (its ``attempt`` names it):
         which share pays is the DAG's."""
-        if self.dag is not None and dag_of(attempt) != self.dag:
-            raise ValueError(
-                f"attempt {attempt!r} does not name this task's DAG {self.dag!r}: a task "
-                "reserves as its own DAG"
-            )
+        self._as_own_dag(attempt)
         reservation = self._refusing(
             lambda: self._ledger.reserve(keys, mechanism, count, attempt=attempt)
         )
@@ -338,7 +334,7 @@ class ReleaseGate:
         )
         kept = None
         if keep is not None:
-            self._own(keep[0])
+            self.own(keep[0])
             kept = Keep.of(keep[0], keep[1], released.as_dict())
         receipts = self._refusing(lambda: self._ledger.commit(granted._reservation, kept))
         shares = [r for r in receipts if parse_share(r.key.query_type) is not None]
@@ -350,7 +346,9 @@ class ReleaseGate:
             accounts=receipts if self.exposed else None,
             named=named,
             share=_share_state(shares),
-            stored=None if keep is None else kept is not None,
+            # Kept only by the commit that charged it (not by one that found its
+            # reservation reaped meanwhile), and only if small enough.
+            stored=None if keep is None else kept is not None and kept.stored is not None,
         )
 
     def reuse(self, identity: ReleaseIdentity, *, attempt: str) -> ReusedRelease | None:
@@ -359,18 +357,29 @@ class ReleaseGate:
         (or kept). Refused (:class:`ReleaseRefused`, its reason sealed) in quarantine and
         when the stored answer does not prove against the history: it is then never
         served. Whether an answer is stored depends only on this DAG's own releases."""
-        self._own(identity)
+        self.own(identity)
+        self._as_own_dag(attempt)
         answer = self._refusing(lambda: self._ledger.reuse(identity, attempt))
         if answer is None:
             return None
         return ReusedRelease(answer.value, _stored_receipt(answer.receipt))
 
-    def _own(self, identity: ReleaseIdentity) -> None:
-        """Refuse a release identity of another DAG than the one holding this gate."""
+    def own(self, identity: ReleaseIdentity) -> None:
+        """Refuse (ValueError) a release identity of another DAG than the one holding this
+        gate: a task keeps and reuses only its own DAG's releases."""
         if self.dag is not None and identity.dag != self.dag:
             raise ValueError(
                 f"release identity of DAG {identity.dag!r} is not this task's DAG {self.dag!r}: "
                 "a task keeps and reuses only its own DAG's releases"
+            )
+
+    def _as_own_dag(self, attempt: str) -> None:
+        """Refuse (ValueError) an attempt naming another DAG than the one holding this
+        gate: a task reserves, and is handed answers, as its own DAG."""
+        if self.dag is not None and dag_of(attempt) != self.dag:
+            raise ValueError(
+                f"attempt {attempt!r} does not name this task's DAG {self.dag!r}: a task "
+                "acts as its own DAG"
             )
 
     def release(self, granted: GrantedRelease, reason: str = "") -> None:

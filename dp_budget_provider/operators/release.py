@@ -63,8 +63,8 @@ from dp_budget_provider.ledger import (
     SubjectSource,
     covered_by,
     make_release,
+    query_digest,
 )
-from dp_budget_provider.ledger.releases.identity import query_digest
 from dp_budget_provider.operators.outlets import publish_guarantee, release_outlets
 from dp_budget_provider.plugins.links import DPBudgetAccountLink
 
@@ -293,14 +293,15 @@ class DPReleaseOperator(BaseOperator):
 
     def _slot(self, context: Mapping[str, Any]) -> ReleaseSlot:
         """Where this release is made, from the task's context (never an argument): its
-        DAG, task and map index, and the data it reads (the window it was told to charge,
-        else the run's data interval)."""
+        DAG, task, map index and callable, the data it reads (the run's data interval),
+        and the window it was told to charge, if it was."""
         ti = context["ti"]
+        where = (ti.dag_id, ti.task_id, ti.map_index)
         query = query_digest(_name_of(self.python_callable))
-        if self.window:
-            return ReleaseSlot.in_window(ti.dag_id, ti.task_id, ti.map_index, self.window, query)
         start, end = data_interval(context)
-        return ReleaseSlot.over_interval(ti.dag_id, ti.task_id, ti.map_index, start, end, query)
+        if self.window:
+            return ReleaseSlot.in_window(*where, self.window, start, end, query)
+        return ReleaseSlot.over_interval(*where, start, end, query)
 
     # ------------------------------------------------------------------ execute
 
@@ -311,7 +312,7 @@ class DPReleaseOperator(BaseOperator):
         try:
             keys = self._keys(gate, context)
             outlets = release_outlets(self.outlets)
-            refreshing(self.refresh)
+            refresh = refreshing(self.refresh)
         except ValueError as refusal:  # bad subjects, windows, outlets, refresh: on every try
             raise AirflowFailException(f"no release: {refusal}") from None
         answer = partial(self.python_callable, *self.op_args, **self.op_kwargs)
@@ -323,7 +324,7 @@ class DPReleaseOperator(BaseOperator):
             attempt=attempt_id(context),
             log=self.log,
             slot=self._slot(context),
-            refresh=refreshing(self.refresh),
+            refresh=refresh,
         )
         self._guarantee = ReleaseGuarantee.of(outcome, keys, gate.delta)
         summary = outcome.summary

@@ -75,9 +75,10 @@ ledger.set_policy(Policy(2.0, tenant="acme", compliance_clause="GDPR Art. 25 (da
                   "minimisation): at most eps = 2 per subject and week"))
 runs = []
 # The runs charge this week (sys.argv[3]): the run's own data interval is last week, which
-# takes no new release once its grace period is over (from Thursday on).
+# takes no new release once its grace period is over (from Thursday on). Each asks for a
+# fresh release (a re-run of the same release would be handed the first one's answer).
 for tenant in ("acme", "acme", "acme", "globex"):
-    run = module.dag.test(run_conf={"tenant": tenant, "window": sys.argv[3]})
+    run = module.dag.test(run_conf={"tenant": tenant, "window": sys.argv[3], "refresh": True})
     runs.append({"run_id": run.run_id, "state": str(run.state), "tenant": tenant})
 window = ledger.accounts(tenant="acme", limit=1)[0].key.window
 # a release in flight on one account (its worker has reserved, not yet committed)

@@ -136,7 +136,8 @@ def test_a_real_dag_run_fills_the_ui_and_links_its_task(
     # week may still be charged whatever the weekday.
     ledger_time_in(monkeypatch, this_week(datetime.now(timezone.utc) - timedelta(days=7)))
     dag = _load_example("example_dp_heatmap")
-    runs = [dag.test(run_conf={"tenant": "acme"}) for _ in range(2)]
+    # Two releases of the week: the second asks for a fresh one (else it is handed the first).
+    runs = [dag.test(run_conf={"tenant": "acme", "refresh": fresh}) for fresh in (False, True)]
     assert [task_states(run) for run in runs] == [
         {"register_cohort": "success", "release_heatmap": "success"}
     ] * 2

@@ -6,8 +6,10 @@ its identity document, answer and receipt (``CommitEntry.stored``). The replay r
 each, and which commit kept each identity's answer last. Then:
 
 * a reap keeps no answer (its attempt died before it had one);
-* a reuse names an answer that a commit before it kept: that reservation, that identity
-  and that digest;
+* a keeping commit replaces the identity's last kept answer (its mark names it): a row
+  deleted or rolled back before a commit shows here, as a commit that replaced another;
+* a reuse hands out the identity's last kept answer, as that commit recorded it (a row
+  rolled back to an answer a refresh replaced is served once, and named here);
 * each stored row is the answer that its identity's last keeping commit recorded: its
   digests made again from its columns (an answer, receipt or document edited in the
   database no longer makes them), the reservation, digest and time of that commit; and
@@ -52,6 +54,14 @@ class KeptAnswers:
             self.findings.problem(entry, "a reap keeps no answer (its attempt never had one)")
             return
         mark = record.stored
+        last = self.last.get(mark.identity)
+        if mark.replaces != last:
+            self.findings.problem(
+                entry,
+                f"its answer for release {mark.identity} replaced reservation "
+                f"{mark.replaces}'s, but the last kept was {last}'s (a stored answer deleted "
+                "or rolled back before it?)",
+            )
         self.kept[entry.reservation_id] = (mark.identity, mark.digest, entry.at)
         self.last[mark.identity] = entry.reservation_id
 
@@ -61,6 +71,13 @@ class KeptAnswers:
                 entry,
                 f"it hands out an answer of release {reused.identity} that no commit of "
                 f"reservation {reused.reservation} before it kept",
+            )
+        elif self.last.get(reused.identity) != reused.reservation:
+            self.findings.problem(
+                entry,
+                f"it hands out reservation {reused.reservation}'s answer of release "
+                f"{reused.identity}, not the last kept ({self.last.get(reused.identity)}'s): "
+                "a stored answer rolled back?",
             )
 
 

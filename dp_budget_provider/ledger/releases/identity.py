@@ -9,7 +9,9 @@ it public and fixed before the data is read:
 
 * where it is made: the DAG, the task and its map index (from the task's own context,
   never from an argument), and the name of the callable that computes its answer;
-* the data it reads: the run's data interval, or the one window it was told to charge;
+* the data it reads: the run's data interval, and the one window it was told to charge
+  if it was (a sensor's window is the window it found room in, not the data's: two runs
+  over different data that charge one window are two releases);
 * how it is released: the mechanism charged and its parameters, the noise kind, the
   lattice, the answer rule (bounds, cells, NaN value, integer), the sensitivities, the
   count, the tenant and query type;
@@ -42,7 +44,8 @@ class ReleaseSlot:
     """Where a release is made and what data it reads: the part of its identity that the
     task's context gives (the rest is the release's own declaration and keys).
 
-    ``period`` is ``("data_interval", start, end)`` (ISO 8601, UTC) or ``("window", w)``;
+    ``period`` is ``("data_interval", start, end)`` (ISO 8601, UTC), or for a release told
+    which window to charge ``("window", w, start, end)``;
     ``query`` names the code that computes the answer (:func:`query_digest`).
     """
 
@@ -59,7 +62,7 @@ class ReleaseSlot:
                 raise ValueError(f"a release's {part} id is a non-empty string, got {value!r}")
         if isinstance(self.map_index, bool) or not isinstance(self.map_index, int):
             raise ValueError(f"a map index is an integer, got {self.map_index!r}")
-        if not self.period or self.period[0] not in ("data_interval", "window"):
+        if not self.period or self.period[0] not in ("data_interval", "window"):  # see of()
             raise ValueError(
                 f"a release's period is a data interval or a window, got {self.period!r}"
             )
@@ -79,10 +82,17 @@ class ReleaseSlot:
 
     @classmethod
     def in_window(
-        cls, dag: str, task: str, map_index: int, window: str, query: str = ""
+        cls,
+        dag: str,
+        task: str,
+        map_index: int,
+        window: str,
+        start: datetime,
+        end: datetime,
+        query: str = "",
     ) -> ReleaseSlot:
-        """A release told to charge one window (whatever its run's interval)."""
-        return cls(dag, task, map_index, ("window", window), query)
+        """A release over the data from ``start`` to ``end`` told to charge ``window``."""
+        return cls(dag, task, map_index, ("window", window, _utc(start), _utc(end)), query)
 
 
 @dataclass(frozen=True)

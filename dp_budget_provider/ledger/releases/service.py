@@ -126,24 +126,28 @@ class DeclaredRelease:
     def identity_part(self, plan: NoisePlan) -> dict[str, Any]:
         """What the release is, as its identity names it (:mod:`identity`): the scope, the
         mechanism declared and the one charged, and how the answer is noised."""
-        declared = self.mechanism
+        declared, bounds = self.mechanism, self.rule.bounds
+
+        def number(value: Any) -> float | None:  # numpy's numbers too, as JSON holds them
+            return None if value is None else float(value)
+
         return {
             "tenant": self.tenant,
             "query_type": self.query_type,
             "declared": declared.to_spec() if isinstance(declared, Mechanism) else declared,
             "mechanism": plan.charged.to_spec(),
-            "count": self.count,
+            "count": int(self.count),
             "noise": self.noise,
             "granularity": plan.granularity,
-            "l2_sensitivity": self.l2_sensitivity,
-            "l1_sensitivity": self.l1_sensitivity,
+            "l2_sensitivity": number(self.l2_sensitivity),
+            "l1_sensitivity": number(self.l1_sensitivity),
             "rule": {
-                "nan_value": self.rule.nan_value,
-                "bounds": None if self.rule.bounds is None else list(self.rule.bounds),
-                "cells": self.rule.cells,
-                "integer": self.rule.integer,
+                "nan_value": number(self.rule.nan_value),
+                "bounds": None if bounds is None else [number(b) for b in bounds],
+                "cells": int(self.rule.cells),
+                "integer": bool(self.rule.integer),
             },
-            "target_epsilon": self.target_epsilon,
+            "target_epsilon": number(self.target_epsilon),
         }
 
     def fixed_mechanism(self) -> Mechanism:
@@ -242,7 +246,8 @@ def make_release(
     if slot is not None:
         try:
             identity = ReleaseIdentity.of(slot, declared.identity_part(plan), keys)
-        except ValueError as error:  # bad keys
+            gate.own(identity)  # another DAG's release: refused, refresh or not
+        except (ValueError, TypeError) as error:  # bad keys, a declaration JSON cannot hold
             return ReleaseOutcome(ReleaseResult.invalid, plan, error=error)
         if refresh:
             log.info(

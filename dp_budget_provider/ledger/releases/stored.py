@@ -11,8 +11,12 @@ last commit.
 Before an answer is served it is proven against the history: the row's digests are made
 again from its columns, the commit entry of its reservation must record that digest, and
 that entry must carry the link its content makes (under the chain key, the MAC only the
-ledger can make). An answer edited in the database is therefore never served: the reuse
-is refused, with the reason sealed for the administrator, and verify names the row.
+ledger can make: then only an HMAC link is accepted). An answer edited in the database is
+therefore never served: the reuse is refused, with the reason sealed for the
+administrator, and verify names the row. A row put back to an earlier answer of its
+identity (one a refresh replaced) proves as that earlier commit's, and is served once:
+verify names the reuse, which must hand out the identity's last kept answer, and a row
+deleted before a commit shows in that commit's mark, which names the answer it replaced.
 
 A stored answer is at most :data:`MAX_STORED_BYTES` of canonical JSON (a 256 x 256
 heatmap of floats fits); a larger one is released and charged as usual but not kept, so
@@ -24,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Connection, select, text
@@ -33,7 +37,7 @@ from dp_budget_provider.ledger.errors import LedgerCorrupt
 from dp_budget_provider.ledger.releases.identity import ReleaseIdentity, identity_digest
 from dp_budget_provider.ledger.storage import history
 from dp_budget_provider.ledger.storage.entries import CommitEntry, StoredMark
-from dp_budget_provider.ledger.storage.schema import HistoryEntry, LedgerConfig
+from dp_budget_provider.ledger.storage.schema import HistoryEntry
 from dp_budget_provider.ledger.storage.schema import StoredRelease as StoredRow
 
 #: The largest answer a ledger keeps for re-runs, in bytes of canonical JSON.
@@ -54,14 +58,17 @@ def stored_digest(document: str, value: str, receipt: str) -> str:
     return hashlib.sha256(history.canonical_json([document, value, receipt]).encode()).hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass
 class Keep:
     """A release's answer to keep with its commit: its identity, its answer and the
-    receipt its task was given, each as canonical JSON."""
+    receipt its task was given, each as canonical JSON. ``stored`` is what its commit
+    recorded once it kept it (None: not kept, as by a commit that found its reservation
+    already charged, by a reap)."""
 
     identity: ReleaseIdentity
     value: str
     receipt: str
+    stored: StoredMark | None = field(default=None, init=False)
 
     @classmethod
     def of(cls, identity: ReleaseIdentity, value: Any, receipt: dict[str, Any]) -> Keep | None:
@@ -75,19 +82,29 @@ class Keep:
             return None
         return cls(identity, value_text, history.canonical_json(receipt))
 
-    @property
-    def mark(self) -> StoredMark:
-        """What the commit's history entry records of it."""
-        return StoredMark(
-            identity=self.identity.digest,
-            digest=stored_digest(self.identity.text, self.value, self.receipt),
-        )
-
     def store(self, connection: Connection, reservation_id: str, now: str) -> StoredMark:
-        """Keep it as the identity's answer (replacing an earlier one), before the commit's
-        entry is appended: a concurrent commit of the same identity waits for this
-        transaction's row, so the row kept is always the one of the later entry."""
-        mark = self.mark
+        """Keep it as the identity's answer, replacing the one kept before, before the
+        commit's entry is appended; what that entry records.
+
+        Commits of one identity are serialised here (PostgreSQL: a transaction lock on the
+        identity; SQLite holds its one write lock), so the answer each replaces, which its
+        mark names, is the one the previous commit kept: a row deleted or rolled back
+        before a commit shows as a mark that replaces another answer than the history's
+        last (verify), and the row kept is always the one of the later entry.
+        """
+        digest = self.identity.digest
+        if connection.dialect.name == "postgresql":
+            connection.execute(
+                text("SELECT pg_advisory_xact_lock(:k)"), {"k": int(digest[:15], 16)}
+            )
+        replaces = connection.execute(
+            select(StoredRow.reservation_id).where(StoredRow.identity == digest)
+        ).scalar()
+        mark = StoredMark(
+            identity=digest,
+            digest=stored_digest(self.identity.text, self.value, self.receipt),
+            replaces=replaces,
+        )
         connection.execute(
             _UPSERT,
             {
@@ -100,6 +117,7 @@ class Keep:
                 "stored_at": now,
             },
         )
+        self.stored = mark
         return mark
 
 
@@ -134,8 +152,9 @@ def served(
     """The stored answer of ``identity``, proven against its commit's history entry;
     None when the identity has none. :class:`LedgerCorrupt` when the row does not prove:
     it is never served."""
+    # Locked: a commit keeping another answer for the identity waits, or is waited for.
     row = connection.execute(
-        select(StoredRow).where(StoredRow.identity == identity.digest)
+        select(StoredRow).where(StoredRow.identity == identity.digest).with_for_update()
     ).one_or_none()
     if row is None:
         return None
@@ -160,11 +179,12 @@ def _entry_problem(connection: Connection, row: Any, key: history.ChainKey) -> s
     if len(entries) != 1:
         return f"its reservation has {len(entries)} commit entries, not one"
     (entry,) = entries
-    if mark_of(entry) != StoredMark(identity=row.identity, digest=row.digest):
+    mark = mark_of(entry)
+    if mark is None or (mark.identity, mark.digest) != (row.identity, row.digest):
         return "its commit's history entry records another answer"
-    keyed_from = connection.execute(
-        select(LedgerConfig.keyed_from).where(LedgerConfig.id == 1)
-    ).scalar()
-    if not history.link_holds(entry, key, keyed_from):
+    # Under a chain key only its MAC proves the entry, whatever the database says of when
+    # the history was keyed (an insider could say "never"): an answer kept before the
+    # ledger was keyed is refused too (made again with refresh=True).
+    if not history.link_holds(entry, key, 0 if key.keyed else None):
         return "its commit's history entry does not carry the link its content makes"
     return None

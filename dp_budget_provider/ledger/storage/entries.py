@@ -289,12 +289,14 @@ class ReserveEntry(RefiningEntry):
 
 @dataclass(frozen=True, kw_only=True)
 class StoredMark(Record):
-    """A release's stored answer as its commit records it: the release's ``identity`` and
-    the ``digest`` binding its identity document, answer and receipt
-    (``dp_stored_releases``)."""
+    """A release's stored answer as its commit records it: the release's ``identity``, the
+    ``digest`` binding its identity document, answer and receipt (``dp_stored_releases``),
+    and the reservation whose answer for the identity it ``replaces`` (None: none was
+    kept; written as null)."""
 
     identity: str
     digest: str
+    replaces: str | None = null_written()
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -111,7 +111,9 @@ def build(url: str) -> None:
         ledger.spend(erin, GaussianMechanism(3.0))
         # A release whose commit kept its answer, and a re-run handed it.
         identity = ReleaseIdentity.of(
-            ReleaseSlot.in_window("etl", "heatmap", -1, "2026-w49"), {"count": 1}, [frank]
+            ReleaseSlot.in_window("etl", "heatmap", -1, "2026-w49", CLOCK["now"], CLOCK["now"]),
+            {"count": 1},
+            [frank],
         )
         kept = Keep.of(identity, [3.5, 4.25], {"reservation_id": "kept", "epsilon": 0.5})
         ledger.commit(ledger.reserve(frank, GaussianMechanism(3.0)), kept)

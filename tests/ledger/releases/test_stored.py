@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pytest
 from sqlalchemy import create_engine, text
 
@@ -18,12 +19,14 @@ from dp_budget_provider.ledger import (
     DeclaredRelease,
     PrivacyBudgetLedger,
     ReleaseGate,
+    ReleaseIdentity,
     ReleaseResult,
     ReleaseSlot,
     covered_by,
 )
 from dp_budget_provider.ledger.releases import stored
 from dp_budget_provider.ledger.releases.service import make_release
+from dp_budget_provider.ledger.storage import history
 from dp_budget_provider.ledger.storage.entries import ReuseEntry
 from tests.admin import ADMIN
 
@@ -132,9 +135,10 @@ def test_refresh_charges_in_full_and_its_answer_is_the_one_then_served(ledger):
         {"slot": ReleaseSlot.over_interval("etl", "heatmap", -1, START, END.replace(day=12))},
         {"slot": ReleaseSlot.over_interval("etl", "heatmap", 2, START, END)},
         {"slot": ReleaseSlot.over_interval("etl", "counts", -1, START, END)},
-        {"slot": ReleaseSlot.in_window("etl", "heatmap", -1, WINDOW)},
+        {"slot": ReleaseSlot.in_window("etl", "heatmap", -1, WINDOW, START, END)},
+        {"slot": ReleaseSlot.over_interval("etl", "heatmap", -1, START, END, "other.callable")},
     ],
-    ids=["mechanism", "cohort", "interval", "map-index", "task", "window"],
+    ids=["mechanism", "cohort", "interval", "map-index", "task", "window", "callable"],
 )
 def test_another_identity_is_a_new_release_charged_in_full(ledger, change):
     gate = ReleaseGate(ledger, dag="etl")
@@ -278,3 +282,152 @@ def test_verify_names_a_reuse_of_an_answer_no_commit_kept(ledger):
         )
     problems = ledger.verify(quarantine=False).problems
     assert any("no commit of reservation nope" in p for p in problems), problems
+
+
+def test_one_window_over_other_data_is_another_release(ledger):
+    """A release told which window to charge (a sensor's) is still named by the data it
+    reads: a backfill of last week's data charged to this week is not this week's run."""
+    gate = ReleaseGate(ledger, dag="etl")
+    this_week = ReleaseSlot.in_window("etl", "heatmap", -1, WINDOW, START, END)
+    last_week = ReleaseSlot.in_window(
+        "etl", "heatmap", -1, WINDOW, START.replace(day=1), END.replace(day=6)
+    )
+    release(gate, slot=this_week)
+    query = Query()
+    assert release(gate, slot=last_week, query=query).result is ReleaseResult.released
+    assert query.reads == 1
+    assert release(gate, slot=this_week).result is ReleaseResult.reused
+
+
+def test_on_a_keyed_ledger_only_the_entrys_mac_proves_an_answer(ledger_url):
+    """An insider without the chain key who edits the answer, its commit entry and its
+    plain hash, and says the history was never keyed: the answer is not served."""
+    keyed = PrivacyBudgetLedger(
+        BudgetCap(20.0, 1e-5), url=ledger_url, admin=ADMIN, chain_key="k" * 32
+    )
+    try:
+        gate = ReleaseGate(keyed, dag="etl")
+        first = release(gate)
+        row = _row(keyed)
+        value = json.dumps([999, 999, 999])
+        digest = stored.stored_digest(row.document, value, row.receipt)
+        _edit(keyed, "UPDATE dp_stored_releases SET value = :v, digest = :d", v=value, d=digest)
+        entry = "FROM dp_history WHERE reservation_id = :r AND action = 'commit'"
+        with keyed._database.reading() as connection:
+            found = connection.execute(
+                text(f"SELECT * {entry}"), {"r": first.receipt.reservation_id}
+            ).one()
+        payload = json.loads(found.payload)
+        payload["stored"]["digest"] = digest
+        text_payload = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+        forged = dict(found._mapping, payload=text_payload)
+        link = history.entry_hash(
+            found.prev_hash,
+            found.seq,
+            found.at,
+            found.action,
+            found.actor,
+            history.entry_body(type("Row", (), forged)),
+        )
+        _edit(
+            keyed,
+            "UPDATE dp_history SET payload = :p, hash = :h WHERE seq = :s",
+            p=text_payload,
+            h=link,
+            s=found.seq,
+        )
+        _edit(keyed, "UPDATE dp_ledger_config SET keyed_from = NULL")
+        query = Query()
+        outcome = release(gate, query=query)
+        assert outcome.result is ReleaseResult.refused and outcome.value is None
+        assert query.reads == 0
+    finally:
+        keyed.close()
+
+
+def test_a_rolled_back_answer_is_named_by_verify(ledger):
+    """After a refresh, the row put back to the answer the refresh replaced proves as that
+    commit's and is served once; verify names that reuse."""
+    gate = ReleaseGate(ledger, dag="etl")
+    release(gate)
+    old = _row(ledger)
+    release(gate, refresh=True)
+    _edit(ledger, "DELETE FROM dp_stored_releases")
+    _edit(
+        ledger,
+        "INSERT INTO dp_stored_releases VALUES (:i, :r, :doc, :v, :rc, :d, :at)",
+        i=old.identity,
+        r=old.reservation_id,
+        doc=old.document,
+        v=old.value,
+        rc=old.receipt,
+        d=old.digest,
+        at=old.stored_at,
+    )
+    assert release(gate).result is ReleaseResult.reused
+    problems = ledger.verify(quarantine=False).problems
+    assert any("not the last kept" in p for p in problems), problems
+
+
+def test_a_release_made_again_after_its_answer_was_deleted_is_named_by_verify(ledger):
+    """Deleting the kept answer makes the next run a new release (charged: the lookup
+    cannot tell a deleted answer from none), and verify names its commit."""
+    gate = ReleaseGate(ledger, dag="etl")
+    release(gate)
+    _edit(ledger, "DELETE FROM dp_stored_releases")
+    assert release(gate).result is ReleaseResult.released
+    problems = ledger.verify(quarantine=False).problems
+    assert any("deleted or rolled back" in p for p in problems), problems
+
+
+def test_a_refresh_replaces_the_last_answer_and_verify_agrees(ledger):
+    gate = ReleaseGate(ledger, dag="etl")
+    first = release(gate)
+    release(gate, refresh=True)
+    commits = [e["payload"] for e in ledger.history() if e["action"] == "commit"]
+    assert commits[0]["stored"]["replaces"] is None
+    assert commits[1]["stored"]["replaces"] == first.receipt.reservation_id
+    assert ledger.verify(quarantine=False).ok
+
+
+def test_a_commit_that_finds_its_reservation_reaped_keeps_nothing_and_says_so(ledger):
+    gate = ReleaseGate(ledger, dag="etl")
+    keys = covered_by(SUBJECTS, "heatmap", [WINDOW], "default")
+    plan = declared().plan(declared().fixed_mechanism())
+    granted = gate.reserve(keys, plan.charged, attempt="etl/heatmap/run/-1/1/reaped")
+    assert len(ledger.reap(timedelta(0))) == 1  # its worker looked dead
+    identity = ReleaseIdentity.of(SLOT, declared().identity_part(plan), keys)
+    receipt = gate.commit(granted, (identity, [1, 2, 3]))
+    assert receipt.stored is False
+    assert release(gate).result is ReleaseResult.released  # nothing was kept to reuse
+
+
+def test_a_gate_reuses_only_as_its_own_dag(ledger):
+    gate = ReleaseGate(ledger, dag="etl")
+    release(gate)
+    keys = covered_by(SUBJECTS, "heatmap", [WINDOW], "default")
+    plan = declared().plan(declared().fixed_mechanism())
+    identity = ReleaseIdentity.of(SLOT, declared().identity_part(plan), keys)
+    with pytest.raises(ValueError, match="own DAG"):
+        gate.reuse(identity, attempt="growth/heatmap/run/-1/1/x")
+    assert history_actions(ledger).count("reuse") == 0
+
+
+def test_refresh_of_another_dags_release_reads_nothing(ledger):
+    query = Query()
+    outcome = release(ReleaseGate(ledger, dag="growth"), refresh=True, query=query)
+    assert outcome.result is ReleaseResult.invalid and query.reads == 0
+    assert ledger.open_reservations() == []
+
+
+def test_numpy_numbers_in_a_declaration_name_the_same_release(ledger):
+    gate = ReleaseGate(ledger, dag="etl")
+    numpy_spec = DeclaredRelease(
+        {"kind": "gaussian", "noise_multiplier": 4.0},
+        "default",
+        "heatmap",
+        l2_sensitivity=np.int64(1),
+        rule=AnswerRule(cells=3, integer=True, bounds=(np.int64(0), np.int64(1000))),
+    )
+    release(gate)
+    assert release(gate, spec=numpy_spec).result is ReleaseResult.reused

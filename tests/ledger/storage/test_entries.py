@@ -150,7 +150,9 @@ def workload(url: str) -> tuple[int, str]:
         # whose commit keeps its answer, and a re-run handed it.
         hank = key_for("hank", "heatmap", "2026-w49")
         identity = ReleaseIdentity.of(
-            ReleaseSlot.in_window("etl", "heatmap", -1, "2026-w49"), {"count": 1}, [hank]
+            ReleaseSlot.in_window("etl", "heatmap", -1, "2026-w49", CLOCK["now"], CLOCK["now"]),
+            {"count": 1},
+            [hank],
         )
         kept = Keep.of(identity, [3, 4], {"reservation_id": "kept"})
         keyed.commit(keyed.reserve(hank, GaussianMechanism(3.0)), kept)
