@@ -12,8 +12,11 @@ from pathlib import Path
 
 import airflow
 import jsonschema
+import pytest
 
 from dp_budget_provider.get_provider_info import get_provider_info
+
+pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
 
 
 def test_provider_info_validates_against_airflows_schema():

@@ -1,6 +1,7 @@
 """Google's dp_accounting as the oracle: same events, same grid, same epsilon."""
 
 import numpy as np
+import pytest
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_oracle
 from hypothesis import given, settings
@@ -14,6 +15,8 @@ from dp_budget_provider.accounting import (
     RDPAccountant,
 )
 from dp_budget_provider.accounting.conversion import rdp_to_epsilon
+
+pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
 
 
 def test_default_orders_are_dp_accountings_grid():

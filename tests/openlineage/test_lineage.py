@@ -48,6 +48,8 @@ from datetime import datetime, timezone
 from airflow.sdk import DAG, Asset
 from dp_budget_provider.operators.release import DPReleaseOperator
 
+pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
+
 def counts():
     {body}
 

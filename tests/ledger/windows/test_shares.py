@@ -44,6 +44,8 @@ from dp_budget_provider.ledger.windows.shares import (
 )
 from tests.admin import ADMIN
 
+pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
+
 LEDGER_WINDOWS = ("2026-w28", "2026-w29")
 W28, W29 = LEDGER_WINDOWS
 SHARES = (Share("analytics", 0.5, ("etl_a", "etl_a2")), Share("growth", 0.3, ("etl_g",)))
