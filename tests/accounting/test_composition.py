@@ -1,6 +1,7 @@
 """RDP composition is exact addition, for any mix of mechanisms and counts."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -11,6 +12,8 @@ from dp_budget_provider.accounting import (
     RDPAccountant,
     ZCDPMechanism,
 )
+
+pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
 
 mechanisms = st.one_of(
     st.floats(0.2, 100.0).map(GaussianMechanism),

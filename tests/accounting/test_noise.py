@@ -20,6 +20,8 @@ from scipy import stats
 
 from dp_budget_provider.accounting import noise as N
 
+pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
+
 N_SAMPLES = 200_000
 P_MIN = 1e-3
 

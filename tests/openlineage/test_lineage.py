@@ -38,6 +38,8 @@ from tests.airflow.dag_runner import metadata_copy
 from tests.ledger_time import this_week
 from tests.openlineage.absent import without_openlineage
 
+pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 OUTLET_URI = "dp-release://acme/visit-counts"
 SOURCE_URI = "postgres://warehouse:5432/clinic/public/visits"
@@ -47,8 +49,6 @@ RELEASE_DAG = """
 from datetime import datetime, timezone
 from airflow.sdk import DAG, Asset
 from dp_budget_provider.operators.release import DPReleaseOperator
-
-pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
 
 def counts():
     {body}

@@ -15,6 +15,8 @@ from dp_budget_provider.accounting.release import plan_noise
 from dp_budget_provider.ledger import key_for
 from tests.airflow.dag_runner import asset_events, load_dag, stored_xcom, task_states
 
+pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
+
 WINDOW = "2026-w28"
 LEDGER_WINDOWS = (WINDOW,)
 SUBJECTS = [f"resident-{i:03d}" for i in range(50)]

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from dp_budget_provider.ledger import WindowCalendar
 from dp_budget_provider.ledger.storage import clock
 from tests.airflow.dag_runner import load_dag, task_states
 from tests.ledger_time import ledger_time_at
+
+pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
 
 DAG_SOURCE = """
 from datetime import datetime, timezone

@@ -13,6 +13,8 @@ import pytest
 from dp_budget_provider.ledger import key_for
 from tests.airflow.dag_runner import load_dag, stored_xcom, task_states
 
+pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
+
 WINDOW = "2026-w28"
 LEDGER_WINDOWS = (WINDOW, "2026-w29")
 SUBJECTS = [f"rider-{i:03d}" for i in range(30)]

@@ -13,6 +13,8 @@ import pytest
 from dp_budget_provider.ledger import keys_for
 from tests.airflow.dag_runner import load_dag, stored_xcom, task_states
 
+pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
+
 WINDOW = "2026-w28"
 # dag.test() runs the tasks in this process: the ledger's clock is pinned inside the window.
 LEDGER_WINDOWS = (WINDOW,)

@@ -20,6 +20,8 @@ from dp_budget_provider.ledger.windows.policy import DEFAULT_GRACE
 from tests.airflow.dag_runner import load_dag, task_states
 from tests.ledger_time import ledger_time_at
 
+pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
+
 UTC = timezone.utc
 DELTA = 1e-5
 

@@ -24,6 +24,8 @@ from tests.airflow.dag_runner import ledger_connection, load_dag, stored_xcom, t
 from tests.ledger_time import ledger_time_in, this_week
 from tests.plugins.conftest import CHAIN_KEY
 
+pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
