@@ -150,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument(
         "--conversion", choices=CONVERSIONS, default="improved", help="default improved"
     )
+    init.add_argument(
+        "--filter-order",
+        type=filter_order_value,
+        default="auto",
+        help="how the default cap is checked: at one Rényi order, a privacy filter (default "
+        "auto, the cap's own order), or 'reported', on the reported epsilon (not a filter)",
+    )
 
     status = command(commands, "status", cmd_status, "spend and headroom of every account")
     status.add_argument("--window", type=window_label, help=f"only this window ({WINDOW_LABELS})")
@@ -341,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the one Rényi order the cap is checked at, a privacy filter (valid when "
         "releases are chosen from earlier outputs); 'auto' is the cap's own order. "
         "'reported' checks the cap on the reported epsilon, which is not a filter. A charged "
-        "scope keeps how its cap is checked; by default a scope keeps its current one",
+        "scope keeps how its cap is checked; by default a scope keeps its current one, and a "
+        "new scope is checked at its cap's own order (auto)",
     )
     policy_set.add_argument(
         "--share",

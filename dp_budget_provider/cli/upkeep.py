@@ -46,7 +46,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 def cmd_init(args: argparse.Namespace) -> int:
     """Create a ledger with its default cap, fixed delta and conversion."""
     url = url_of(args)
-    cap = BudgetCap(args.epsilon, args.delta, args.warn_fraction)
+    cap = BudgetCap(args.epsilon, args.delta, args.warn_fraction, args.filter_order)
     make_sqlite_folder(url)
     existed = is_initialised(url)
     admin = admin_key_of(args)

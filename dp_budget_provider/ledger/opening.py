@@ -21,6 +21,7 @@ import numpy as np
 from sqlalchemy import Connection, insert, select, text, update
 
 from dp_budget_provider.accounting import Conversion
+from dp_budget_provider.ledger.accounts.pricing import Pricing
 from dp_budget_provider.ledger.audit.authority import AdminKey, AdminPublicKey, LedgerAuthority
 from dp_budget_provider.ledger.errors import LedgerConfigMismatch, LedgerCorrupt
 from dp_budget_provider.ledger.storage import clock, database, history
@@ -28,7 +29,13 @@ from dp_budget_provider.ledger.storage.entries import CreateEntry
 from dp_budget_provider.ledger.storage.journal import Journal
 from dp_budget_provider.ledger.storage.schema import ChainHead, LedgerConfig
 from dp_budget_provider.ledger.windows.calendar import WindowCalendar
-from dp_budget_provider.ledger.windows.policy import ANY, BudgetCap, Policy
+from dp_budget_provider.ledger.windows.policy import (
+    ANY,
+    AUTO_ORDER,
+    BudgetCap,
+    Policy,
+    checked_at,
+)
 from dp_budget_provider.ledger.windows.policy_store import PolicyStore, write_policy
 
 # Taken by every process creating a ledger, so only one initialises it.
@@ -147,7 +154,14 @@ def _initialise(
         connection,
         journal,
         authority,
-        Policy(cap.epsilon, cap.warn_fraction, calendar=new.calendar),
+        Policy(
+            cap.epsilon,
+            cap.warn_fraction,
+            calendar=new.calendar,
+            filter_order=Pricing(new.orders, cap.delta, new.conversion).fixed_order(
+                cap.filter_order, cap.epsilon
+            ),
+        ),
         now,
     )
     return Settings(cap.delta, history.CHAINS, authority)
@@ -241,5 +255,10 @@ def _check(
                 f"ledger default cap is eps={default.cap_epsilon} (warn at "
                 f"{default.warn_fraction}); refusing eps={cap.epsilon} (warn at "
                 f"{cap.warn_fraction}). Change caps with set_policy, which is audited"
+            )
+        if cap.filter_order not in (AUTO_ORDER, default.filter_order):
+            raise LedgerConfigMismatch(
+                f"ledger default cap is checked {checked_at(default.filter_order)}; refusing "
+                f"one checked {checked_at(cap.filter_order)}. Change it with set_policy"
             )
     return Settings(config.delta, config.chains, authority)

@@ -263,7 +263,7 @@ class PolicyChangeModel(BaseModel):
         None,
         description="check the cap at this one Rényi order, a privacy filter ('auto': the "
         "cap's own); 'reported': on the reported epsilon, not a filter; left out, a scope "
-        "keeps how its cap is checked (a charged scope must)",
+        "keeps how its cap is checked (a charged scope must), a new scope takes 'auto'",
     )
     shares: list[ShareModel] | None = Field(
         None,

@@ -46,6 +46,7 @@ from hypothesis.stateful import (
 from sqlalchemy.engine import make_url
 
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism, RDPAccountant
+from dp_budget_provider.accounting.filter import filter_epsilon, filter_order
 from dp_budget_provider.ledger import (
     ANY,
     AttemptReused,
@@ -161,11 +162,36 @@ class Clock:
 
 
 class Composer:
-    """Epsilon of a multiset of (mechanism, count) releases: an RDPAccountant, cached."""
+    """Epsilon of a multiset of (mechanism, count) releases: an RDPAccountant, cached; and
+    what a cap checked as a privacy filter at one order counts of them."""
 
     def __init__(self, orders, delta: float) -> None:
         self._orders, self._delta = orders, delta
         self._cache: dict[frozenset, float] = {}
+        self._checked: dict[tuple[frozenset, float], float] = {}
+
+    def order_of(self, cap: float) -> float:
+        """The order a cap is checked at by default (its own: ``filter_order="auto"``)."""
+        return filter_order(self._orders, cap, self._delta, "improved")
+
+    def checked(self, order: float, *spends: Counter) -> float:
+        """The filter's statistic at ``order``: the summed curve there, converted there
+        alone (0 for nothing spent)."""
+        total: Counter = Counter()
+        for spend in spends:
+            total.update(spend)
+        signature = (frozenset(total.items()), order)
+        if signature not in self._checked:
+            if not total:
+                self._checked[signature] = 0.0
+            else:
+                accountant = RDPAccountant(self._orders)
+                accountant.compose_many(list(total.items()))
+                curve = accountant.rdp
+                self._checked[signature] = filter_epsilon(
+                    self._orders, curve, order, self._delta, "improved"
+                )
+        return self._checked[signature]
 
     def epsilon(self, *spends: Counter) -> float:
         total: Counter = Counter()
@@ -241,8 +267,9 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
                 self.database.close()
                 raise
             self.composer = Composer(self.ledger.orders, self.ledger.delta)
-            self.policies: dict[tuple[str, str], tuple[float, timedelta]] = {
-                (ANY, ANY): (CAP, DEFAULT_GRACE)
+            # (tenant, query type) -> (cap, grace, filter order)
+            self.policies: dict[tuple[str, str], tuple[float, timedelta, float]] = {
+                (ANY, ANY): (CAP, DEFAULT_GRACE, self.composer.order_of(CAP))
             }
             self.windows: dict[tuple[str, str, str], bool] = {}  # (tenant, qt, label): sealed
             self.accounts: dict[LedgerKey, ModelAccount] = {}
@@ -250,6 +277,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             self.lifetime: dict[LedgerKey, Counter] = {}  # everything ever charged, kept
             self.granted: dict[LedgerKey, Counter] = {}  # charged through reserve only
             self.grant_cap: dict[LedgerKey, float] = {}  # the cap when last granted
+            self.grant_order: dict[LedgerKey, float] = {}  # and the order it was checked at
             self.exempt: set[LedgerKey] = set()  # charged by a correction or a rescope
             self.reserved: dict[str, ModelReservation] = {}
             self.granted_attempts: set[str] = set()
@@ -276,11 +304,19 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
 
         # ------------------------------------------------------------ model helpers
 
-        def cap_and_grace(self, tenant: str, query_type: str) -> tuple[float, timedelta]:
+        def governing(self, tenant: str, query_type: str) -> tuple[str, str]:
             for scope in ((tenant, query_type), (tenant, ANY), (ANY, query_type), (ANY, ANY)):
                 if scope in self.policies:
-                    return self.policies[scope]
+                    return scope
             raise AssertionError("the default policy is always there")
+
+        def cap_and_grace(self, tenant: str, query_type: str) -> tuple[float, timedelta]:
+            return self.policies[self.governing(tenant, query_type)][:2]
+
+        def checked(self, key: LedgerKey, *spends: Counter) -> float:
+            """What ``key``'s cap check counts of ``spends``: at its policy's order."""
+            order = self.policies[self.governing(key.tenant, key.query_type)][2]
+            return self.composer.checked(order, *spends)
 
         def open_on(self, key: LedgerKey) -> list[ModelReservation]:
             return [r for r in self.reserved.values() if r.state == OPEN and key in r.keys]
@@ -356,10 +392,12 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             account = self.accounts.get(key)
             return Counter() if account is None else account.spend
 
-        def prospective(self, key: LedgerKey, mechanism, count: int) -> float:
-            """eps of committed + every open reservation + this release, by the model."""
+        def prospective(self, key: LedgerKey, mechanism, count: int, check: bool = False) -> float:
+            """eps of committed + every open reservation + this release, by the model (with
+            ``check``: what the cap check counts of it)."""
             held = [Counter({r.mechanism: r.count}) for r in self.open_on(key)]
-            return self.composer.epsilon(self.live_spend(key), *held, Counter({mechanism: count}))
+            spends = (self.live_spend(key), *held, Counter({mechanism: count}))
+            return self.checked(key, *spends) if check else self.composer.epsilon(*spends)
 
         def expected_reserve(self, keys, mechanism, count, attempt) -> set:
             """The outcomes the rules allow: "granted", or any refusal that applies (the
@@ -373,7 +411,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
                 refusals.add(AttemptReused)
             tie = False
             for key in keys:
-                prospective = self.prospective(key, mechanism, count)
+                prospective = self.prospective(key, mechanism, count, check=True)
                 cap = self.cap_and_grace(key.tenant, key.query_type)[0]
                 if close_to(prospective, cap):
                     tie = True  # either answer is sound
@@ -401,6 +439,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             for key in keys:
                 self.touch(key)
                 self.grant_cap[key] = self.cap_and_grace(key.tenant, key.query_type)[0]
+                self.grant_order[key] = self.policies[self.governing(key.tenant, key.query_type)][2]
             self.expected.append(("reserve", handle.id))
             self.open_changed = True
             return model
@@ -890,8 +929,30 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
                 with pytest.raises(LedgerError, match="second set of windows"):
                     self.ledger.set_policy(policy)
                 return
-            self.ledger.set_policy(Policy(cap, tenant=tenant, query_type=query_type, grace=grace))
-            self.policies[(tenant, query_type)] = (cap, grace)
+            # The order ("auto"): the one the charged pairs it will govern are checked at,
+            # else the cap's own; a charged pair checked at another one refuses it.
+            charged = {(t, qt) for (t, qt, _) in self.windows}
+            before = {pair: self.governing(*pair) for pair in charged}
+            governed = [
+                pair
+                for pair in charged
+                if (tenant, query_type)
+                == next(
+                    scope
+                    for scope in ((pair[0], pair[1]), (pair[0], ANY), (ANY, pair[1]), (ANY, ANY))
+                    if scope in self.policies or scope == (tenant, query_type)
+                )
+            ]
+            was = {self.policies[before[pair]][2] for pair in governed}
+            order = next(iter(was)) if len(was) == 1 else self.composer.order_of(cap)
+            policy = Policy(cap, tenant=tenant, query_type=query_type, grace=grace)
+            if was - {order}:
+                with pytest.raises(LedgerError, match="one privacy filter"):
+                    self.ledger.set_policy(policy)
+                event("set_policy: refused, charged pairs checked at two orders")
+                return
+            assert self.ledger.set_policy(policy).filter_order == order
+            self.policies[(tenant, query_type)] = (cap, grace, order)
             self.expected.append(("policy", None))
 
         # ------------------------------------------------------------ invariants
@@ -927,11 +988,12 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
                 assert status.releases == model.releases, (key, status, model)
                 assert status.rescoped_to == model.rescoped_to, (key, status)
                 assert status.cap_epsilon == cap, (key, status)
-                epsilon = self.live(key)
+                # What is left, the fraction and the states count as the cap check does.
+                epsilon = self.checked(key, self.live_spend(key))
                 assert close_to(status.remaining, max(0.0, cap - epsilon)), (key, status)
                 assert close_to(status.fraction, epsilon / cap), (key, status)
-                held = self.held(key)
-                assert close_to(status.held_epsilon, held), (key, status)
+                assert close_to(status.held_epsilon, self.held(key)), (key, status)
+                held = self.held(key, check=True)
                 assert close_to(status.remaining_after_held, max(0.0, cap - held)), (key, status)
                 cheapest = self.cheapest_next(key)
                 if not close_to(held, cap) and (cheapest is None or not close_to(cheapest, cap)):
@@ -959,10 +1021,12 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
                 assert datetime.fromisoformat(status.sealed_at) == model.sealed_at, status
                 assert status.open_reservations == 0, (key, status)
 
-        def held(self, key: LedgerKey) -> float:
-            """eps of committed + every open reservation on ``key``, by the model."""
+        def held(self, key: LedgerKey, check: bool = False) -> float:
+            """eps of committed + every open reservation on ``key``, by the model (with
+            ``check``: what the cap check counts of it)."""
             held = [Counter({r.mechanism: r.count}) for r in self.open_on(key)]
-            return self.composer.epsilon(self.live_spend(key), *held)
+            spends = (self.live_spend(key), *held)
+            return self.checked(key, *spends) if check else self.composer.epsilon(*spends)
 
         def cheapest_next(self, key: LedgerKey) -> float | None:
             """The least eps any release ever reserved in ``key``'s scope (any window, any
@@ -974,7 +1038,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
                 for r in self.reserved.values()
                 if any((k.tenant, k.query_type) == scope for k in r.keys)
             }
-            after = [self.prospective(key, mechanism, count) for mechanism, count in made]
+            after = [self.prospective(key, m, count, check=True) for m, count in made]
             return min(after, default=None)
 
         def check_history(self) -> None:
@@ -1030,7 +1094,7 @@ def ledger_machine(clock: Clock, template_url: str) -> type[RuleBasedStateMachin
             take a key past the cap, and never its reserve-granted part."""
             for key, granted in self.granted.items():
                 cap = self.grant_cap[key]
-                epsilon = self.composer.epsilon(granted)
+                epsilon = self.composer.checked(self.grant_order[key], granted)
                 assert epsilon <= cap or close_to(epsilon, cap), (key, epsilon, cap)
             past = False
             for key, lifetime in self.lifetime.items():

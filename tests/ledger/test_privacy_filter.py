@@ -134,10 +134,11 @@ def test_a_charged_scope_keeps_how_its_cap_is_checked(ledger):
     for order in (7.5, None):
         with pytest.raises(LedgerError, match="one privacy filter"):
             ledger.set_policy(Policy(1.5, tenant="acme", query_type="counts", filter_order=order))
-    # A scope charged on the reported epsilon keeps that only when it is asked for.
+    # A scope charged on the reported epsilon keeps that ("auto", the default, keeps it;
+    # an order is refused).
     with pytest.raises(LedgerError, match=r"on the reported epsilon.*\(reported\)"):
-        ledger.set_policy(Policy(2.0, tenant="acme", query_type="heatmap", filter_order="auto"))
-    kept = Policy(2.0, tenant="acme", query_type="heatmap", filter_order="reported")
+        ledger.set_policy(Policy(2.0, tenant="acme", query_type="heatmap", filter_order=18.0))
+    kept = Policy(2.0, tenant="acme", query_type="heatmap")
     assert ledger.set_policy(kept).filter_order is None
     assert ledger.policy_for_scope("acme", "counts").filter_order == 18.0
     # A new scope over charged pairs checked at one order takes it over; over none, its own.

@@ -116,9 +116,7 @@ class ReleaseIdentity:
         return str(self.document["dag"])
 
     @classmethod
-    def of(
-        cls, slot: ReleaseSlot, release: Mapping[str, Any], keys: Covered
-    ) -> ReleaseIdentity:
+    def of(cls, slot: ReleaseSlot, release: Mapping[str, Any], keys: Covered) -> ReleaseIdentity:
         """The identity of the release ``release`` (its declaration and the mechanism it
         charges, plain JSON values) made at ``slot`` over ``keys``."""
         return cls(

@@ -73,10 +73,11 @@ class Policies:
         Likewise a charged scope keeps how its cap is checked: at the one Rényi order of
         its ``filter_order`` (a privacy filter, :mod:`~dp_budget_provider.accounting.filter`,
         valid only with its order fixed before its first release), or on the epsilon the
-        ledger reports (``None``, not a filter: scopes charged so before filters were the
-        default). ``"auto"`` (the default) is the order the charged (tenant, query type)
-        pairs the policy governs are checked at, where they all are at one, else the
-        cap's own order. A policy that would check a charged scope otherwise is refused.
+        ledger reports (``None``, not a filter; kept only where asked for, or by a scope
+        charged so by an older release of this package). ``"auto"`` (the default) is the
+        rule the charged (tenant, query type) pairs the policy governs are checked by,
+        where they all share one, else the cap's own order. A policy that would check a
+        charged scope otherwise is refused.
         """
         if not isinstance(policy, Policy):
             raise ValueError(f"policy must be a Policy, got {policy!r}")
@@ -146,15 +147,15 @@ class Policies:
     def _order(
         self, policy: Policy, charged: list[LedgerKey], stored: Mapping[tuple[str, str], Policy]
     ) -> float | None:
-        """``policy``'s filter order as it is stored: ``"auto"`` the one order the charged
-        pairs it governs are checked at (a change of cap keeps a filter's order), else
-        the cap's own."""
+        """``policy``'s filter order as it is stored: ``"auto"`` the one rule the charged
+        pairs it governs are checked by (a change of cap keeps a filter's order, and a
+        scope charged on the reported epsilon keeps that), else the cap's own order."""
         order = policy.filter_order
         if order == AUTO_ORDER:
             before, governs = policy_lookup(stored), policy_lookup({**stored, policy.scope: policy})
             was = {before(p).filter_order for p in charged if governs(p).scope == policy.scope}
-            if len(was) == 1 and isinstance(kept := next(iter(was)), float):
-                return kept
+            if len(was) == 1:
+                return next(iter(was))
         return self._pricing.fixed_order(order, policy.cap_epsilon)
 
     def policies(self) -> list[Policy]:

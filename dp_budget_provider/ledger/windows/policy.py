@@ -47,16 +47,42 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class BudgetCap:
-    """The default cap of a ledger: cumulative eps per account at the fixed delta."""
+    """The default cap of a ledger: cumulative eps per account at the fixed delta.
+
+    ``filter_order`` is how a new ledger's default policy checks it (as
+    :attr:`Policy.filter_order`); an existing ledger keeps its stored policy, and one
+    named explicitly (not ``"auto"``) must be the stored one.
+    """
 
     epsilon: float
     delta: float
     warn_fraction: float = 0.8
+    filter_order: float | str | None = AUTO_ORDER
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epsilon", check.positive("epsilon", self.epsilon))
         object.__setattr__(self, "delta", check.open_unit("delta", self.delta))
         object.__setattr__(self, "warn_fraction", _warn_fraction(self.warn_fraction))
+        object.__setattr__(self, "filter_order", checked_filter_order(self.filter_order))
+
+
+def checked_filter_order(order: object) -> float | str | None:
+    """A filter order as given: a Rényi order above 1 (a float), ``"auto"``, or None for
+    the reported-epsilon rule (``"reported"``)."""
+    if order is None or order == REPORTED:
+        return None
+    if order == AUTO_ORDER:
+        return AUTO_ORDER
+    if (
+        isinstance(order, bool)
+        or not isinstance(order, int | float)
+        or not (1.0 < float(order) < float("inf"))
+    ):
+        raise ValueError(
+            f"filter_order must be a Rényi order above 1, {AUTO_ORDER!r} or {REPORTED!r}, "
+            f"got {order!r}"
+        )
+    return float(order)
 
 
 def _warn_fraction(value: object) -> float:
@@ -93,11 +119,11 @@ class Policy:
     across: str | None = None
     horizon_windows: int | None = None
     # The one Rényi order the cap is checked at, making it a privacy filter (see
-    # :mod:`~dp_budget_provider.accounting.filter`). "auto": the cap's own order, or the
-    # order a charged scope is already checked at, written down by ``set_policy``. None
-    # (spelled "reported" too): the cap is checked on the epsilon the ledger reports,
-    # which is not a filter under adaptive releases. A charged scope keeps it.
-    filter_order: float | str | None = None
+    # :mod:`~dp_budget_provider.accounting.filter`). "auto" (the default): the cap's own
+    # order, or how a charged scope is already checked, written down by ``set_policy``.
+    # None (spelled "reported" too): the cap is checked on the epsilon the ledger
+    # reports, which is not a filter under adaptive releases. A charged scope keeps it.
+    filter_order: float | str | None = AUTO_ORDER
     # The scope's cap divided among principals (:mod:`shares`); empty: not divided.
     shares: tuple[Share, ...] = ()
 
@@ -109,20 +135,7 @@ class Policy:
         if not isinstance(self.calendar, WindowCalendar):
             raise ValueError(f"calendar must be a WindowCalendar, got {self.calendar!r}")
         self._scope_of_policy()
-        order = self.filter_order
-        if order == REPORTED:
-            object.__setattr__(self, "filter_order", None)
-        elif order is not None and order != AUTO_ORDER:
-            if (
-                isinstance(order, bool)
-                or not isinstance(order, int | float)
-                or not (1.0 < float(order) < float("inf"))
-            ):
-                raise ValueError(
-                    f"filter_order must be a Rényi order above 1, {AUTO_ORDER!r} or "
-                    f"{REPORTED!r}, got {order!r}"
-                )
-            object.__setattr__(self, "filter_order", float(order))
+        object.__setattr__(self, "filter_order", checked_filter_order(self.filter_order))
         object.__setattr__(
             self, "shares", checked_shares(self.shares, self.filter_order, self.cap_epsilon)
         )
@@ -315,10 +328,8 @@ def revised_policy(
     types or windows (its query type is the scope's own: give none); a horizon keeps
     its number of windows unless ``horizon_windows`` is given, and a scope its filter
     order unless ``filter_order`` is given (a charged scope keeps it: ``set_policy``),
-    and its shares unless ``shares`` is given (empty: the cap is no longer divided).
-
-    its number of windows unless ``horizon_windows`` is given, and a scope how its cap is
-    checked unless ``filter_order`` is given (a charged scope keeps it: ``set_policy``).
+    and its shares unless ``shares`` is given (empty: the cap is no longer divided). A
+    new scope's cap is a privacy filter at its own order (``"auto"``).
     """
     tenant = canonical_part("tenant", tenant)
     query_type = canonical_part("query_type", query_type)
@@ -364,6 +375,6 @@ def revised_policy(
         horizon_windows=horizon,
         shares=tuple(shares) if shares is not None else current.shares if current else (),
         # A kept None is the reported rule, not "not given".
-        filter_order=kept(filter_order, current and (current.filter_order or REPORTED), REPORTED),
+        filter_order=kept(filter_order, current and (current.filter_order or REPORTED), AUTO_ORDER),
     )
     return policy, current is None

@@ -209,14 +209,21 @@ def test_a_policy_deleted_or_replaced_by_an_earlier_signed_one_is_refused(ledger
         tuple(row)
         for row in sa.create_engine(ledger_url)
         .connect()
-        .execute(sa.text("SELECT cap_epsilon, signature FROM dp_policies WHERE tenant = 'acme'"))
+        .execute(
+            sa.text(
+                "SELECT cap_epsilon, filter_order, signature FROM dp_policies "
+                "WHERE tenant = 'acme'"
+            )
+        )
     ]
     admin.set_policy(Policy(1.6, tenant="acme", compliance_clause="GDPR Art. 25"))
-    (cap, signature) = earlier[0]
+    (cap, order, signature) = earlier[0]
     execute(
         ledger_url,
-        "UPDATE dp_policies SET cap_epsilon = :c, signature = :s WHERE tenant = 'acme'",
+        "UPDATE dp_policies SET cap_epsilon = :c, filter_order = :o, signature = :s "
+        "WHERE tenant = 'acme'",
         c=cap,
+        o=order,
         s=signature,
     )
     with pytest.raises(LedgerCorrupt, match="set of policies"):

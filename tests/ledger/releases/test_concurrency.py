@@ -49,6 +49,7 @@ from dp_budget_provider.ledger import (
 from dp_budget_provider.ledger.windows.policy import ACROSS_QUERY_TYPES
 from tests.admin import AdminLedger
 from tests.ledger import concurrency_workers as workers
+from tests.ledger.checked import checked_epsilon
 from tests.ledger.memberships_sql import MEMBERS
 from tests.ledger_time import inside, ledger_time_in, this_week
 from tests.scratch_postgres import scratch_database
@@ -78,10 +79,16 @@ def reference_epsilon(z: float, releases: int) -> float:
 
 
 @functools.cache
+def checked(z: float, releases: int) -> float:
+    """What the cap check counts for ``releases`` Gaussian(z) releases (tests/ledger/checked.py)."""
+    return checked_epsilon(CAP.epsilon, CAP.delta, (GaussianMechanism(z), releases))
+
+
+@functools.cache
 def max_fit(z: float) -> int:
     """How many Gaussian(z) releases fit under the cap."""
     releases = 0
-    while reference_epsilon(z, releases + 1) <= CAP.epsilon:
+    while checked(z, releases + 1) <= CAP.epsilon:
         releases += 1
     return releases
 
@@ -617,13 +624,12 @@ def test_a_policy_change_waits_for_a_scopes_first_charge_under_way(ledger_url):
         assert results.get(timeout=60)["error"] is None
     finally:
         _stop([process])
-    assert admin.policy_for_scope("acme", "heatmap").filter_order is None
+    kept = admin.policy_for_scope("acme", "heatmap")
+    assert kept.scope == ("*", "*") and kept.filter_order != 4.0  # the default's own order
     assert admin.verify().ok
     admin.close()
 
 
-# ---------------------------------------------------------------------------- crashes
-# ---------------------------------------------------------------------------- crashes
 # ---------------------------------------------------------------------------- crashes
 
 
@@ -653,12 +659,10 @@ def test_reservation_of_a_killed_worker_stays_counted_until_reaped(ledger_url):
     assert ledger.prospective_epsilon(key, gaussian) == pytest.approx(
         reference_epsilon(4.0, fit + 1), rel=1e-9
     )
-    assert reference_epsilon(4.0, fit) <= CAP.epsilon  # it would fit without the reservation
+    assert checked(4.0, fit) <= CAP.epsilon  # it would fit without the reservation
     with pytest.raises(BudgetExhausted) as refusal:
         ledger.spend(key, gaussian)
-    assert refusal.value.would_be_epsilon == pytest.approx(
-        reference_epsilon(4.0, fit + 1), rel=1e-9
-    )
+    assert refusal.value.would_be_epsilon == pytest.approx(checked(4.0, fit + 1), rel=1e-9)
     assert ledger.reap(timedelta(hours=1)) == []  # too young to be presumed dead
 
     assert ledger.reap(timedelta(0)) == [held.id]

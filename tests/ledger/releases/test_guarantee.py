@@ -128,7 +128,7 @@ def test_a_charged_failure_has_a_guarantee(ledger):
 
 
 def test_a_refusal_has_no_guarantee(ledger):
-    ledger.spend(key_for(SUBJECTS[7], "heatmap", WINDOWS[1]), GaussianMechanism(1.4))  # 2.98
+    ledger.spend(key_for(SUBJECTS[7], "heatmap", WINDOWS[1]), GaussianMechanism(1.5))  # 2.98 checked
     refused, keys = release(ReleaseGate(ledger))
     assert refused.result is ReleaseResult.refused
     assert ReleaseGuarantee.of(refused, keys, ledger.delta) is None

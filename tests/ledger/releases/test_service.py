@@ -133,7 +133,7 @@ def test_released_runs_once_adds_the_noise_once_and_commits(ledger, gate, noised
 
 
 def test_refused_runs_nothing_writes_nothing_and_names_no_account(ledger, gate, noised):
-    ledger.spend(KEY, GaussianMechanism(1.4))  # 2.98 of 3.0 spent: z=4 cannot fit
+    ledger.spend(KEY, GaussianMechanism(1.5))  # 2.98 of 3.0 checked: z=4 cannot fit
     before = ledger.history()
     query = Query()
     outcome = release(gate, query)

@@ -74,11 +74,12 @@ PACKAGE = Path(dp_budget_provider.__file__).parent
 # are floats the numerical libraries compute: pinned with numpy 1.26.4, scipy 1.17.1 and
 # mpmath 1.4.1, with numpy's SIMD kernels off (``SCALAR_NUMPY``: its AVX-512 kernels of exp
 # and log round differently from the C library's, so a machine with AVX-512 would write
-# other last bits; commit 94bd559 writes these heads so). A change of what the writers
+# other last bits). Every policy entry names its filter order, the default one's
+# included (a new ledger's default cap is a privacy filter). A change of what the writers
 # write (a field, its form, its order in the workload) shows here; it must be deliberate,
 # and keep what the entries' stability rules promise. Every ledger of the workload names
 # its actor: the default one (user@host) would make the digest depend on the machine.
-HEADS = (33, "c03b969863154f03ae4b24235093e1f4a0794d9cf92b58925eb40e7f1347a96f")
+HEADS = (33, "2459e5731a7c9126de58c03ac1bab49b60420678cc8e55772a2068cda6927010")
 # numpy's dispatched x86-64 kernels, all turned off for the workload's process.
 SCALAR_NUMPY = (
     "SSSE3 SSE41 POPCNT SSE42 AVX F16C FMA3 AVX2 AVX512F AVX512CD AVX512_KNL AVX512_KNM "

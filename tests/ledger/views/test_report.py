@@ -39,7 +39,7 @@ def seed(ledger, monkeypatch):
     ledger.release(released, reason="query failed before reading data")
     ledger.correct(ALICE, GaussianMechanism(10.0), reason="release of 2020-01-02 missed")
     ledger.spend(CAROL, GaussianMechanism(2.0), attempt="dag/heat/run2/-1/1")
-    ledger.spend(DAVE, GaussianMechanism(3.0), count=2, attempt="acme/count/run1/-1/1")
+    ledger.spend(DAVE, GaussianMechanism(3.5), count=2, attempt="acme/count/run1/-1/1")
     ledger_time_at(monkeypatch, window_bounds("2020-w02")[1] + DEFAULT_GRACE)
     ledger.reset("2020-w02")
     ledger.rescope(BOB, key_for("bob", "trajectory", "2020-w01"), reason="re-scored")

@@ -126,6 +126,8 @@ def scopes_machine(template_url: str, clock: dict) -> type[RuleBasedStateMachine
             self.ledger = AdminLedger(BudgetCap(CAP, DELTA), url=url)
             self.composer = Composer(self.ledger.orders, self.ledger.delta)
             self.caps: dict[tuple[str, str], float] = {}  # (tenant, across) -> cap
+            # The Rényi order each cap is checked at (a privacy filter, "auto" by default).
+            self.orders: dict[tuple[str, str], float] = {}
             self.releases: list[Release] = []
             self.sealed: set[tuple[str, str, str]] = set()  # (tenant, query type, label)
             self.rescoped: set[tuple[str, str, str, str]] = set()  # old keys' parts
@@ -184,6 +186,13 @@ def scopes_machine(template_url: str, clock: dict) -> type[RuleBasedStateMachine
                     return self.caps.get((tenant, across), self.caps.get((ANY, across), 0.0))
             return CAP
 
+        def order_of(self, account: tuple[str, str, str, str]) -> float:
+            tenant, _, query_type, _ = account
+            for across, scope in ACROSS.items():
+                if query_type == scope:
+                    return self.orders.get((tenant, across), self.orders.get((ANY, across), 0.0))
+            return self.composer.order_of(CAP)
+
         def closed(self, account: tuple[str, str, str, str]) -> bool:
             label = account[3]
             end = period_end(label) if "+" in label else week_bounds(label)[1]
@@ -205,7 +214,8 @@ def scopes_machine(template_url: str, clock: dict) -> type[RuleBasedStateMachine
             for account in accounts:
                 after = self.spend(account, held=True)
                 after[release.mechanism] += release.count
-                epsilon, cap = self.composer.epsilon(after), self.cap_of(account)
+                cap = self.cap_of(account)
+                epsilon = self.composer.checked(self.order_of(account), after)
                 if close_to(epsilon, cap):
                     tie = True
                 elif epsilon > cap:
@@ -231,8 +241,25 @@ def scopes_machine(template_url: str, clock: dict) -> type[RuleBasedStateMachine
         )
         def set_cap(self, tenant, across, cap):
             horizon = {"horizon_windows": HORIZON} if across == "windows" else {}
-            self.ledger.set_policy(Policy(cap, tenant=tenant, across=across, **horizon))
+            policy = Policy(cap, tenant=tenant, across=across, **horizon)
+            # Its order ("auto"): the one the charged totals it will govern are checked at,
+            # else the cap's own; totals checked at another one refuse it.
+            charged = {(r.tenant, a) for r in self.releases for a in r.scopes if a == across}
+            governed = [
+                pair
+                for pair in charged
+                if pair[0] == tenant or (tenant == ANY and pair not in self.caps)
+            ]
+            was = {self.orders.get(pair, self.orders.get((ANY, across))) for pair in governed}
+            order = next(iter(was)) if len(was) == 1 else self.composer.order_of(cap)
+            if was - {order}:
+                with pytest.raises(LedgerError, match="one privacy filter"):
+                    self.ledger.set_policy(policy)
+                OUTCOMES["policy refused: two orders"] += 1
+                return
+            assert self.ledger.set_policy(policy).filter_order == order
             self.caps[(tenant, across)] = cap
+            self.orders[(tenant, across)] = order
 
         @rule(
             tenant=st.sampled_from(TENANTS),

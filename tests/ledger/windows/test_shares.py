@@ -69,7 +69,7 @@ def attempt(dag: str, n: int) -> str:
 def divided(ledger_url, make_ledger):
     ledger = make_ledger(BudgetCap(10.0, 1e-5), url=ledger_url, admin=ADMIN)
     ledger.set_policy(
-        Policy(2.0, tenant="acme", across="query_types", filter_order="auto", shares=SHARES)
+        Policy(2.0, tenant="acme", across="query_types", shares=SHARES)
     )
     return ledger
 
@@ -115,9 +115,9 @@ def test_shares_are_validated():
             shares=(Share("a", 0.6, ("x",)), Share("b", 0.5, ("y",))),
         )
     with pytest.raises(ValueError, match="filter_order"):
-        Policy(2.0, across="query_types", shares=SHARES)
+        Policy(2.0, across="query_types", filter_order="reported", shares=SHARES)
     with pytest.raises(ValueError, match="two shares"):
-        Policy(2.0, filter_order="auto", shares=(Share("a", 0.2, ("x",)), Share("b", 0.2, ("x",))))
+        Policy(2.0, shares=(Share("a", 0.2, ("x",)), Share("b", 0.2, ("x",))))
     with pytest.raises(ValueError, match="principal"):
         Share("Team A", 0.2, ("x",))
     with pytest.raises(ValueError, match="DAG id"):
@@ -127,9 +127,9 @@ def test_shares_are_validated():
     # Fractions that add up to 1 as decimals are accepted although their floats pass it.
     tenth = [Share("a", 0.1, ("x",)), Share("b", 0.9, ("y",))]
     assert sum(Fraction(s.fraction) for s in tenth) > 1
-    Policy(2.0, filter_order="auto", shares=tenth)
+    Policy(2.0, shares=tenth)
     with pytest.raises(ValueError, match="at most 1"):
-        Policy(2.0, filter_order="auto", shares=[*tenth, Share("c", 0.001, ("z",))])
+        Policy(2.0, shares=[*tenth, Share("c", 0.001, ("z",))])
 
 
 def test_names_of_share_accounts_and_dags():
@@ -348,9 +348,9 @@ def test_a_principal_is_told_the_same_whatever_another_releases(tmp_path_factory
         url = f"sqlite:///{tmp_path_factory.mktemp('told') / 'ledger.db'}"
         ledger = PrivacyBudgetLedger(BudgetCap(10.0, 1e-5), url=url, admin=ADMIN)
         try:
-            ledger.set_policy(Policy(3.0, filter_order="auto", shares=SHARES))  # every query type
+            ledger.set_policy(Policy(3.0, shares=SHARES))  # every query type
             ledger.set_policy(
-                Policy(2.0, tenant="acme", across="query_types", filter_order="auto", shares=SHARES)
+                Policy(2.0, tenant="acme", across="query_types", shares=SHARES)
             )
             seen = []
             for n, (dag, subjects, query_type, z) in enumerate(releases):
@@ -393,7 +393,7 @@ def test_a_rescope_at_a_divided_cap_is_refused(divided):
     every principal: from one principal's task it would tell it of others' releases and
     block theirs. Refused, from or to a query type whose cap is divided."""
     divided.set_policy(
-        Policy(3.0, tenant="acme", query_type="heatmap", filter_order="auto", shares=SHARES)
+        Policy(3.0, tenant="acme", query_type="heatmap", shares=SHARES)
     )
     gate = ReleaseGate(divided, dag="etl_a")
     old, new = own("ola", "heatmap"), own("ola", "trajectory")
