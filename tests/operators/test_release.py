@@ -15,6 +15,7 @@ from dp_budget_provider.accounting.release import plan_noise
 from dp_budget_provider.ledger import key_for
 from tests.admin import ADMIN
 from tests.airflow.dag_runner import load_dag, metadata_copy, stored_xcom, task_states
+from tests.ledger.checked import checked_epsilon
 from tests.ledger_time import this_week
 
 # Over 20 s in all: scheduled before the light files (tests/conftest.py).
@@ -136,7 +137,7 @@ def test_success_commits_exactly_once_and_returns_the_noisy_release(ledger, tmp_
 
 
 def test_refusal_runs_nothing_writes_nothing_and_fails(ledger, tmp_path):
-    ledger.spend(KEY, GaussianMechanism(1.4))  # 2.98 of 3.0 spent: z=4 (-> 3.18) cannot fit
+    ledger.spend(KEY, GaussianMechanism(1.5))  # 2.98 of 3.0 checked: z=4 (-> 3.21) cannot fit
     before = ledger.history()
     dag_run, result, ran = run_release(tmp_path)
     assert str(dag_run.state) == "failed"
@@ -150,8 +151,9 @@ def test_refusal_runs_nothing_writes_nothing_and_fails(ledger, tmp_path):
     # The administrator opens the reference: the account that refused, and by how much.
     facts = ADMIN.open(refusal["reference"])
     assert facts["refusal"] == "BudgetExhausted" and facts["account"] == KEY.as_dict()
+    # What the cap check counted (at cap 3's filter order).
     assert facts["epsilon"] == pytest.approx(
-        expected_eps(GaussianMechanism(1.4), DISCRETE_Z4), rel=1e-12
+        checked_epsilon(3.0, 1e-5, (GaussianMechanism(1.5), 1), (DISCRETE_Z4, 1)), rel=1e-12
     )
     assert facts["epsilon"] > facts["cap_epsilon"] == 3.0
     link = stored_xcom(dag_run, "release", "_link_DPBudgetAccountLink")
@@ -159,7 +161,7 @@ def test_refusal_runs_nothing_writes_nothing_and_fails(ledger, tmp_path):
 
 
 def test_refusal_with_on_exhausted_skip_skips(ledger, tmp_path):
-    ledger.spend(KEY, GaussianMechanism(1.4))
+    ledger.spend(KEY, GaussianMechanism(1.5))
     dag_run, result, ran = run_release(tmp_path, on_exhausted="skip")
     assert task_states(dag_run)["release"] == "skipped"
     assert not ran and result is None

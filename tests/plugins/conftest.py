@@ -34,9 +34,19 @@ def seed(ledger: PrivacyBudgetLedger) -> Seeded:
     acme/heatmap has cap 2: three multi-key Gaussian (z = 4) releases over 30, 20 and 10
     subjects put subjects 0-9 past the warning fraction (eps 1.70), 10-19 at 1.36, 20-29
     at 0.93; a correction pushes subject 0 past the cap. The script-tag subject gets five
-    Laplace releases in the default policy (cap 3) and keeps one reservation open.
+    Laplace releases in the default policy (cap 3, a privacy filter at its own order) and
+    keeps one reservation open. acme's heatmap cap is checked on the reported epsilon (the
+    rule of a ledger charged before filters), so the pages show both rules.
     """
-    ledger.set_policy(Policy(2.0, tenant="acme", query_type="heatmap", compliance_clause=CLAUSE))
+    ledger.set_policy(
+        Policy(
+            2.0,
+            tenant="acme",
+            query_type="heatmap",
+            compliance_clause=CLAUSE,
+            filter_order="reported",
+        )
+    )
     keys = [key_for(f"user-{i:03d}", "heatmap", WINDOW, tenant="acme") for i in range(30)]
     for run, size in enumerate((30, 20, 10)):
         attempt = f"example_dp_heatmap/release_heatmap/manual__2026-07-{10 + run}/-1/1"

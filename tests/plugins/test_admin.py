@@ -74,6 +74,9 @@ def test_an_admin_sets_caps_across_scopes_and_a_filter_order(browser, seeded, ad
         ({"tenant": "beta", "across": "query_types", "cap_epsilon": 1.0, "filter_order": "auto"},
          {"query_type": "*across query types", "calendar_span": 1, "filter_order": 18.0}),
         ({"tenant": "beta", "across": "windows", "horizon_windows": 52, "cap_epsilon": 3.0},
+         {"query_type": "*across windows", "calendar_span": 52, "filter_order": 7.5}),
+        ({"tenant": "gamma", "across": "windows", "horizon_windows": 52, "cap_epsilon": 3.0,
+          "filter_order": "reported"},
          {"query_type": "*across windows", "calendar_span": 52, "filter_order": None}),
     ):  # fmt: skip
         response = browser.put("/api/admin/policy", json=change, headers=bearer(admin_token))
@@ -90,7 +93,7 @@ def test_an_admin_sets_caps_across_scopes_and_a_filter_order(browser, seeded, ad
 
 def test_an_admin_divides_a_cap_among_principals(browser, seeded, admin_token):
     change = {
-        "tenant": "beta", "across": "query_types", "cap_epsilon": 2.0, "filter_order": "auto",
+        "tenant": "beta", "across": "query_types", "cap_epsilon": 2.0,
         "shares": [{"principal": "analytics", "fraction": 0.5, "dags": ["etl_a"]}],
     }  # fmt: skip
     response = browser.put("/api/admin/policy", json=change, headers=bearer(admin_token))
