@@ -86,8 +86,10 @@ def test_e_cap_monotone_and_warns_before_blocking(ledger):
     assert warned_once
     # Gaussian(4) at delta 1e-5: 7 fit the filter at cap 3's order (7.5); 8 would fit the
     # reported epsilon's exact Gaussian bound, which is not a filter (docs/accounting.md).
-    assert spent == 7 == max(
-        k for k in range(1, 20) if checked_epsilon(3.0, DELTA, (RELEASE, k)) <= 3.0
+    assert (
+        spent
+        == 7
+        == max(k for k in range(1, 20) if checked_epsilon(3.0, DELTA, (RELEASE, k)) <= 3.0)
     )
     assert ledger.epsilon_of(key) <= 3.0
 

@@ -211,8 +211,7 @@ def test_a_policy_deleted_or_replaced_by_an_earlier_signed_one_is_refused(ledger
         .connect()
         .execute(
             sa.text(
-                "SELECT cap_epsilon, filter_order, signature FROM dp_policies "
-                "WHERE tenant = 'acme'"
+                "SELECT cap_epsilon, filter_order, signature FROM dp_policies WHERE tenant = 'acme'"
             )
         )
     ]

@@ -68,9 +68,7 @@ def attempt(dag: str, n: int) -> str:
 @pytest.fixture
 def divided(ledger_url, make_ledger):
     ledger = make_ledger(BudgetCap(10.0, 1e-5), url=ledger_url, admin=ADMIN)
-    ledger.set_policy(
-        Policy(2.0, tenant="acme", across="query_types", shares=SHARES)
-    )
+    ledger.set_policy(Policy(2.0, tenant="acme", across="query_types", shares=SHARES))
     return ledger
 
 
@@ -349,9 +347,7 @@ def test_a_principal_is_told_the_same_whatever_another_releases(tmp_path_factory
         ledger = PrivacyBudgetLedger(BudgetCap(10.0, 1e-5), url=url, admin=ADMIN)
         try:
             ledger.set_policy(Policy(3.0, shares=SHARES))  # every query type
-            ledger.set_policy(
-                Policy(2.0, tenant="acme", across="query_types", shares=SHARES)
-            )
+            ledger.set_policy(Policy(2.0, tenant="acme", across="query_types", shares=SHARES))
             seen = []
             for n, (dag, subjects, query_type, z) in enumerate(releases):
                 if dag != "etl_a" and not with_others:
@@ -392,9 +388,7 @@ def test_a_rescope_at_a_divided_cap_is_refused(divided):
     """A rescope moves the scope's own account (everyone's spend) and seals the key for
     every principal: from one principal's task it would tell it of others' releases and
     block theirs. Refused, from or to a query type whose cap is divided."""
-    divided.set_policy(
-        Policy(3.0, tenant="acme", query_type="heatmap", shares=SHARES)
-    )
+    divided.set_policy(Policy(3.0, tenant="acme", query_type="heatmap", shares=SHARES))
     gate = ReleaseGate(divided, dag="etl_a")
     old, new = own("ola", "heatmap"), own("ola", "trajectory")
     gate.commit(gate.reserve([old], CHEAP, attempt=attempt("etl_a", 1)))
