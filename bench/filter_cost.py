@@ -26,6 +26,7 @@ from dp_budget_provider.accounting import (
     GaussianMechanism,
     LaplaceMechanism,
     Mechanism,
+    PureDPMechanism,
     ZCDPMechanism,
 )
 from dp_budget_provider.ledger.accounts.pricing import Pricing
@@ -40,12 +41,16 @@ GAUSSIAN = GaussianMechanism(Z)
 # The operator's default noise: a discrete Gaussian on a lattice, charged as zCDP.
 LATTICE = ZCDPMechanism(rho=1 / (2 * Z**2))
 LAPLACE = LaplaceMechanism(LAPLACE_EPS0)
+# A release of large epsilon alone: pure DP, what the operator's lattice Laplace is
+# charged as, with eps0 = 1 (where a filter at the cap's order costs most).
+LARGE_LAPLACE = PureDPMechanism(1.0)
 
 # Each sequence as the mechanisms it repeats in turn: release i is cycle[i % len(cycle)].
 SEQUENCES: dict[str, tuple[Mechanism, ...]] = {
     f"continuous Gaussian z={Z:g}": (GAUSSIAN,),
     f"lattice Gaussian (zCDP, z={Z:g})": (LATTICE,),
     f"Laplace eps0={LAPLACE_EPS0:g}": (LAPLACE,),
+    "pure DP eps0=1 (lattice Laplace)": (LARGE_LAPLACE,),
     "Gaussian + Laplace, alternating": (GAUSSIAN, LAPLACE),
     "lattice Gaussian + Laplace, alternating": (LATTICE, LAPLACE),
 }
@@ -91,10 +96,8 @@ def main() -> None:
 
                 counts.append(granted(fits))
             reported, filtered = counts
-            print(
-                f"{name:42} {cap:>4g} {order:>6g} {reported:>9d} {filtered:>7d} "
-                f"{filtered / reported:>6.3f}"
-            )
+            ratio = f"{filtered / reported:>6.3f}" if reported else f"{'-':>6}"
+            print(f"{name:42} {cap:>4g} {order:>6g} {reported:>9d} {filtered:>7d} {ratio}")
 
 
 if __name__ == "__main__":
