@@ -14,7 +14,7 @@ import psycopg2
 import pytest
 
 from tests.ledger_time import ledger_time_in
-from tests.scratch_postgres import scratch_database
+from tests.scratch_postgres import ledger_template, scratch_database
 
 # Airflow reads its configuration at import: give the whole test session a private,
 # throw-away AIRFLOW_HOME before any test module imports airflow.
@@ -54,9 +54,28 @@ def ledger_windows(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture
 def postgres_url() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    """A fresh PostgreSQL database for one test, holding the newest ledger schema and no
+    ledger (a copy of ``ledger_template()``: what creating the schema makes, made once),
+    dropped afterwards."""
+    yield from _scratch_postgres(f'TEMPLATE "{_template()}"')
+
+
+@pytest.fixture
+def blank_postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test (no schema), dropped afterwards."""
+    yield from _scratch_postgres("")
+
+
+def _template() -> str:
     try:
-        with scratch_database("dpb_test") as (_, url):
+        return ledger_template()
+    except psycopg2.OperationalError as error:
+        pytest.fail(f"PostgreSQL is required for the tests and is not reachable: {error}")
+
+
+def _scratch_postgres(options: str) -> Iterator[str]:
+    try:
+        with scratch_database("dpb_test", options) as (_, url):
             yield url
     except psycopg2.OperationalError as error:
         pytest.fail(f"PostgreSQL is required for the tests and is not reachable: {error}")
@@ -72,6 +91,13 @@ def sqlite_url(tmp_path) -> str:
 def ledger_url(request) -> str:
     """Each test using this runs once on SQLite (file) and once on PostgreSQL."""
     fixture = {"sqlite": "sqlite_url", "postgresql": "postgres_url"}[request.param]
+    return request.getfixturevalue(fixture)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def blank_ledger_url(request) -> str:
+    """``ledger_url`` on databases with no schema at all (a migration's starting point)."""
+    fixture = {"sqlite": "sqlite_url", "postgresql": "blank_postgres_url"}[request.param]
     return request.getfixturevalue(fixture)
 
 

@@ -919,7 +919,7 @@ def seed_revision_0001(url: str) -> dict[str, tuple[list[LedgerKey], Cost]]:
     }
 
 
-def test_migration_0002_backfills_pending_and_round_trips(ledger_url, make_ledger):
+def test_migration_0002_backfills_pending_and_round_trips(blank_ledger_url, make_ledger):
     """Upgrading a 0001 ledger with open reservations sums their costs (not those of closed
     ones) into each account's pending columns (mu^2 of the Gaussian ones, a count of the
     others) and starts policy_version at 0; on PostgreSQL only the policy version's trigger
@@ -929,6 +929,7 @@ def test_migration_0002_backfills_pending_and_round_trips(ledger_url, make_ledge
     Reservations made before revision 0005 carry no token: nobody can release them, so
     they are charged (reaped), never refunded.
     """
+    ledger_url = blank_ledger_url
     postgresql = ledger_url.startswith("postgresql")
     migrate(ledger_url, "upgrade", "0001")
     assert "pending_rho" not in columns_of(ledger_url, "dp_accounts")

@@ -103,6 +103,6 @@ def assert_schema_is_the_models(url: str) -> None:
         engine.dispose()
 
 
-def test_a_new_ledgers_schema_is_the_models(ledger_url):
-    migrate(ledger_url, "upgrade", "head")
-    assert_schema_is_the_models(ledger_url)
+def test_a_new_ledgers_schema_is_the_models(blank_ledger_url):
+    migrate(blank_ledger_url, "upgrade", "head")
+    assert_schema_is_the_models(blank_ledger_url)
