@@ -1,0 +1,214 @@
+"""Contribution bounds pushed down into the SQL the warehouse runs.
+
+The DAG author's query returns one row per contribution. It is wrapped, never edited: what
+it returns passes through window functions that keep, for each privacy unit, at most
+``max_rows_per_group`` rows in each cell of the public domain (the rows with the smallest
+values) and at most ``max_groups_per_unit`` cells (the first in the domain's order); rows
+outside the domain and rows without a unit are dropped, and a summed value is clamped to
+its bounds (a missing value counts as 0, clamped too). Which rows and cells a unit keeps
+depends on that unit's rows alone, so adding or removing one unit moves the aggregate by
+at most what :class:`~dp_budget_provider.aggregation.bounds.ContributionBounds` derives.
+
+The same bounded rows give both the cell totals and the units that contributed: the cohort
+a release is charged to comes from the query that makes it, not from a second list. Only
+standard SQL is used (common table expressions, ``ROW_NUMBER`` and ``DENSE_RANK``, ``CASE``,
+``UNION ALL``), with identifiers quoted by the connection's own dialect and every domain
+value and bound passed as a parameter, so the heavy work runs where the data is.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+
+from dp_budget_provider.aggregation.bounds import AGGREGATES, Aggregate, ContributionBounds
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Parameters this module binds; a query's own parameters may not use the prefix.
+_OWN = "dpb_"
+
+
+@dataclass(frozen=True)
+class CellTotal:
+    """One cell of the domain after the bounds: how many rows it kept and their clamped sum
+    (None for a count)."""
+
+    rows: int
+    total: float | None
+
+
+@dataclass(frozen=True)
+class BoundedQuery:
+    """A contribution query and the bounds its rows are held to.
+
+    ``sql`` returns one row per contribution and may use ``:name`` parameters (the run's
+    data interval, say); ``privacy_unit`` and ``group_by`` (and ``value`` for a sum) name
+    its columns; ``domain`` lists the public cells in output order, one value per
+    ``group_by`` column each.
+    """
+
+    sql: str
+    privacy_unit: str
+    group_by: tuple[str, ...]
+    domain: tuple[tuple[Any, ...], ...]
+    bounds: ContributionBounds
+    aggregate: Aggregate = "count"
+    value: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sql, str) or not self.sql.strip().rstrip(";").strip():
+            raise ValueError("sql must be a query returning one row per contribution")
+        object.__setattr__(self, "sql", self.sql.strip().rstrip(";").rstrip())
+        group_by = (self.group_by,) if isinstance(self.group_by, str) else tuple(self.group_by)
+        if not group_by:
+            raise ValueError("group_by must name at least one column")
+        object.__setattr__(self, "group_by", group_by)
+        for column in (self.privacy_unit, *group_by, *([self.value] if self.value else [])):
+            if not isinstance(column, str) or not _IDENTIFIER.fullmatch(column):
+                raise ValueError(
+                    f"a column must be a plain SQL name (letters, digits, _), got {column!r}"
+                )
+        if len(set(group_by)) != len(group_by) or self.privacy_unit in group_by:
+            raise ValueError("group_by columns must be distinct and other than the privacy unit")
+        cells = tuple(_cell(cell, len(group_by)) for cell in self.domain)
+        if not cells:
+            raise ValueError("domain must list at least one cell")
+        if len(set(cells)) != len(cells):
+            raise ValueError("domain lists a cell twice")
+        object.__setattr__(self, "domain", cells)
+        if not isinstance(self.bounds, ContributionBounds):
+            raise ValueError(f"bounds must be ContributionBounds, got {self.bounds!r}")
+        if self.aggregate not in AGGREGATES:
+            raise ValueError(f"aggregate must be one of {list(AGGREGATES)}, got {self.aggregate!r}")
+        if (self.aggregate == "sum") != (self.value is not None):
+            raise ValueError("a sum names its value column (value=...), a count none")
+        self.bounds.per_cell(self.aggregate)  # a sum without value_bounds is refused here
+
+    def totals_statement(self, dialect: Dialect) -> sa.TextClause:
+        """``SELECT cell, kept_rows, total`` over the bounded rows, one row per non-empty
+        cell (``cell`` is the domain position)."""
+        total = "SUM(clamped)" if self.aggregate == "sum" else "NULL"
+        return self._statement(
+            dialect,
+            f"SELECT cell, COUNT(*) AS kept_rows, {total} AS total FROM dpb_bounded GROUP BY cell",
+        )
+
+    def units_statement(self, dialect: Dialect) -> sa.TextClause:
+        """``SELECT DISTINCT unit`` of the bounded rows: the units the totals count."""
+        return self._statement(dialect, "SELECT DISTINCT unit FROM dpb_bounded")
+
+    def _statement(self, dialect: Dialect, final: str) -> sa.TextClause:
+        quote = dialect.identifier_preparer.quote
+        groups = [f"group_{i}" for i in range(len(self.group_by))]
+        selected = ", ".join(
+            [f"{quote(self.privacy_unit)} AS unit"]
+            + [
+                f"{quote(column)} AS {name}"
+                for column, name in zip(self.group_by, groups, strict=True)
+            ]
+            + ([f"{quote(self.value)} AS raw_value"] if self.value else ["NULL AS raw_value"])
+        )
+        domain = " UNION ALL ".join(
+            "SELECT "
+            + ", ".join(
+                [f":{_OWN}d_{row}_{i} AS {name}" for i, name in enumerate(groups)]
+                + [f"{row} AS cell"]
+            )
+            for row in range(len(self.domain))
+        )
+        matches = " AND ".join(f"c.{name} = d.{name}" for name in groups)
+        # A missing value counts as 0; rows are kept smallest value first (ties are equal
+        # values, so which of them is kept does not change a sum).
+        value = "COALESCE(c.raw_value, 0)" if self.aggregate == "sum" else "0"
+        clamped = (
+            f"CASE WHEN value < :{_OWN}low THEN :{_OWN}low "
+            f"WHEN value > :{_OWN}high THEN :{_OWN}high ELSE value END"
+            if self.aggregate == "sum"
+            else "NULL"
+        )
+        text = (
+            f"WITH dpb_contributions AS (SELECT {selected} FROM ({self.sql}) dpb_query), "
+            f"dpb_cells AS ({domain}), "
+            f"dpb_in_domain AS (SELECT c.unit, d.cell, {value} AS value "
+            f"FROM dpb_contributions c JOIN dpb_cells d ON {matches} "
+            "WHERE c.unit IS NOT NULL), "
+            "dpb_ranked AS (SELECT unit, cell, value, ROW_NUMBER() OVER "
+            "(PARTITION BY unit, cell ORDER BY value) AS row_rank FROM dpb_in_domain), "
+            "dpb_kept AS (SELECT unit, cell, value, DENSE_RANK() OVER "
+            "(PARTITION BY unit ORDER BY cell) AS cell_rank FROM dpb_ranked "
+            f"WHERE row_rank <= :{_OWN}rows), "
+            f"dpb_bounded AS (SELECT unit, cell, {clamped} AS clamped FROM dpb_kept "
+            f"WHERE cell_rank <= :{_OWN}groups) "
+            f"{final}"
+        )
+        return sa.text(text)
+
+    def parameters(self, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The statement's parameters: the query's own (``given``) and the bounds'."""
+        given = dict(given or {})
+        clash = sorted(name for name in given if name.startswith(_OWN))
+        if clash:
+            raise ValueError(f"query parameters may not start with {_OWN!r}: {clash}")
+        own: dict[str, Any] = {
+            f"{_OWN}rows": self.bounds.max_rows_per_group,
+            f"{_OWN}groups": self.bounds.max_groups_per_unit,
+        }
+        for row, cell in enumerate(self.domain):
+            for i, part in enumerate(cell):
+                own[f"{_OWN}d_{row}_{i}"] = part
+        if self.aggregate == "sum":
+            assert self.bounds.value_bounds is not None  # checked when made
+            own[f"{_OWN}low"], own[f"{_OWN}high"] = self.bounds.value_bounds
+        return {**given, **own}
+
+
+def cell_totals(
+    connection: sa.Connection, query: BoundedQuery, parameters: Mapping[str, Any] | None = None
+) -> list[CellTotal]:
+    """Every cell of the domain, in its order, after the bounds (an empty cell: 0 rows)."""
+    found = connection.execute(
+        query.totals_statement(connection.dialect), query.parameters(parameters)
+    ).all()
+    totals = [CellTotal(0, 0.0 if query.aggregate == "sum" else None) for _ in query.domain]
+    for cell, rows, total in found:
+        value = None if total is None else float(total)
+        if value is not None and not math.isfinite(value):
+            raise ValueError(f"the bounded sum of cell {query.domain[int(cell)]!r} is not finite")
+        totals[int(cell)] = CellTotal(int(rows), value)
+    return totals
+
+
+def contributing_units(
+    connection: sa.Connection,
+    query: BoundedQuery,
+    parameters: Mapping[str, Any] | None = None,
+    *,
+    batch: int = 10_000,
+) -> Iterator[str]:
+    """The units the bounded rows hold, streamed in batches (never all in memory)."""
+    result = connection.execution_options(stream_results=True, yield_per=batch).execute(
+        query.units_statement(connection.dialect), query.parameters(parameters)
+    )
+    for (unit,) in result:
+        yield str(unit)
+
+
+def _cell(cell: Any, width: int) -> tuple[Any, ...]:
+    """A domain cell as a tuple of ``width`` plain values (one column: the value itself)."""
+    parts: Sequence[Any] = cell if isinstance(cell, (tuple, list)) else (cell,)
+    if len(parts) != width:
+        raise ValueError(
+            f"domain cell {cell!r} has {len(parts)} values for {width} group_by columns"
+        )
+    for part in parts:
+        if part is None or isinstance(part, float) and not math.isfinite(part):
+            raise ValueError(f"domain cell {cell!r} holds no value (None or not finite)")
+        if not isinstance(part, (str, int, float)):
+            raise ValueError(f"domain cell {cell!r}: values must be strings or numbers")
+    return tuple(parts)

@@ -1,0 +1,205 @@
+"""Contribution bounds in SQL, on SQLite and PostgreSQL: the bounded aggregate is exactly a
+brute-force implementation of the bounds in Python, and adding or removing all of one
+unit's rows never moves it by more than the sensitivity the bounds derive."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dp_budget_provider.aggregation import (
+    BoundedQuery,
+    ContributionBounds,
+    cell_totals,
+    contributing_units,
+)
+from tests.scratch_postgres import scratch_database
+
+DOMAIN = ((0, "a"), (0, "b"), (1, "a"), (2, "c"))  # (row, column) cells of a small map
+UNITS = ("u1", "u2", "u3", "u4")
+ROWS = st.lists(
+    st.tuples(
+        st.sampled_from((*UNITS, None)),
+        st.sampled_from((0, 1, 2, 3)),  # 3 is outside the domain
+        st.sampled_from(("a", "b", "c")),
+        st.one_of(st.none(), st.integers(-20, 20).map(float)),
+    ),
+    max_size=40,
+)
+BOUNDS = st.builds(
+    ContributionBounds,
+    st.integers(1, 4),
+    st.integers(1, 3),
+    st.sampled_from([(0.0, 5.0), (-3.0, 2.0), (1.0, 4.0)]),
+)
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+SQL = "SELECT * FROM visits WHERE day >= :start"
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def engine(request, tmp_path_factory) -> Iterator[sa.Engine]:
+    if request.param == "sqlite":
+        engine = sa.create_engine(f"sqlite:///{tmp_path_factory.mktemp('bounded') / 'data.db'}")
+        yield engine
+        engine.dispose()
+        return
+    with scratch_database("dpb_bounded") as (_, url):
+        engine = sa.create_engine(url)
+        yield engine
+        engine.dispose()
+
+
+def load(engine: sa.Engine, rows) -> None:
+    with engine.begin() as connection:
+        connection.execute(sa.text("DROP TABLE IF EXISTS visits"))
+        connection.execute(
+            sa.text(
+                'CREATE TABLE visits (person TEXT, "row" INTEGER, col TEXT, '
+                "amount DOUBLE PRECISION, day INTEGER)"
+            )
+        )
+        if rows:
+            connection.execute(
+                sa.text("INSERT INTO visits VALUES (:p, :r, :c, :a, 1)"),
+                [{"p": p, "r": r, "c": c, "a": a} for p, r, c, a in rows],
+            )
+
+
+def brute_force(rows, bounds: ContributionBounds, aggregate: str):
+    """The bounds applied in Python: per unit, the m smallest values (a missing one is 0)
+    of each cell, then its k first cells in the domain's order; a sum clamps each."""
+    cells: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for person, row, col, amount in rows:
+        if person is None or (row, col) not in DOMAIN:
+            continue
+        cells[person][DOMAIN.index((row, col))].append(0.0 if amount is None else amount)
+    counts, sums, units = [0] * len(DOMAIN), [0.0] * len(DOMAIN), set()
+    low, high = bounds.value_bounds or (0.0, 0.0)
+    for person, by_cell in cells.items():
+        for cell in sorted(by_cell)[: bounds.max_groups_per_unit]:
+            kept = sorted(by_cell[cell])[: bounds.max_rows_per_group]
+            counts[cell] += len(kept)
+            sums[cell] += sum(min(max(value, low), high) for value in kept)
+            units.add(person)
+    return counts, sums if aggregate == "sum" else [None] * len(DOMAIN), units
+
+
+def query(bounds: ContributionBounds, aggregate: str) -> BoundedQuery:
+    return BoundedQuery(
+        SQL,
+        "person",
+        ("row", "col"),
+        DOMAIN,
+        bounds,
+        aggregate,
+        "amount" if aggregate == "sum" else None,
+    )
+
+
+def measured(engine: sa.Engine, bounded: BoundedQuery):
+    with engine.connect() as connection:
+        totals = cell_totals(connection, bounded, {"start": 0})
+        units = set(contributing_units(connection, bounded, {"start": 0}, batch=2))
+    return [t.rows for t in totals], [t.total for t in totals], units
+
+
+@SETTINGS
+@given(rows=ROWS, bounds=BOUNDS, aggregate=st.sampled_from(["count", "sum"]))
+def test_the_bounded_aggregate_is_the_bounds_applied_by_brute_force(
+    engine, rows, bounds, aggregate
+):
+    load(engine, rows)
+    counts, sums, units = measured(engine, query(bounds, aggregate))
+    expected_counts, expected_sums, expected_units = brute_force(rows, bounds, aggregate)
+    assert counts == expected_counts
+    assert units == expected_units
+    if aggregate == "sum":
+        assert sums == pytest.approx(expected_sums, abs=1e-9)
+    else:
+        assert sums == expected_sums
+
+
+@SETTINGS
+@given(
+    rows=ROWS,
+    bounds=BOUNDS,
+    aggregate=st.sampled_from(["count", "sum"]),
+    # The neighbour's rows: many, in every cell (and outside), with extreme values.
+    extra=st.lists(
+        st.tuples(
+            st.sampled_from((0, 1, 2, 3)),
+            st.sampled_from(("a", "b", "c")),
+            st.one_of(st.none(), st.sampled_from([-1e6, 1e6, 0.0, 3.0])),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+)
+def test_one_units_rows_move_the_aggregate_by_at_most_the_sensitivity(
+    engine, rows, bounds, aggregate, extra
+):
+    bounded = query(bounds, aggregate)
+    load(engine, rows)
+    counts, sums, _ = measured(engine, bounded)
+    load(engine, [*rows, *(("neighbour", r, c, a) for r, c, a in extra)])
+    with_counts, with_sums, units = measured(engine, bounded)
+    before = sums if aggregate == "sum" else counts
+    after = with_sums if aggregate == "sum" else with_counts
+    moves = [abs(a - b) for a, b in zip(after, before, strict=True)]
+    assert max(moves) <= bounds.per_cell(aggregate) + 1e-9
+    assert sum(moves) <= bounds.l1_sensitivity(aggregate) + 1e-9
+    assert math.sqrt(sum(m * m for m in moves)) <= bounds.l2_sensitivity(aggregate) + 1e-9
+    if any(r is not None and (r, c) in DOMAIN for r, c, _ in extra):
+        assert "neighbour" in units
+
+
+def test_what_the_query_and_its_arguments_may_be(engine):
+    bounds = ContributionBounds(2, 1, (0.0, 1.0))
+    with pytest.raises(ValueError, match="plain SQL name"):
+        BoundedQuery(SQL, 'person"; DROP TABLE visits; --', "row", (0, 1), bounds)
+    with pytest.raises(ValueError, match="privacy unit"):
+        BoundedQuery(SQL, "person", ("person",), (0,), bounds)
+    with pytest.raises(ValueError, match="twice"):
+        BoundedQuery(SQL, "person", "row", (0, 0), bounds)
+    with pytest.raises(ValueError, match="2 group_by columns"):
+        BoundedQuery(SQL, "person", ("row", "col"), (0,), bounds)
+    with pytest.raises(ValueError, match="value column"):
+        BoundedQuery(SQL, "person", "row", (0,), bounds, "sum")
+    with pytest.raises(ValueError, match="value_bounds"):
+        BoundedQuery(SQL, "person", "row", (0,), ContributionBounds(1, 1), "sum", "amount")
+    with pytest.raises(ValueError, match="no value"):
+        BoundedQuery(SQL, "person", "row", (float("nan"),), bounds)
+    bounded = BoundedQuery(SQL, "person", "row", (0,), bounds)
+    with pytest.raises(ValueError, match="may not start with 'dpb_'"):
+        bounded.parameters({"start": 0, "dpb_rows": 10})
+    # A column named like an SQL keyword is quoted by the connection's dialect.
+    load(engine, [("u1", 0, "a", 1.0)])
+    with engine.connect() as connection:
+        (total, *_) = cell_totals(connection, bounded, {"start": 0})
+    assert total.rows == 1
+
+
+def test_bounds_are_checked_and_derive_the_sensitivity():
+    bounds = ContributionBounds(4, 3, (-2.0, 5.0))
+    assert bounds.per_cell("count") == 3.0 and bounds.l1_sensitivity("count") == 12.0
+    assert bounds.per_cell("sum") == 15.0 and bounds.l1_sensitivity("sum") == 60.0
+    assert bounds.l2_sensitivity("sum") >= 30.0 == math.sqrt(4) * 15.0
+    for wrong in ((0, 1), (1, 0), (True, 1), (1.5, 1)):
+        with pytest.raises(ValueError, match="whole number"):
+            ContributionBounds(*wrong)
+    for value_bounds in ((1.0, 0.0), (0.0, math.inf), ("a", 1), (1,)):
+        with pytest.raises(ValueError, match="value_bounds"):
+            ContributionBounds(1, 1, value_bounds)
+    with pytest.raises(ValueError, match="aggregate"):
+        ContributionBounds(1, 1).per_cell("median")  # type: ignore[arg-type]
