@@ -450,12 +450,29 @@ def test_plain_postgresql_urls_work_in_the_cli(postgres_url, scheme):
 
 def test_init_is_idempotent_and_refuses_another_configuration(sqlite_url, capsys):
     code, out, _ = call(capsys, "--url", sqlite_url, "init", "--epsilon", "3", "--delta", "1e-6")
-    assert code == 0 and "created" in out
+    assert code == 0 and "created" in out and "checked at Rényi order" in out
     code, out, _ = call(capsys, "--url", sqlite_url, "init", "--epsilon", "3", "--delta", "1e-6")
     assert code == 0 and "exists already" in out
     result = run("init", "--epsilon", "3", "--delta", "1e-5", url=sqlite_url)
     assert_one_line_error(result)
     assert "delta" in result.stderr
+
+
+def test_init_says_how_the_default_cap_is_checked(sqlite_url, tmp_path, capsys):
+    """A ledger whose default cap is checked on the reported epsilon (asked for, or made by
+    whoever created it first) is named so by init, with a warning: it is not a filter."""
+    code, out, err = call(
+        capsys, "--url", sqlite_url, "init", "--epsilon", "3", "--delta", "1e-6",
+        "--filter-order", "reported",
+    )  # fmt: skip
+    assert code == 0 and "checked on the reported epsilon" in out and "not a" in err
+    code, out, err = call(capsys, "--url", sqlite_url, "init", "--epsilon", "3", "--delta", "1e-6")
+    assert code == 0 and "exists already" in out and "checked on the reported epsilon" in out
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    code, out, err = call(
+        capsys, "--url", other, "init", "--epsilon", "3", "--delta", "1e-6", "--filter-order", "63"
+    )
+    assert code == 0 and "checked at Rényi order 63" in out and err == ""
 
 
 def test_a_classic_ledger_opens_with_its_own_conversion(sqlite_url, capsys):

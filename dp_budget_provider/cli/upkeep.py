@@ -60,11 +60,19 @@ def cmd_init(args: argparse.Namespace) -> int:
     )
     try:
         verb = "exists already with this configuration" if existed else "created"
+        checked = ledger.policy_for_scope("*", "*").filter_order
         print(
             f"ledger {ledger.url} {verb}: delta={shortest(ledger.delta)}, default cap "
-            f"eps={shortest(cap.epsilon)} (warning at {cap.warn_fraction:.0%}), "
-            f"conversion={ledger.conversion}, {ledger.orders.size} Rényi orders"
+            f"eps={shortest(cap.epsilon)} (warning at {cap.warn_fraction:.0%}) checked "
+            f"{checked_at(checked)}, conversion={ledger.conversion}, "
+            f"{ledger.orders.size} Rényi orders"
         )
+        if checked is None:
+            print(
+                "warning: the default cap is checked on the reported epsilon, which is not a "
+                "privacy filter under adaptive releases (docs/accounting.md)",
+                file=sys.stderr,
+            )
         if admin is None:
             print(
                 "warning: no administrator key (--admin-key): this ledger's policies cannot "

@@ -567,7 +567,7 @@ type, then the default (* / *). δ = {{ info.delta }} for the whole ledger.</p>
   <td>{{ '%g' % (p.warn_fraction * 100) }}%</td>
   <td>{{ p.calendar.label }}</td>
   <td>{{ p.min_window.total_seconds() | int }} s</td><td>{{ p.grace.total_seconds() | int }} s</td>
-  <td>{{ '%g' % p.filter_order if p.filter_order else '—' }}</td>
+  <td>{{ '%g' % p.filter_order if p.filter_order else 'reported' }}</td>
   <td class="shares">{% for s in p.shares %}<span title="DAGs: {{ s.dags | join(', ') }};
     cap ε {{ '%g' % s.cap_epsilon }}">{{ s.principal }} {{ '%g' % (s.fraction * 100) }}%</span>
     {%- if not loop.last %}, {% endif %}{% else %}—{% endfor %}</td>

@@ -167,44 +167,39 @@ class Composer:
 
     def __init__(self, orders, delta: float) -> None:
         self._orders, self._delta = orders, delta
-        self._cache: dict[frozenset, float] = {}
-        self._checked: dict[tuple[frozenset, float], float] = {}
+        self._cache: dict[tuple[frozenset, float | None], float] = {}
 
     def order_of(self, cap: float) -> float:
         """The order a cap is checked at by default (its own: ``filter_order="auto"``)."""
         return filter_order(self._orders, cap, self._delta, "improved")
 
+    def epsilon(self, *spends: Counter) -> float:
+        """The reported epsilon: the least over the grid (and the exact Gaussian bound)."""
+        return self._converted(None, spends)
+
     def checked(self, order: float, *spends: Counter) -> float:
         """The filter's statistic at ``order``: the summed curve there, converted there
         alone (0 for nothing spent)."""
+        return self._converted(order, spends)
+
+    def _converted(self, order: float | None, spends: tuple[Counter, ...]) -> float:
         total: Counter = Counter()
         for spend in spends:
             total.update(spend)
         signature = (frozenset(total.items()), order)
-        if signature not in self._checked:
-            if not total:
-                self._checked[signature] = 0.0
-            else:
-                accountant = RDPAccountant(self._orders)
-                accountant.compose_many(list(total.items()))
-                curve = accountant.rdp
-                self._checked[signature] = filter_epsilon(
-                    self._orders, curve, order, self._delta, "improved"
-                )
-        return self._checked[signature]
-
-    def epsilon(self, *spends: Counter) -> float:
-        total: Counter = Counter()
-        for spend in spends:
-            total.update(spend)
-        signature = frozenset(total.items())
         if signature not in self._cache:
-            if not total:
-                self._cache[signature] = 0.0
-            else:
+            value = 0.0
+            if total:
                 accountant = RDPAccountant(self._orders)
                 accountant.compose_many(list(total.items()))
-                self._cache[signature] = accountant.get_epsilon(self._delta)[0]
+                value = (
+                    accountant.get_epsilon(self._delta)[0]
+                    if order is None
+                    else filter_epsilon(
+                        self._orders, accountant.rdp, order, self._delta, "improved"
+                    )
+                )
+            self._cache[signature] = value
         return self._cache[signature]
 
 

@@ -34,6 +34,7 @@ from dp_budget_provider.ledger import (
     make_release,
 )
 from dp_budget_provider.ledger.storage import clock as ledger_clock
+from dp_budget_provider.ledger.windows.policy import revised_policy
 from tests.admin import ADMIN
 
 LEDGER_WINDOWS = ("2026-w28",)
@@ -86,6 +87,24 @@ def test_auto_writes_down_the_caps_own_order(ledger, ledger_url, make_ledger):
     reopened = make_ledger(url=ledger_url)
     assert reopened.policy_for_scope("acme", "counts") == default
     assert reopened.verify().ok
+
+
+def test_a_changed_cap_of_an_uncharged_scope_is_checked_at_its_own_order(ledger):
+    """``policy set`` and the UI leave ``filter_order`` out: an uncharged scope then follows
+    its new cap's order (a filter's order is fixed only by its first release), a charged
+    one keeps its own; numpy numbers are orders too."""
+    ledger.set_policy(Policy(0.5, tenant="acme", query_type="maps"))
+    assert ledger.policy_for_scope("acme", "maps").filter_order == 32.0
+    raised, _ = revised_policy(ledger.policies(), "acme", "maps", cap_epsilon=8.0)
+    assert ledger.set_policy(raised).filter_order == 3.9
+    ledger.spend(key("cat", "maps"), GaussianMechanism(20.0))
+    again, _ = revised_policy(ledger.policies(), "acme", "maps", cap_epsilon=3.0)
+    assert ledger.set_policy(again).filter_order == 3.9
+    for number in (np.float32(7.5), np.int64(4), np.float64(7.5)):
+        assert isinstance(Policy(1.0, filter_order=number).filter_order, float)
+    for wrong in (np.bool_(True), float("nan"), 1.0, "Auto"):
+        with pytest.raises(ValueError, match="filter_order"):
+            Policy(1.0, filter_order=wrong)
 
 
 def test_the_filter_grants_exactly_what_its_order_allows(ledger):

@@ -195,7 +195,7 @@ class BudgetChecks:
             policy = policy_of_scope(policies, state.tenant, state.query_type)
             total = state.spend.plus(state.pending.as_spend())
             planned.setdefault(
-                (total.signature, policy.cap_epsilon),
+                (total.signature, policy.cap_epsilon, policy.filter_order),
                 (total.to_accountant(self._pricing.orders), policy),
             )
         return list(planned.values())

@@ -8,10 +8,13 @@ fixed at creation: letting it vary per query is "delta shopping".
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TypeVar
+
+import numpy as np
 
 from dp_budget_provider.accounting import validation as check
 from dp_budget_provider.ledger.accounts.keys import canonical_part
@@ -74,8 +77,8 @@ def checked_filter_order(order: object) -> float | str | None:
     if order == AUTO_ORDER:
         return AUTO_ORDER
     if (
-        isinstance(order, bool)
-        or not isinstance(order, int | float)
+        isinstance(order, bool | np.bool_)
+        or not isinstance(order, numbers.Real)
         or not (1.0 < float(order) < float("inf"))
     ):
         raise ValueError(
@@ -326,10 +329,10 @@ def revised_policy(
     ones (``PrivacyBudgetLedger.policies()``). This is the one reading of such a change,
     for ``dp-budget policy set`` and the UI alike. ``across`` names a cap across query
     types or windows (its query type is the scope's own: give none); a horizon keeps
-    its number of windows unless ``horizon_windows`` is given, and a scope its filter
-    order unless ``filter_order`` is given (a charged scope keeps it: ``set_policy``),
-    and its shares unless ``shares`` is given (empty: the cap is no longer divided). A
-    new scope's cap is a privacy filter at its own order (``"auto"``).
+    its number of windows unless ``horizon_windows`` is given, and its shares unless
+    ``shares`` is given (empty: the cap is no longer divided). ``filter_order`` not given
+    is ``"auto"``: a charged scope keeps how its cap is checked, an uncharged one is
+    checked at its (new) cap's own order.
     """
     tenant = canonical_part("tenant", tenant)
     query_type = canonical_part("query_type", query_type)
@@ -374,7 +377,8 @@ def revised_policy(
         compliance_clause=kept(compliance_clause, current and current.compliance_clause, ""),
         horizon_windows=horizon,
         shares=tuple(shares) if shares is not None else current.shares if current else (),
-        # A kept None is the reported rule, not "not given".
-        filter_order=kept(filter_order, current and (current.filter_order or REPORTED), AUTO_ORDER),
+        # Not given: "auto", which keeps the rule a charged scope is checked by and gives an
+        # uncharged one its cap's own order (set_policy resolves it).
+        filter_order=AUTO_ORDER if filter_order is None else filter_order,
     )
     return policy, current is None

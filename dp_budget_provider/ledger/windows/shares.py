@@ -157,8 +157,8 @@ def checked_shares(shares: Iterable[Share], filter_order: object, cap: float) ->
         raise ValueError("shares must be Share values")
     if filter_order is None:
         raise ValueError(
-            "shares divide a Rényi budget at one order: give the policy a filter_order "
-            "('auto' or an order)"
+            "shares divide a Rényi budget at one order: a cap checked on the reported "
+            "epsilon (filter_order='reported', or a scope charged so) cannot be divided"
         )
     principals = [share.principal for share in found]
     if len(set(principals)) != len(principals):

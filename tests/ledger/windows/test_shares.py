@@ -112,7 +112,7 @@ def test_shares_are_validated():
             filter_order="auto",
             shares=(Share("a", 0.6, ("x",)), Share("b", 0.5, ("y",))),
         )
-    with pytest.raises(ValueError, match="filter_order"):
+    with pytest.raises(ValueError, match="reported epsilon"):
         Policy(2.0, across="query_types", filter_order="reported", shares=SHARES)
     with pytest.raises(ValueError, match="two shares"):
         Policy(2.0, shares=(Share("a", 0.2, ("x",)), Share("b", 0.2, ("x",))))
