@@ -38,7 +38,9 @@ only when the OpenLineage provider asks for it).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from functools import partial
 from typing import Any
@@ -121,7 +123,213 @@ def refreshing(refresh: bool | str) -> bool:
     return flag
 
 
-class DPReleaseOperator(BaseOperator):
+class ReleasingOperator(BaseOperator):
+    """What every release gated by the ledger shares: its declaration (mechanism, scope,
+    noise, answer rule), where it is made (its slot and identity), the release service's
+    run of it, and what the task is told (XCom, exceptions, metrics, lineage, assets).
+
+    A subclass says where the exact answer comes from: :meth:`_source` yields the keys the
+    release charges and the function computing the answer (run only once reserved), and
+    :meth:`_sensitivities` and :meth:`_query_name` what the declaration and the identity
+    take from it.
+    """
+
+    template_fields: Sequence[str] = ("tenant", "query_type", "window", "refresh")
+    ui_color = "#e8f0fe"
+    operator_extra_links = (DPBudgetAccountLink(),)
+
+    def __init__(
+        self,
+        *,
+        mechanism: Mechanism | Mapping[str, Any],
+        query_type: str,
+        rule: AnswerRule,
+        tenant: str = "default",
+        window: str | None = None,
+        count: int = 1,
+        noise: str = "lattice",
+        granularity: float | None = None,
+        on_exhausted: str = "fail",
+        target_epsilon: float | None = None,
+        on_budget_warning: BaseNotifier | None = None,
+        refresh: bool | str = False,
+        dp_budget_conn_id: str = DPBudgetHook.default_conn_name,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.noise = check_noise(noise)
+        self.granularity = granularity
+        self.rule = rule
+        if on_exhausted not in ON_EXHAUSTED:
+            raise ValueError(f"on_exhausted must be one of {ON_EXHAUSTED}, got {on_exhausted!r}")
+        self.mechanism = mechanism if isinstance(mechanism, Mechanism) else dict(mechanism)
+        self.tenant = tenant
+        self.query_type = query_type
+        self.window = window
+        self.count = count
+        self.on_exhausted = on_exhausted
+        self.target_epsilon = target_epsilon
+        self.on_budget_warning = on_budget_warning
+        if not isinstance(refresh, bool | str):
+            raise ValueError(f"refresh must be True, False or a template, got {refresh!r}")
+        self.refresh = refresh
+        self.dp_budget_conn_id = dp_budget_conn_id
+        # This attempt's guarantee once charged, for the lineage methods (run after execute).
+        self._guarantee: ReleaseGuarantee | None = None
+
+    # ------------------------------------------------------------------ what subclasses say
+
+    def _sensitivities(self) -> tuple[float | None, float | None]:
+        """The answer's (L2, L1) sensitivity."""
+        raise NotImplementedError
+
+    def _query_name(self) -> str:
+        """What names the query in the release's identity."""
+        raise NotImplementedError
+
+    def _source(
+        self, gate: ReleaseGate, context: Mapping[str, Any]
+    ) -> AbstractContextManager[tuple[list[LedgerKey] | list[CohortKeys], Callable[[], Any]]]:
+        """The keys the release charges and the function computing its exact answer, valid
+        while the context is open (AirflowFailException for what fails on every try)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ declaration
+
+    def _declared(self) -> DeclaredRelease:
+        """The release as declared, in its scope as rendered for this run (ValueError if
+        its mechanism, sensitivity or granularity cannot be released)."""
+        l2_sensitivity, l1_sensitivity = self._sensitivities()
+        return DeclaredRelease(
+            self.mechanism,
+            self.tenant,
+            self.query_type,
+            count=self.count,
+            noise=self.noise,
+            l2_sensitivity=l2_sensitivity,
+            l1_sensitivity=l1_sensitivity,
+            granularity=self.granularity,
+            rule=self.rule,
+            target_epsilon=self.target_epsilon,
+        )
+
+    def _windows(self, gate: ReleaseGate, context: Mapping[str, Any]) -> list[str]:
+        """The windows the release charges: the one it was told, else every window the
+        run's data interval overlaps."""
+        if self.window:
+            return [self.window]
+        start, end = data_interval(context)
+        if start == end:
+            self.log.warning(
+                "the run's data interval is empty (%s): the release is charged to the one "
+                "window holding that moment. A release over a period's data needs a data "
+                "interval covering it (CronDataIntervalTimetable, or [scheduler] "
+                "create_cron_data_intervals = True for cron schedules) or window=",
+                start.isoformat(),
+            )
+        return gate.windows_for(self.tenant, self.query_type, start, end)
+
+    def _slot(self, context: Mapping[str, Any]) -> ReleaseSlot:
+        """Where this release is made, from the task's context (never an argument): its
+        DAG, task, map index and query, the data it reads (the run's data interval),
+        and the window it was told to charge, if it was."""
+        ti = context["ti"]
+        where = (ti.dag_id, ti.task_id, ti.map_index)
+        query = query_digest(self._query_name())
+        start, end = data_interval(context)
+        if self.window:
+            return ReleaseSlot.in_window(*where, self.window, start, end, query)
+        return ReleaseSlot.over_interval(*where, start, end, query)
+
+    # ------------------------------------------------------------------ execute
+
+    def execute(self, context: Any) -> Any:
+        self._guarantee = None
+        gate = DPBudgetHook(dp_budget_conn_id=self.dp_budget_conn_id).get_ledger()
+        warn_overdue_maintenance(gate, self.log)
+        try:
+            outlets = release_outlets(self.outlets)
+            refresh = refreshing(self.refresh)
+        except ValueError as refusal:  # bad outlets, refresh: on every try
+            raise AirflowFailException(f"no release: {refusal}") from None
+        with self._source(gate, context) as (keys, answer):
+            outcome = make_release(
+                gate,
+                self._declared(),
+                keys,
+                answer,
+                attempt=attempt_id(context),
+                log=self.log,
+                slot=self._slot(context),
+                refresh=refresh,
+            )
+        self._guarantee = ReleaseGuarantee.of(outcome, keys, gate.delta)
+        summary = outcome.summary
+        match outcome.result:
+            case ReleaseResult.invalid:  # a release no noise fits, bad keys: on every try
+                raise AirflowFailException(f"no release: {outcome.error}")
+            case ReleaseResult.refused:
+                Stats.incr("dp_budget.refusals", tags={"query_type": self.query_type})
+                context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
+                self.log.error("no release: %s", outcome.refusal)
+                if self.on_exhausted == "skip":
+                    raise AirflowSkipException(f"no release: {outcome.refusal}")
+                raise DPBudgetExhaustedError(f"no release: {outcome.refusal}")
+            case ReleaseResult.withheld:  # quarantined meanwhile: charged when reaped
+                self.log.error("release withheld: %s", outcome.refusal)
+                raise AirflowFailException(f"release withheld: {outcome.refusal}")
+        # released or failed: the data was touched, charged either way, and the receipt says
+        # so; or reused: charged before, and the receipt says when
+        context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
+        if outcome.error is not None:
+            raise outcome.error
+        if outlets and self._guarantee is not None:  # released or reused: charged once
+            publish_guarantee(context["outlet_events"], outlets, self._guarantee)
+        if outcome.result is ReleaseResult.released:
+            self._report(summary, context)
+        return self._answer_of(outcome.value)
+
+    def _answer_of(self, value: Any) -> Any:
+        """What the task returns of the released (or reused) value."""
+        return value
+
+    # ------------------------------------------------------------------ lineage
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage of a released value: its guarantee facet, inlets and outlets."""
+        return self._lineage()
+
+    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
+        """OpenLineage of a failed attempt: the guarantee facet if it was charged."""
+        return self._lineage()
+
+    def _lineage(self) -> Any:
+        """This attempt's ``OperatorLineage``; OpenLineage is imported here, not with the
+        module, so the operator runs without the OpenLineage provider."""
+        from dp_budget_provider.openlineage.lineage import release_lineage
+
+        return release_lineage(self._guarantee, self.inlets, self.outlets)
+
+    def _report(self, summary: dict[str, Any], context: Any) -> None:
+        """Count the release; in an exposed gate, warn (and notify) past the warning
+        fraction. A gate that exposes nothing has no account state to warn about: warnings
+        are the administrator's, in the UI."""
+        Stats.incr("dp_budget.spends", tags={"query_type": self.query_type})
+        if not summary.get("warned"):
+            return
+        self.log.warning(
+            "privacy budget warning: an account is past the warning fraction: %s at eps %.6g "
+            "of cap %.6g",
+            summary["account"],
+            summary["epsilon_after"],
+            summary["cap_epsilon"],
+        )
+        Stats.incr("dp_budget.warnings")
+        if self.on_budget_warning is not None:
+            self.on_budget_warning({**context, RECEIPT_XCOM_KEY: summary})
+
+
+class DPReleaseOperator(ReleasingOperator):
     """Release ``python_callable``'s exact, clipped answer with DP noise, within budget.
 
     :param python_callable: returns the exact, already-clipped query answer (a number or
@@ -176,17 +384,12 @@ class DPReleaseOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = (
+        *ReleasingOperator.template_fields,
         "subject",
         "subjects",
-        "tenant",
-        "query_type",
-        "window",
-        "refresh",
         "op_args",
         "op_kwargs",
     )
-    ui_color = "#e8f0fe"
-    operator_extra_links = (DPBudgetAccountLink(),)
 
     def __init__(
         self,
@@ -196,193 +399,48 @@ class DPReleaseOperator(BaseOperator):
         query_type: str,
         subject: str | None = None,
         subjects: SubjectSource | None = None,
-        tenant: str = "default",
-        window: str | None = None,
         l2_sensitivity: float | None = None,
         l1_sensitivity: float | None = None,
-        count: int = 1,
-        noise: str = "lattice",
-        granularity: float | None = None,
         bounds: tuple[float, float] | None = None,
         nan_value: float = 0.0,
         cells: int = 1,
         integer: bool = False,
-        on_exhausted: str = "fail",
-        target_epsilon: float | None = None,
         op_args: Collection[Any] | None = None,
         op_kwargs: Mapping[str, Any] | None = None,
-        on_budget_warning: BaseNotifier | None = None,
-        refresh: bool | str = False,
-        dp_budget_conn_id: str = DPBudgetHook.default_conn_name,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        rule = AnswerRule(nan_value, bounds, cells, integer)
+        super().__init__(mechanism=mechanism, query_type=query_type, rule=rule, **kwargs)
         if not callable(python_callable):
             raise ValueError("python_callable must be callable")
         if (subject is None) == (subjects is None):
             raise ValueError("give exactly one of subject or subjects")
-        self.noise = check_noise(noise)
-        self.granularity = granularity
-        self.rule = AnswerRule(nan_value, bounds, cells, integer)
-        if on_exhausted not in ON_EXHAUSTED:
-            raise ValueError(f"on_exhausted must be one of {ON_EXHAUSTED}, got {on_exhausted!r}")
         self.python_callable = python_callable
-        self.mechanism = mechanism if isinstance(mechanism, Mechanism) else dict(mechanism)
         self.l2_sensitivity = l2_sensitivity
         self.l1_sensitivity = l1_sensitivity
         self.subject = subject
         self.subjects = subjects
-        self.tenant = tenant
-        self.query_type = query_type
-        self.window = window
-        self.count = count
-        self.on_exhausted = on_exhausted
-        self.target_epsilon = target_epsilon
         self.op_args = list(op_args or [])
         self.op_kwargs = dict(op_kwargs or {})
-        self.on_budget_warning = on_budget_warning
-        if not isinstance(refresh, bool | str):
-            raise ValueError(f"refresh must be True, False or a template, got {refresh!r}")
-        self.refresh = refresh
-        self.dp_budget_conn_id = dp_budget_conn_id
         # At parse time, so that a bad spec, sensitivity or granularity never reaches a run.
         self._declared()
-        # This attempt's guarantee once charged, for the lineage methods (run after execute).
-        self._guarantee: ReleaseGuarantee | None = None
 
-    # ------------------------------------------------------------------ declaration
+    def _sensitivities(self) -> tuple[float | None, float | None]:
+        return self.l2_sensitivity, self.l1_sensitivity
 
-    def _declared(self) -> DeclaredRelease:
-        """The release as declared, in its scope as rendered for this run (ValueError if
-        its mechanism, sensitivity or granularity cannot be released)."""
-        return DeclaredRelease(
-            self.mechanism,
-            self.tenant,
-            self.query_type,
-            count=self.count,
-            noise=self.noise,
-            l2_sensitivity=self.l2_sensitivity,
-            l1_sensitivity=self.l1_sensitivity,
-            granularity=self.granularity,
-            rule=self.rule,
-            target_epsilon=self.target_epsilon,
-        )
+    def _query_name(self) -> str:
+        return _name_of(self.python_callable)
 
-    # ------------------------------------------------------------------ keys
-
-    def _keys(
-        self, ledger: ReleaseGate, context: Mapping[str, Any]
-    ) -> list[LedgerKey] | list[CohortKeys]:
-        """Every (subject, window) the release charges: the data it reads, per subject
-        (or a registered cohort's subjects in each window)."""
-        if self.window:
-            windows = [self.window]
-        else:
-            start, end = data_interval(context)
-            if start == end:
-                self.log.warning(
-                    "the run's data interval is empty (%s): the release is charged to the one "
-                    "window holding that moment. A release over a period's data needs a data "
-                    "interval covering it (CronDataIntervalTimetable, or [scheduler] "
-                    "create_cron_data_intervals = True for cron schedules) or window=",
-                    start.isoformat(),
-                )
-            windows = ledger.windows_for(self.tenant, self.query_type, start, end)
-        subjects = [self.subject] if self.subject is not None else self.subjects
-        return covered_by(subjects, self.query_type, windows, self.tenant)
-
-    def _slot(self, context: Mapping[str, Any]) -> ReleaseSlot:
-        """Where this release is made, from the task's context (never an argument): its
-        DAG, task, map index and callable, the data it reads (the run's data interval),
-        and the window it was told to charge, if it was."""
-        ti = context["ti"]
-        where = (ti.dag_id, ti.task_id, ti.map_index)
-        query = query_digest(_name_of(self.python_callable))
-        start, end = data_interval(context)
-        if self.window:
-            return ReleaseSlot.in_window(*where, self.window, start, end, query)
-        return ReleaseSlot.over_interval(*where, start, end, query)
-
-    # ------------------------------------------------------------------ execute
-
-    def execute(self, context: Any) -> Any:
-        self._guarantee = None
-        gate = DPBudgetHook(dp_budget_conn_id=self.dp_budget_conn_id).get_ledger()
-        warn_overdue_maintenance(gate, self.log)
+    @contextlib.contextmanager
+    def _source(
+        self, gate: ReleaseGate, context: Mapping[str, Any]
+    ) -> Iterator[tuple[list[LedgerKey] | list[CohortKeys], Callable[[], Any]]]:
+        """Every (subject, window) the release charges: the data it reads, per subject (or
+        a registered cohort's subjects in each window); and the callable with its arguments."""
         try:
-            keys = self._keys(gate, context)
-            outlets = release_outlets(self.outlets)
-            refresh = refreshing(self.refresh)
-        except ValueError as refusal:  # bad subjects, windows, outlets, refresh: on every try
+            windows = self._windows(gate, context)
+            subjects = [self.subject] if self.subject is not None else self.subjects
+            keys = covered_by(subjects, self.query_type, windows, self.tenant)
+        except ValueError as refusal:  # bad subjects or windows: on every try
             raise AirflowFailException(f"no release: {refusal}") from None
-        answer = partial(self.python_callable, *self.op_args, **self.op_kwargs)
-        outcome = make_release(
-            gate,
-            self._declared(),
-            keys,
-            answer,
-            attempt=attempt_id(context),
-            log=self.log,
-            slot=self._slot(context),
-            refresh=refresh,
-        )
-        self._guarantee = ReleaseGuarantee.of(outcome, keys, gate.delta)
-        summary = outcome.summary
-        match outcome.result:
-            case ReleaseResult.invalid:  # a release no noise fits, bad keys: on every try
-                raise AirflowFailException(f"no release: {outcome.error}")
-            case ReleaseResult.refused:
-                Stats.incr("dp_budget.refusals", tags={"query_type": self.query_type})
-                context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
-                self.log.error("no release: %s", outcome.refusal)
-                if self.on_exhausted == "skip":
-                    raise AirflowSkipException(f"no release: {outcome.refusal}")
-                raise DPBudgetExhaustedError(f"no release: {outcome.refusal}")
-            case ReleaseResult.withheld:  # quarantined meanwhile: charged when reaped
-                self.log.error("release withheld: %s", outcome.refusal)
-                raise AirflowFailException(f"release withheld: {outcome.refusal}")
-        # released or failed: the data was touched, charged either way, and the receipt says
-        # so; or reused: charged before, and the receipt says when
-        context["ti"].xcom_push(key=RECEIPT_XCOM_KEY, value=summary)
-        if outcome.error is not None:
-            raise outcome.error
-        if outlets and self._guarantee is not None:  # released or reused: charged once
-            publish_guarantee(context["outlet_events"], outlets, self._guarantee)
-        if outcome.result is ReleaseResult.released:
-            self._report(summary, context)
-        return outcome.value
-
-    # ------------------------------------------------------------------ lineage
-
-    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
-        """OpenLineage of a released value: its guarantee facet, inlets and outlets."""
-        return self._lineage()
-
-    def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
-        """OpenLineage of a failed attempt: the guarantee facet if it was charged."""
-        return self._lineage()
-
-    def _lineage(self) -> Any:
-        """This attempt's ``OperatorLineage``; OpenLineage is imported here, not with the
-        module, so the operator runs without the OpenLineage provider."""
-        from dp_budget_provider.openlineage.lineage import release_lineage
-
-        return release_lineage(self._guarantee, self.inlets, self.outlets)
-
-    def _report(self, summary: dict[str, Any], context: Any) -> None:
-        """Count the release; in an exposed gate, warn (and notify) past the warning
-        fraction. A gate that exposes nothing has no account state to warn about: warnings
-        are the administrator's, in the UI."""
-        Stats.incr("dp_budget.spends", tags={"query_type": self.query_type})
-        if not summary.get("warned"):
-            return
-        self.log.warning(
-            "privacy budget warning: an account is past the warning fraction: %s at eps %.6g "
-            "of cap %.6g",
-            summary["account"],
-            summary["epsilon_after"],
-            summary["cap_epsilon"],
-        )
-        Stats.incr("dp_budget.warnings")
-        if self.on_budget_warning is not None:
-            self.on_budget_warning({**context, RECEIPT_XCOM_KEY: summary})
+        yield keys, partial(self.python_callable, *self.op_args, **self.op_kwargs)

@@ -400,9 +400,9 @@ def test_a_run_with_an_empty_data_interval_and_no_window_is_warned_about(ledger,
     moment = datetime(2026, 7, 13, tzinfo=timezone.utc)
     context = {"data_interval_start": moment, "data_interval_end": moment}
     capsys.readouterr()
-    operator._keys(gate, context)
+    operator._windows(gate, context)
     logged = "".join(capsys.readouterr())
     assert "data interval is empty" in logged and "CronDataIntervalTimetable" in logged
     context["data_interval_end"] = datetime(2026, 7, 20, tzinfo=timezone.utc)
-    operator._keys(gate, context)
+    operator._windows(gate, context)
     assert "data interval is empty" not in "".join(capsys.readouterr())
