@@ -79,7 +79,10 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": INTEGRATION,
-                "python-modules": ["dp_budget_provider.operators.release"],
+                "python-modules": [
+                    "dp_budget_provider.operators.release",
+                    "dp_budget_provider.operators.aggregate",
+                ],
             }
         ],
         "sensors": [

@@ -15,6 +15,22 @@ from airflow.sdk import DAG
 
 from tests.admin import ADMIN
 
+# DAG source text: `weekly()` makes a DAG scheduled on Mondays, each run reading the week
+# before (its data interval); a test appends `with weekly() as dag:` and its tasks.
+WEEKLY_DAG = """
+from datetime import datetime, timezone
+from airflow.sdk import DAG
+from airflow.timetables.interval import CronDataIntervalTimetable
+
+def weekly():
+    return DAG(
+        "DAG_ID",
+        schedule=CronDataIntervalTimetable("0 0 * * 1", timezone="UTC"),
+        start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
+        catchup=False,
+    )
+"""
+
 
 def ledger_connection(monkeypatch: Any, url: str, **extra: Any) -> None:
     """Point the default ledger connection at ``url`` (the documented env-var contract),

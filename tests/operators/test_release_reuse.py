@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import pytest
 
 from dp_budget_provider.ledger import key_for
-from tests.airflow.dag_runner import load_dag, stored_xcom, task_states
+from tests.airflow.dag_runner import WEEKLY_DAG, load_dag, stored_xcom, task_states
 
 pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
 
@@ -21,11 +21,10 @@ SUBJECTS = [f"rider-{i:03d}" for i in range(30)]
 # A weekly run's data interval ends at its logical date: this run reads 2026-w28.
 MONDAY = datetime(2026, 7, 13, tzinfo=timezone.utc)
 
-RELEASE_DAG = """
-from datetime import datetime, timezone
+RELEASE_DAG = (
+    WEEKLY_DAG.replace("{", "{{").replace("}", "}}")
+    + """
 import pathlib
-from airflow.sdk import DAG
-from airflow.timetables.interval import CronDataIntervalTimetable
 from dp_budget_provider.operators.release import DPReleaseOperator
 
 def counts():
@@ -33,12 +32,7 @@ def counts():
     reads.write_text(reads.read_text() + "x" if reads.exists() else "x")
     return [12, 30, 8]
 
-with DAG(
-    "DAG_ID",
-    schedule=CronDataIntervalTimetable("0 0 * * 1", timezone="UTC"),
-    start_date=datetime(2026, 1, 1, tzinfo=timezone.utc),
-    catchup=False,
-) as dag:
+with weekly() as dag:
     DPReleaseOperator(
         task_id="release",
         python_callable=counts,
@@ -53,6 +47,7 @@ with DAG(
         refresh={refresh!r},
     )
 """
+)
 
 
 class Releases:

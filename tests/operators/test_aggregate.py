@@ -1,0 +1,177 @@
+"""DPAggregateOperator under dag.test() on a real Airflow metadata database: a PostgreSQL
+source apart from the ledger (on SQLite and PostgreSQL). The released counts are the
+bounded counts (tiny noise under a huge cap, so the lattice noise is 0), the units of the
+bounded rows are exactly the subjects charged, a query that writes is refused by the
+read-only snapshot and charges nothing, and a re-run is handed the stored answer while a
+change of bounds is another release."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timezone
+
+import pytest
+import sqlalchemy as sa
+
+from dp_budget_provider.ledger import Policy, key_for
+from tests.airflow.dag_runner import WEEKLY_DAG, load_dag, stored_xcom, task_states
+from tests.scratch_postgres import scratch_database
+
+pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
+
+WINDOW = "2026-w28"
+LEDGER_WINDOWS = (WINDOW,)
+MONDAY = datetime(2026, 7, 13, tzinfo=timezone.utc)  # this run reads 2026-w28
+IN_WEEK = datetime(2026, 7, 8, 12, tzinfo=timezone.utc)
+DOMAIN = [[0, "a"], [0, "b"], [1, "a"]]
+# (person, row, col, day): ann contributes to three cells and twice to one; bob once;
+# cyd only outside the domain; dan only outside the data interval.
+VISITS = [
+    ("ann", 0, "a", IN_WEEK),
+    ("ann", 0, "a", IN_WEEK),
+    ("ann", 0, "a", IN_WEEK),
+    ("ann", 0, "b", IN_WEEK),
+    ("ann", 1, "a", IN_WEEK),
+    ("bob", 1, "a", IN_WEEK),
+    ("cyd", 9, "z", IN_WEEK),
+    ("dan", 0, "a", datetime(2026, 6, 1, tzinfo=timezone.utc)),
+]
+SQL = (
+    'SELECT person, "row", col FROM visits '
+    "WHERE day >= :data_interval_start AND day < :data_interval_end"
+)
+DAG_SOURCE = (
+    WEEKLY_DAG.replace("{", "{{").replace("}", "}}")
+    + """
+from dp_budget_provider.operators.aggregate import DPAggregateOperator
+
+with weekly() as dag:
+    DPAggregateOperator(
+        task_id="visits",
+        conn_id="visits_db",
+        sql={sql!r},
+        privacy_unit="person",
+        group_by=["row", "col"],
+        domain={domain!r},
+        max_groups_per_unit={groups!r},
+        max_rows_per_group={rows!r},
+        mechanism={{"kind": "gaussian", "noise_multiplier": 0.01}},
+        granularity=1,
+        query_type="visit_map",
+    )
+"""
+)
+
+
+@pytest.fixture
+def source(monkeypatch):
+    """The visits table in a PostgreSQL database of its own, as connection ``visits_db``."""
+    with scratch_database("dpb_visits") as (name, url):
+        engine = sa.create_engine(url)
+        with engine.begin() as connection:
+            connection.execute(
+                sa.text(
+                    'CREATE TABLE visits (person TEXT, "row" INTEGER, col TEXT, day TIMESTAMPTZ)'
+                )
+            )
+            # What an author's query could call to write as it reads.
+            connection.execute(
+                sa.text(
+                    "CREATE FUNCTION plant() RETURNS integer LANGUAGE sql AS "
+                    "$$ INSERT INTO visits VALUES ('eve', 0, 'a', now()); SELECT 1 $$"
+                )
+            )
+            connection.execute(
+                sa.text("INSERT INTO visits VALUES (:p, :r, :c, :d)"),
+                [{"p": p, "r": r, "c": c, "d": d} for p, r, c, d in VISITS],
+            )
+        connection_uri = json.dumps(
+            {
+                "conn_type": "postgres",
+                "host": "127.0.0.1",
+                "port": 5432,
+                "login": "postgres",
+                "schema": name,
+            }
+        )
+        monkeypatch.setenv("AIRFLOW_CONN_VISITS_DB", connection_uri)
+        yield engine
+        engine.dispose()
+
+
+@pytest.fixture
+def huge_cap(ledger):
+    """Tiny noise needs a huge cap: then every lattice noise draw is 0 (sigma 0.02)."""
+    ledger.set_policy(Policy(1e6, query_type="visit_map"))
+    return ledger
+
+
+def run(name: str, *, sql: str = SQL, groups: int = 2, rows: int = 2):
+    source = DAG_SOURCE.format(sql=sql, domain=DOMAIN, groups=groups, rows=rows)
+    dag_run = load_dag(source, name=name).test(logical_date=MONDAY)
+    return dag_run, task_states(dag_run)["visits"]
+
+
+def charged(ledger, person: str) -> float:
+    return ledger.epsilon_of(key_for(person, "visit_map", WINDOW))
+
+
+def test_the_release_is_the_bounded_count_over_the_units_it_read(huge_cap, source):
+    dag_run, state = run(f"visits_{uuid.uuid4().hex[:8]}")
+    assert state == "success"
+    # ann: two cells kept (k=2, domain order: (0,a) then (0,b)), two rows of (0,a) (m=2);
+    # bob: one row of (1,a). cyd is outside the domain, dan outside the interval.
+    assert stored_xcom(dag_run, "visits", "return_value") == {"values": [2, 1, 1]}
+    assert charged(huge_cap, "ann") > 0 and charged(huge_cap, "bob") == charged(huge_cap, "ann")
+    assert charged(huge_cap, "cyd") == 0 and charged(huge_cap, "dan") == 0
+    receipt = stored_xcom(dag_run, "visits", "dp_budget_receipt")
+    assert receipt["reused"] is False and receipt["keys"] == 2
+    assert huge_cap.verify(quarantine=False).ok
+
+
+def test_a_rerun_is_handed_its_answer_and_other_bounds_are_another_release(huge_cap, source):
+    name = f"visits_{uuid.uuid4().hex[:8]}"
+    first, _ = run(name)
+    once = charged(huge_cap, "ann")
+    again, _ = run(name)
+    assert stored_xcom(again, "visits", "dp_budget_receipt")["reused"] is True
+    assert charged(huge_cap, "ann") == once
+    other, _ = run(name, rows=3)
+    assert stored_xcom(other, "visits", "return_value") == {"values": [3, 1, 1]}
+    assert stored_xcom(other, "visits", "dp_budget_receipt")["reused"] is False
+    assert charged(huge_cap, "ann") > once
+
+
+def test_a_query_that_writes_is_refused_and_charges_nothing(huge_cap, source):
+    writes = 'SELECT person, "row", col FROM visits WHERE plant() = 1'
+    before = huge_cap.history()
+    _, state = run(f"visits_{uuid.uuid4().hex[:8]}", sql=writes)
+    assert state == "failed"
+    with source.connect() as connection:
+        people = connection.execute(sa.text("SELECT count(*) FROM visits WHERE person = 'eve'"))
+        assert people.scalar_one() == 0
+    assert huge_cap.history() == before
+
+
+def test_a_source_without_a_sql_hook_or_a_bad_query_fails_before_anything_is_charged():
+    from dp_budget_provider.operators.aggregate import DPAggregateOperator
+
+    arguments = dict(
+        task_id="visits",
+        conn_id="visits_db",
+        privacy_unit="person",
+        group_by="row",
+        domain=[0, 1],
+        mechanism={"kind": "gaussian", "noise_multiplier": 2.0},
+        query_type="visit_map",
+    )
+    with pytest.raises(ValueError, match="value column"):
+        DPAggregateOperator(sql=SQL, aggregate="sum", **arguments)
+    with pytest.raises(ValueError, match="plain SQL name"):
+        DPAggregateOperator(sql=SQL, **{**arguments, "privacy_unit": "person; --"})
+    operator = DPAggregateOperator(
+        sql=SQL, max_groups_per_unit=2, max_rows_per_group=3, **arguments
+    )
+    l2, l1 = operator._sensitivities()
+    assert l1 == 6.0 and 3.0 * 2**0.5 <= l2 < 3.0 * 2**0.5 * (1 + 1e-12)
