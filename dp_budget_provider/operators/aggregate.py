@@ -220,13 +220,13 @@ def _snapshot(connection: sa.Connection) -> Iterator[None]:
             connection.exec_driver_sql("SET TRANSACTION READ ONLY")
             yield
     elif dialect == "sqlite":
-        connection.exec_driver_sql("PRAGMA query_only = ON")
-        try:
-            with connection.begin():
-                connection.exec_driver_sql("BEGIN")  # pysqlite begins only before writes
+        with connection.begin():
+            connection.exec_driver_sql("BEGIN")  # pysqlite begins only before writes
+            connection.exec_driver_sql("PRAGMA query_only = ON")
+            try:
                 yield
-        finally:
-            connection.exec_driver_sql("PRAGMA query_only = OFF")
+            finally:
+                connection.exec_driver_sql("PRAGMA query_only = OFF")
     else:
         raise AirflowFailException(
             f"no release: a {dialect} source is not supported: both reads must see one "
