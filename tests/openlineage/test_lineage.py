@@ -191,6 +191,17 @@ def test_a_dp_release_asset_is_an_openlineage_dataset():
     assert (dataset.namespace, dataset.name) == ("dp-release://acme", "visit-counts")
 
 
+def json_objects(text: str) -> list[dict]:
+    """The JSON objects written one after another to a file. The file transport writes an
+    event and its newline separately, and its threads (``execute_in_thread``) append at
+    once, so two events may share a line: each object is whole, a newline may be late."""
+    decoder, objects, at = json.JSONDecoder(), [], 0
+    while (at := len(text) - len(text[at:].lstrip())) < len(text):
+        found, at = decoder.raw_decode(text, at)
+        objects.append(found)
+    return objects
+
+
 def test_the_openlineage_provider_emits_the_guarantee_of_a_release(tmp_path, airflow_db):
     events_file = tmp_path / "openlineage.jsonl"
     transport = {"type": "file", "log_file_path": str(events_file), "append": True}
@@ -210,7 +221,7 @@ def test_the_openlineage_provider_emits_the_guarantee_of_a_release(tmp_path, air
     )
     assert report["lineage_released"]["states"] == {"release": "success"}
     assert report["lineage_failed"]["states"] == {"release": "failed"}
-    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    events = json_objects(events_file.read_text())
     by_job = {
         (event["job"]["name"], event["eventType"]): event
         for event in events
