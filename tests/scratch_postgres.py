@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg2
+import sqlalchemy as sa
 
 PG_ADMIN_DSN = os.environ.get(
     "DP_BUDGET_TEST_PG", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
@@ -99,3 +100,25 @@ def scratch_database(prefix: str, create_options: str = "") -> Iterator[tuple[st
             )
             cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
         admin.close()
+
+
+@contextlib.contextmanager
+def source_engine(backend: str, folder: Path, prefix: str) -> Iterator[sa.Engine]:
+    """An engine on a fresh source database of ``backend``: a SQLite file (in WAL mode, so
+    a reader keeps its snapshot while another connection writes) in ``folder``, or a
+    scratch PostgreSQL database; disposed (and dropped) afterwards."""
+    if backend == "sqlite":
+        engine = sa.create_engine(f"sqlite:///{folder / f'{prefix}.db'}")
+        with engine.begin() as connection:
+            connection.exec_driver_sql("PRAGMA journal_mode = WAL")
+        try:
+            yield engine
+        finally:
+            engine.dispose()
+        return
+    with scratch_database(prefix) as (_, url):
+        engine = sa.create_engine(url)
+        try:
+            yield engine
+        finally:
+            engine.dispose()

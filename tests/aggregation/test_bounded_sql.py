@@ -19,7 +19,7 @@ from dp_budget_provider.aggregation import (
     cell_totals,
     contributing_units,
 )
-from tests.scratch_postgres import scratch_database
+from tests.scratch_postgres import source_engine
 
 DOMAIN = ((0, "a"), (0, "b"), (1, "a"), (2, "c"))  # (row, column) cells of a small map
 UNITS = ("u1", "u2", "u3", "u4")
@@ -49,15 +49,8 @@ SQL = "SELECT * FROM visits WHERE day >= :start"
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def engine(request, tmp_path_factory) -> Iterator[sa.Engine]:
-    if request.param == "sqlite":
-        engine = sa.create_engine(f"sqlite:///{tmp_path_factory.mktemp('bounded') / 'data.db'}")
-        yield engine
-        engine.dispose()
-        return
-    with scratch_database("dpb_bounded") as (_, url):
-        engine = sa.create_engine(url)
-        yield engine
-        engine.dispose()
+    with source_engine(request.param, tmp_path_factory.mktemp("bounded"), "dpb_bounded") as made:
+        yield made
 
 
 def load(engine: sa.Engine, rows) -> None:

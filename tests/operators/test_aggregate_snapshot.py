@@ -10,22 +10,13 @@ import pytest
 import sqlalchemy as sa
 
 from dp_budget_provider.operators.aggregate import _snapshot
-from tests.scratch_postgres import scratch_database
+from tests.scratch_postgres import source_engine
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def engine(request, tmp_path) -> Iterator[sa.Engine]:
-    if request.param == "sqlite":
-        engine = sa.create_engine(f"sqlite:///{tmp_path / 'source.db'}")
-        with engine.begin() as connection:
-            connection.exec_driver_sql("PRAGMA journal_mode = WAL")
-        yield engine
-        engine.dispose()
-        return
-    with scratch_database("dpb_snapshot") as (_, url):
-        engine = sa.create_engine(url)
-        yield engine
-        engine.dispose()
+    with source_engine(request.param, tmp_path, "dpb_snapshot") as made:
+        yield made
 
 
 def count(connection: sa.Connection) -> int:
