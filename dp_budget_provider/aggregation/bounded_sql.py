@@ -192,8 +192,10 @@ def contributing_units(
     batch: int = 10_000,
 ) -> Iterator[str]:
     """The units the bounded rows hold, streamed in batches (never all in memory)."""
-    result = connection.execution_options(stream_results=True, yield_per=batch).execute(
-        query.units_statement(connection.dialect), query.parameters(parameters)
+    result = connection.execute(
+        query.units_statement(connection.dialect),
+        query.parameters(parameters),
+        execution_options={"stream_results": True, "yield_per": batch},
     )
     for (unit,) in result:
         yield str(unit)

@@ -348,8 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the one Rényi order the cap is checked at, a privacy filter (valid when "
         "releases are chosen from earlier outputs); 'auto' is the cap's own order. "
         "'reported' checks the cap on the reported epsilon, which is not a filter. A charged "
-        "scope keeps how its cap is checked; by default a scope keeps its current one, and a "
-        "new scope is checked at its cap's own order (auto)",
+        "scope keeps how its cap is checked. Left out, it is auto: a charged scope keeps its "
+        "rule, and an uncharged one is checked at its (new) cap's own order",
     )
     policy_set.add_argument(
         "--share",

@@ -28,7 +28,7 @@ from dp_budget_provider.ledger.audit.authority import ADMIN_KEY_ENV, AdminKey, A
 from dp_budget_provider.ledger.storage import database, history
 from dp_budget_provider.ledger.views import report
 from dp_budget_provider.ledger.windows.calendar import display_window
-from dp_budget_provider.ledger.windows.policy import checked_at, revised_policy
+from dp_budget_provider.ledger.windows.policy import ANY, checked_at, revised_policy
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
@@ -60,7 +60,7 @@ def cmd_init(args: argparse.Namespace) -> int:
     )
     try:
         verb = "exists already with this configuration" if existed else "created"
-        checked = ledger.policy_for_scope("*", "*").filter_order
+        checked = ledger.policy_for_scope(ANY, ANY).filter_order
         print(
             f"ledger {ledger.url} {verb}: delta={shortest(ledger.delta)}, default cap "
             f"eps={shortest(cap.epsilon)} (warning at {cap.warn_fraction:.0%}) checked "

@@ -21,6 +21,7 @@ noise, commit, receipt, re-run reuse (the identity names the bounded query) and 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
@@ -96,8 +97,7 @@ class DPAggregateOperator(ReleasingOperator):
     ) -> None:
         contribution = ContributionBounds(max_groups_per_unit, max_rows_per_group, bounds)
         query = BoundedQuery(
-            sql, privacy_unit, tuple(_columns(group_by)), tuple(domain), contribution,
-            aggregate, value,
+            sql, privacy_unit, group_by, domain, contribution, aggregate, value
         )  # fmt: skip
         rule = (
             AnswerRule(0.0, COUNT_RANGE, len(query.domain), integer=True)
@@ -113,16 +113,8 @@ class DPAggregateOperator(ReleasingOperator):
         self._declared()
 
     def _query(self) -> BoundedQuery:
-        """The bounded query with its SQL as rendered for this run."""
-        return BoundedQuery(
-            self.sql,
-            self.bounded.privacy_unit,
-            self.bounded.group_by,
-            self.bounded.domain,
-            self.bounded.bounds,
-            self.bounded.aggregate,
-            self.bounded.value,
-        )
+        """The bounded query with its SQL as rendered for this run (checked again)."""
+        return dataclasses.replace(self.bounded, sql=self.sql)
 
     def _sensitivities(self) -> tuple[float | None, float | None]:
         bounds, aggregate = self.bounded.bounds, self.bounded.aggregate
@@ -182,10 +174,6 @@ class DPAggregateOperator(ReleasingOperator):
 
     def _answer_of(self, value: Any) -> Any:
         return {"values": np.asarray(value).tolist()}
-
-
-def _columns(group_by: str | Sequence[str]) -> list[str]:
-    return [group_by] if isinstance(group_by, str) else list(group_by)
 
 
 def _exact_answer(

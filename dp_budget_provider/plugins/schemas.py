@@ -262,8 +262,8 @@ class PolicyChangeModel(BaseModel):
     filter_order: Literal["auto", "reported"] | float | None = Field(
         None,
         description="check the cap at this one Rényi order, a privacy filter ('auto': the "
-        "cap's own); 'reported': on the reported epsilon, not a filter; left out, a scope "
-        "keeps how its cap is checked (a charged scope must), a new scope takes 'auto'",
+        "cap's own); 'reported': on the reported epsilon, not a filter; left out, 'auto': a "
+        "charged scope keeps how its cap is checked, an uncharged one takes its cap's order",
     )
     shares: list[ShareModel] | None = Field(
         None,
