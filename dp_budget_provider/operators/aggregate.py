@@ -161,12 +161,21 @@ class DPAggregateOperator(ReleasingOperator):
         engine = _engine_of(self.conn_id)
         try:
             with engine.connect() as connection, _snapshot(connection):
-                units = contributing_units(connection, query, parameters)
+                units = _Counted(contributing_units(connection, query, parameters))
                 try:
                     cohort = gate.cohort(units, tenant=self.tenant)
                     keys = covered_by(cohort, self.query_type, windows, self.tenant)
                 except ValueError as refusal:  # no unit at all, a unit that is no id
                     raise AirflowFailException(f"no release: {refusal}") from None
+                if cohort.size != units.count:
+                    # Two units the bounds kept apart would be charged as one subject: the
+                    # subject's data could move the answer by more than was charged.
+                    raise AirflowFailException(
+                        f"no release: {units.count - cohort.size} of the query's units are "
+                        "the same subject id to the ledger as another unit (ids differing "
+                        "only in case, spacing or Unicode form): make the privacy unit "
+                        "column canonical in the query"
+                    )
                 self.log.info("the bounded query's units are registered as the cohort charged")
                 yield keys, partial(_exact_answer, connection, query, parameters)
         finally:
@@ -174,6 +183,19 @@ class DPAggregateOperator(ReleasingOperator):
 
     def _answer_of(self, value: Any) -> Any:
         return {"values": np.asarray(value).tolist()}
+
+
+class _Counted:
+    """An iterable of the query's distinct units that counts them as they stream by."""
+
+    def __init__(self, units: Iterator[str]) -> None:
+        self._units = units
+        self.count = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for unit in self._units:
+            self.count += 1
+            yield unit
 
 
 def _exact_answer(

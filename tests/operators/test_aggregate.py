@@ -175,3 +175,16 @@ def test_a_source_without_a_sql_hook_or_a_bad_query_fails_before_anything_is_cha
     )
     l2, l1 = operator._sensitivities()
     assert l1 == 6.0 and 3.0 * 2**0.5 <= l2 < 3.0 * 2**0.5 * (1 + 1e-12)
+
+
+def test_units_that_are_one_subject_id_to_the_ledger_are_refused(huge_cap, source):
+    """'ANN' and 'ann' are two units to the SQL bounds (each kept to k cells of m rows) but
+    one subject to the ledger: charged once, the subject's data could move the answer by
+    twice what was charged. Refused before anything is reserved."""
+    with source.begin() as connection:
+        connection.execute(sa.text("INSERT INTO visits VALUES ('ANN', 0, 'a', :d)"), {"d": IN_WEEK})
+    before = huge_cap.history()
+    _, state = run(f"visits_{uuid.uuid4().hex[:8]}")
+    assert state == "failed"
+    assert huge_cap.history() == before
+    assert charged(huge_cap, "ann") == 0
