@@ -9,8 +9,9 @@ its bounds (a missing value counts as 0, clamped too). Which rows and cells a un
 depends on that unit's rows alone, so adding or removing one unit moves the aggregate by
 at most what :class:`~dp_budget_provider.aggregation.bounds.ContributionBounds` derives.
 
-The same bounded rows give both the cell totals and the units that contributed: the cohort
-a release is charged to comes from the query that makes it, not from a second list. Only
+One read of the bounded rows (:class:`BoundedRows`) gives both the cell totals and the
+units that contributed: the cohort a release is charged to comes from the rows it counts,
+not from a second list or a second run of the query. Only
 standard SQL is used (common table expressions, ``ROW_NUMBER`` and ``DENSE_RANK``, ``CASE``,
 ``UNION ALL``), with identifiers quoted by the connection's own dialect and every domain
 value and bound passed as a parameter, so the heavy work runs where the data is.
@@ -90,20 +91,9 @@ class BoundedQuery:
             raise ValueError("a sum names its value column (value=...), a count none")
         self.bounds.per_cell(self.aggregate)  # a sum without value_bounds is refused here
 
-    def totals_statement(self, dialect: Dialect) -> sa.TextClause:
-        """``SELECT cell, kept_rows, total`` over the bounded rows, one row per non-empty
-        cell (``cell`` is the domain position)."""
-        total = "SUM(clamped)" if self.aggregate == "sum" else "NULL"
-        return self._statement(
-            dialect,
-            f"SELECT cell, COUNT(*) AS kept_rows, {total} AS total FROM dpb_bounded GROUP BY cell",
-        )
-
-    def units_statement(self, dialect: Dialect) -> sa.TextClause:
-        """``SELECT DISTINCT unit`` of the bounded rows: the units the totals count."""
-        return self._statement(dialect, "SELECT DISTINCT unit FROM dpb_bounded")
-
-    def _statement(self, dialect: Dialect, final: str) -> sa.TextClause:
+    def statement(self, dialect: Dialect) -> sa.TextClause:
+        """``SELECT unit, cell, clamped`` of every bounded row (``cell`` is the domain
+        position; ``clamped`` NULL for a count), ordered by unit."""
         quote = dialect.identifier_preparer.quote
         groups = [f"group_{i}" for i in range(len(self.group_by))]
         selected = ", ".join(
@@ -145,7 +135,7 @@ class BoundedQuery:
             f"WHERE row_rank <= :{_OWN}rows), "
             f"dpb_bounded AS (SELECT unit, cell, {clamped} AS clamped FROM dpb_kept "
             f"WHERE cell_rank <= :{_OWN}groups) "
-            f"{final}"
+            "SELECT unit, cell, clamped FROM dpb_bounded ORDER BY unit"
         )
         return sa.text(text)
 
@@ -168,37 +158,67 @@ class BoundedQuery:
         return {**given, **own}
 
 
-def cell_totals(
-    connection: sa.Connection, query: BoundedQuery, parameters: Mapping[str, Any] | None = None
-) -> list[CellTotal]:
-    """Every cell of the domain, in its order, after the bounds (an empty cell: 0 rows)."""
-    found = connection.execute(
-        query.totals_statement(connection.dialect), query.parameters(parameters)
-    ).all()
-    totals = [CellTotal(0, 0.0 if query.aggregate == "sum" else None) for _ in query.domain]
-    for cell, rows, total in found:
-        value = None if total is None else float(total)
-        if value is not None and not math.isfinite(value):
-            raise ValueError(f"the bounded sum of cell {query.domain[int(cell)]!r} is not finite")
-        totals[int(cell)] = CellTotal(int(rows), value)
-    return totals
+class BoundedRows:
+    """One read of the bounded rows, streamed in unit order: iterating it yields each unit
+    once (what a cohort registers), and adds every row to its cell's total as it goes.
+
+    One read, not two: a query need not give the same rows twice (``TABLESAMPLE``,
+    ``random()``, a counter it keeps), so units read by one statement and totals by
+    another could count people the charge never names. Here every row counted is a row
+    of a unit yielded. A unit must be text or an integer: another type's text is not one
+    id (``42`` and ``42.0`` are one SQL value and two ledger ids).
+    """
+
+    def __init__(
+        self,
+        connection: sa.Connection,
+        query: BoundedQuery,
+        parameters: Mapping[str, Any] | None = None,
+        *,
+        batch: int = 10_000,
+    ) -> None:
+        self._rows = connection.execute(
+            query.statement(connection.dialect),
+            query.parameters(parameters),
+            execution_options={"stream_results": True, "yield_per": batch},
+        )
+        self._sum = query.aggregate == "sum"
+        self._rows_in = [0] * len(query.domain)
+        self._sums = [0.0] * len(query.domain)
+        self.units = 0  # how many distinct units were yielded
+        self._done = False
+
+    def __iter__(self) -> Iterator[str]:
+        last: Any = _NONE
+        for unit, cell, clamped in self._rows:
+            if unit != last:
+                if isinstance(unit, bool) or not isinstance(unit, str | int):
+                    raise ValueError(
+                        f"privacy unit values must be text or integers, got a "
+                        f"{type(unit).__name__}: cast the column in the query"
+                    )
+                last = unit
+                self.units += 1
+                yield str(unit)
+            self._rows_in[cell] += 1
+            if self._sum:
+                self._sums[cell] += float(clamped)
+        self._done = True
+
+    @property
+    def totals(self) -> list[CellTotal]:
+        """Every cell of the domain, in its order (an empty cell: 0 rows), once read. A sum
+        past the largest float is infinite: the release's rule clamps it, never an error
+        that says so."""
+        if not self._done:
+            raise RuntimeError("the bounded rows have not been read to their end")
+        return [
+            CellTotal(rows, total if self._sum else None)
+            for rows, total in zip(self._rows_in, self._sums, strict=True)
+        ]
 
 
-def contributing_units(
-    connection: sa.Connection,
-    query: BoundedQuery,
-    parameters: Mapping[str, Any] | None = None,
-    *,
-    batch: int = 10_000,
-) -> Iterator[str]:
-    """The units the bounded rows hold, streamed in batches (never all in memory)."""
-    result = connection.execute(
-        query.units_statement(connection.dialect),
-        query.parameters(parameters),
-        execution_options={"stream_results": True, "yield_per": batch},
-    )
-    for (unit,) in result:
-        yield str(unit)
+_NONE = object()
 
 
 def _cell(cell: Any, width: int) -> tuple[Any, ...]:

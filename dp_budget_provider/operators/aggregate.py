@@ -7,11 +7,11 @@ bounds (:mod:`dp_budget_provider.aggregation`), which run in the source's own en
 sensitivity is derived from those bounds, never declared; and the subjects charged are
 the units of the same bounded rows, registered as a cohort in the same task.
 
-Both reads (the units, then, once the release is reserved, the cells' totals) run in one
-read-only transaction on one snapshot of the source (PostgreSQL ``REPEATABLE READ READ
-ONLY``; on SQLite one read transaction with ``query_only``), so a unit that appears
-between them is never aggregated without being charged, and the author's SQL cannot
-write. Sources that cannot promise that are refused.
+The query runs once: one streamed read of the bounded rows, in unit order, gives both the
+units registered and the cells' totals (a query need not give the same rows twice), in a
+read-only transaction (PostgreSQL ``REPEATABLE READ READ ONLY``; on SQLite one read
+transaction with ``query_only``), so the author's SQL cannot write. Sources that cannot
+promise that are refused. The answer is released only if the reservation is granted.
 
 The release itself is the one every gated release goes through
 (:class:`~dp_budget_provider.operators.release.ReleasingOperator`): reservation, lease,
@@ -34,13 +34,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from dp_budget_provider.accounting import Mechanism
 from dp_budget_provider.accounting.answer_rule import AnswerRule
-from dp_budget_provider.aggregation import (
-    Aggregate,
-    BoundedQuery,
-    ContributionBounds,
-    cell_totals,
-    contributing_units,
-)
+from dp_budget_provider.aggregation import Aggregate, BoundedQuery, BoundedRows, ContributionBounds
 from dp_budget_provider.ledger import CohortKeys, LedgerKey, ReleaseGate, covered_by
 from dp_budget_provider.operators.release import ReleasingOperator, data_interval
 
@@ -161,23 +155,23 @@ class DPAggregateOperator(ReleasingOperator):
         engine = _engine_of(self.conn_id)
         try:
             with engine.connect() as connection, _snapshot(connection):
-                units = _Counted(contributing_units(connection, query, parameters))
-                try:
-                    cohort = gate.cohort(units, tenant=self.tenant)
+                rows = BoundedRows(connection, query, parameters)
+                try:  # one read: the units registered are those of every row counted
+                    cohort = gate.cohort(rows, tenant=self.tenant)
                     keys = covered_by(cohort, self.query_type, windows, self.tenant)
                 except ValueError as refusal:  # no unit at all, a unit that is no id
                     raise AirflowFailException(f"no release: {refusal}") from None
-                if cohort.size != units.count:
+                if cohort.size != rows.units:
                     # Two units the bounds kept apart would be charged as one subject: the
                     # subject's data could move the answer by more than was charged.
                     raise AirflowFailException(
-                        f"no release: {units.count - cohort.size} of the query's units are "
+                        f"no release: {rows.units - cohort.size} of the query's units are "
                         "the same subject id to the ledger as another unit (ids differing "
                         "only in case, spacing or Unicode form): make the privacy unit "
                         "column canonical in the query"
                     )
                 self.log.info("the bounded query's units are registered as the cohort charged")
-                yield keys, partial(_exact_answer, connection, query, parameters)
+                yield keys, partial(_exact_answer, query, rows)
         finally:
             engine.dispose()
 
@@ -185,24 +179,9 @@ class DPAggregateOperator(ReleasingOperator):
         return {"values": np.asarray(value).tolist()}
 
 
-class _Counted:
-    """An iterable of the query's distinct units that counts them as they stream by."""
-
-    def __init__(self, units: Iterator[str]) -> None:
-        self._units = units
-        self.count = 0
-
-    def __iter__(self) -> Iterator[str]:
-        for unit in self._units:
-            self.count += 1
-            yield unit
-
-
-def _exact_answer(
-    connection: sa.Connection, query: BoundedQuery, parameters: Mapping[str, Any]
-) -> np.ndarray:
+def _exact_answer(query: BoundedQuery, rows: BoundedRows) -> np.ndarray:
     """The cells' bounded totals, in domain order: counts as integers, sums as floats."""
-    totals = cell_totals(connection, query, parameters)
+    totals = rows.totals
     if query.aggregate == "count":
         return np.array([cell.rows for cell in totals], dtype=np.int64)
     return np.array([cell.total for cell in totals], dtype=np.float64)

@@ -13,12 +13,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dp_budget_provider.aggregation import (
-    BoundedQuery,
-    ContributionBounds,
-    cell_totals,
-    contributing_units,
-)
+from dp_budget_provider.aggregation import BoundedQuery, BoundedRows, ContributionBounds
 from tests.scratch_postgres import source_engine
 
 DOMAIN = ((0, "a"), (0, "b"), (1, "a"), (2, "c"))  # (row, column) cells of a small map
@@ -102,9 +97,11 @@ def query(bounds: ContributionBounds, aggregate: str) -> BoundedQuery:
 
 def measured(engine: sa.Engine, bounded: BoundedQuery):
     with engine.connect() as connection:
-        totals = cell_totals(connection, bounded, {"start": 0})
-        units = set(contributing_units(connection, bounded, {"start": 0}, batch=2))
-    return [t.rows for t in totals], [t.total for t in totals], units
+        rows = BoundedRows(connection, bounded, {"start": 0}, batch=2)
+        units = list(rows)
+        totals = rows.totals
+    assert len(units) == len(set(units)) == rows.units  # each unit once
+    return [t.rows for t in totals], [t.total for t in totals], set(units)
 
 
 @SETTINGS
@@ -179,8 +176,10 @@ def test_what_the_query_and_its_arguments_may_be(engine):
     # A column named like an SQL keyword is quoted by the connection's dialect.
     load(engine, [("u1", 0, "a", 1.0)])
     with engine.connect() as connection:
-        (total, *_) = cell_totals(connection, bounded, {"start": 0})
-    assert total.rows == 1
+        rows = BoundedRows(connection, bounded, {"start": 0})
+        with pytest.raises(RuntimeError, match="not been read"):
+            _ = rows.totals
+        assert list(rows) == ["u1"] and rows.totals[0].rows == 1
 
 
 def test_bounds_are_checked_and_derive_the_sensitivity():
@@ -196,3 +195,33 @@ def test_bounds_are_checked_and_derive_the_sensitivity():
             ContributionBounds(1, 1, value_bounds)
     with pytest.raises(ValueError, match="aggregate"):
         ContributionBounds(1, 1).per_cell("median")  # type: ignore[arg-type]
+
+
+def test_the_units_are_those_of_the_rows_counted_when_the_query_is_not_repeatable(engine):
+    """A query that reads other rows each time it runs (a sample, ``random()``): one read
+    gives both, so every row counted is a row of a unit yielded (one cell, one row a unit:
+    the count is the number of units)."""
+    load(engine, [(f"p{i:03d}", 0, "a", 1.0) for i in range(300)])
+    # SQLite may draw random() once for the statement: with the rowid it still picks
+    # another half of the rows on each run.
+    coin = "(random() + rowid) % 2 = 0" if engine.dialect.name == "sqlite" else "random() < 0.5"
+    sampled = BoundedQuery(
+        f"SELECT * FROM visits WHERE day >= :start AND {coin}",
+        "person",
+        ("row", "col"),
+        DOMAIN,
+        ContributionBounds(1, 1),
+    )
+    with engine.connect() as connection:
+        rows = BoundedRows(connection, sampled, {"start": 0}, batch=7)
+        units = list(rows)
+        assert 0 < len(units) < 300
+        assert rows.totals[0].rows == len(units) == rows.units
+
+
+def test_a_unit_that_is_not_text_or_an_integer_is_refused(engine):
+    """42 and 42.0 are one SQL value and two ledger ids: a float unit is refused."""
+    load(engine, [("p", 0, "a", 42.0)])
+    by_amount = BoundedQuery(SQL, "amount", ("row", "col"), DOMAIN, ContributionBounds(1, 1))
+    with engine.connect() as connection, pytest.raises(ValueError, match="text or integers"):
+        list(BoundedRows(connection, by_amount, {"start": 0}))
