@@ -201,7 +201,7 @@ def _engine_of(conn_id: str) -> sa.Engine:
 
 @contextlib.contextmanager
 def _snapshot(connection: sa.Connection) -> Iterator[None]:
-    """One read-only transaction on one snapshot of the source, for both reads."""
+    """One read-only transaction on one snapshot of the source, for the query's read."""
     dialect = connection.dialect.name
     if dialect == "postgresql":
         connection.execution_options(isolation_level="REPEATABLE READ")
@@ -218,6 +218,6 @@ def _snapshot(connection: sa.Connection) -> Iterator[None]:
                 connection.exec_driver_sql("PRAGMA query_only = OFF")
     else:
         raise AirflowFailException(
-            f"no release: a {dialect} source is not supported: both reads must see one "
-            "read-only snapshot (PostgreSQL and SQLite sources are)"
+            f"no release: a {dialect} source is not supported: the query must run in a "
+            "read-only snapshot (PostgreSQL and SQLite sources do)"
         )

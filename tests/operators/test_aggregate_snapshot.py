@@ -1,4 +1,4 @@
-"""The aggregate's two reads see one read-only snapshot of the source: a row another
+"""The aggregate's read runs in one read-only snapshot of the source: a row another
 connection commits between them is in neither, and a write from within fails (SQLite in
 WAL mode and PostgreSQL)."""
 
