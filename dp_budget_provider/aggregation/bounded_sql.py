@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import math
 import re
+from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
@@ -160,13 +162,18 @@ class BoundedQuery:
 
 class BoundedRows:
     """One read of the bounded rows, streamed in unit order: iterating it yields each unit
-    once (what a cohort registers), and adds every row to its cell's total as it goes.
+    once (what a cohort registers), and keeps every row's unit (its position among the
+    units yielded), cell and clamped value, to total once read.
 
     One read, not two: a query need not give the same rows twice (``TABLESAMPLE``,
     ``random()``, a counter it keeps), so units read by one statement and totals by
     another could count people the charge never names. Here every row counted is a row
     of a unit yielded. A unit must be text or an integer: another type's text is not one
     id (``42`` and ``42.0`` are one SQL value and two ledger ids).
+
+    The rows are kept (16 bytes each, never the units' ids) so that the totals may leave
+    some units out (:meth:`totals_without`): a filtered release aggregates only the
+    units its reservation kept.
     """
 
     def __init__(
@@ -183,13 +190,16 @@ class BoundedRows:
             execution_options={"stream_results": True, "yield_per": batch},
         )
         self._sum = query.aggregate == "sum"
-        self._rows_in = [0] * len(query.domain)
-        self._sums = [0.0] * len(query.domain)
+        self._cells = len(query.domain)
+        self._unit_of = array("q")  # each row's unit, as its position among the units
+        self._cell_of = array("q")
+        self._value_of = array("d")
         self.units = 0  # how many distinct units were yielded
         self._done = False
 
     def __iter__(self) -> Iterator[str]:
         last: Any = _NONE
+        unit_of, cell_of, value_of = self._unit_of, self._cell_of, self._value_of
         for unit, cell, clamped in self._rows:
             if unit != last:
                 if isinstance(unit, bool) or not isinstance(unit, str | int):
@@ -200,21 +210,36 @@ class BoundedRows:
                 last = unit
                 self.units += 1
                 yield str(unit)
-            self._rows_in[cell] += 1
-            if self._sum:
-                self._sums[cell] += float(clamped)
+            unit_of.append(self.units - 1)
+            cell_of.append(cell)
+            value_of.append(float(clamped) if self._sum else 0.0)
         self._done = True
 
     @property
     def totals(self) -> list[CellTotal]:
-        """Every cell of the domain, in its order (an empty cell: 0 rows), once read. A sum
-        past the largest float is infinite: the release's rule clamps it, never an error
-        that says so."""
+        """Every cell of the domain, in its order (an empty cell: 0 rows), once read."""
+        return self.totals_without(None)
+
+    def totals_without(self, left_out: np.ndarray | None) -> list[CellTotal]:
+        """The totals of the units not ``left_out`` (a bool per unit, in the order they
+        were yielded; None: every unit), as if the others' rows had never been read. A
+        sum past the largest float is infinite: the release's rule clamps it, never an
+        error that says so."""
         if not self._done:
             raise RuntimeError("the bounded rows have not been read to their end")
+        cells = np.frombuffer(self._cell_of, dtype=np.int64)
+        values = np.frombuffer(self._value_of, dtype=np.float64)
+        if left_out is not None:
+            if left_out.shape != (self.units,):
+                raise ValueError(f"left_out has {left_out.shape} flags for {self.units} units")
+            kept = ~left_out[np.frombuffer(self._unit_of, dtype=np.int64)]
+            cells, values = cells[kept], values[kept]
+        rows = np.bincount(cells, minlength=self._cells)
+        with np.errstate(over="ignore"):
+            sums = np.bincount(cells, weights=values, minlength=self._cells)
         return [
-            CellTotal(rows, total if self._sum else None)
-            for rows, total in zip(self._rows_in, self._sums, strict=True)
+            CellTotal(int(count), float(total) if self._sum else None)
+            for count, total in zip(rows, sums, strict=True)
         ]
 
 

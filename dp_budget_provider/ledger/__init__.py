@@ -8,6 +8,7 @@ from dp_budget_provider.ledger.accounts.classes import Cohort, CohortKeys, cover
 from dp_budget_provider.ledger.accounts.keys import (
     LedgerKey,
     SubjectSource,
+    canonical_subject_ids,
     key_for,
     keys_for,
     subject_ids,
@@ -126,6 +127,7 @@ __all__ = [
     "WindowCalendar",
     "WindowClosed",
     "WindowSealed",
+    "canonical_subject_ids",
     "covered_by",
     "display_window",
     "is_closed",

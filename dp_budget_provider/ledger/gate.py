@@ -48,7 +48,7 @@ from dp_budget_provider.ledger.releases.identity import ReleaseIdentity
 from dp_budget_provider.ledger.releases.stored import Keep
 from dp_budget_provider.ledger.storage import history
 from dp_budget_provider.ledger.windows.maintenance import MaintenanceState
-from dp_budget_provider.ledger.windows.policy import Policy, kept_by_ledger
+from dp_budget_provider.ledger.windows.policy import Policy
 from dp_budget_provider.ledger.windows.shares import dag_of, parse_share
 
 T = TypeVar("T")
@@ -83,7 +83,13 @@ class ReleaseRefused(LedgerError):
 
 @dataclass(frozen=True)
 class GrantedRelease:
-    """A granted reservation as a task holds it: its id and lease, not its accounts."""
+    """A granted reservation as a task holds it: its id and lease, not its accounts.
+
+    ``subjects`` and ``windows`` are the release's own, as it asked for them (a filtered
+    release's too, whoever it left out); ``left_out``, of a filtered release, the
+    canonical ids of the subjects it leaves out, for the code that reads the data alone
+    (never shown: see :meth:`ReleaseGate.reserve`).
+    """
 
     id: str
     subjects: int
@@ -91,7 +97,9 @@ class GrantedRelease:
     mechanism: Mechanism
     count: int
     lease_expires_at: str | None
+    scope: tuple[str, str]
     _reservation: Reservation = field(repr=False, compare=False)
+    left_out: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -135,7 +143,7 @@ class ReleaseReceipt:
             document["share"] = self.share
         if self.stored is not None:
             document["stored"] = self.stored
-        if self.accounts is not None:
+        if self.accounts:  # none when a filtered release left every subject out
             worst = max(self.accounts, key=lambda r: r.fraction)
             document.update(
                 account=(self.named or worst.key).as_dict(),
@@ -292,24 +300,48 @@ class ReleaseGate:
             return False
 
     def reserve(
-        self, keys: Covered, mechanism: Mechanism, count: int = 1, *, attempt: str
+        self,
+        keys: Covered,
+        mechanism: Mechanism,
+        count: int = 1,
+        *,
+        attempt: str,
+        filtering: bool = False,
     ) -> GrantedRelease:
         """Reserve the release's cost on ``keys``, or raise :class:`ReleaseRefused`. A
         gate held by a DAG's task reserves only as that DAG (its ``attempt`` names it):
-        which share pays is the DAG's."""
+        which share pays is the DAG's.
+
+        With ``filtering`` (``keys``: one registered cohort in each window) no subject's
+        budget refuses the release: the subjects that cannot afford it are left out
+        (:mod:`~dp_budget_provider.ledger.releases.filtering`) and named only in the
+        grant's ``left_out``, for the code reading the data; the grant, its receipt and
+        every message say what they would say had no one been left out.
+        """
         self._as_own_dag(attempt)
-        reservation = self._refusing(
-            lambda: self._ledger.reserve(keys, mechanism, count, attempt=attempt)
-        )
+        left_out: frozenset[str] = frozenset()
+        if filtering:
+            reservation, left_out = self._refusing(
+                lambda: self._ledger.reserve_admitting(keys, mechanism, count, attempt=attempt)
+            )
+        else:
+            reservation = self._refusing(
+                lambda: self._ledger.reserve(keys, mechanism, count, attempt=attempt)
+            )
+        ordered, cohorts = covered(keys)
+        asked = [*ordered, *cohorts]
         return GrantedRelease(
             reservation.id,
             _subjects(keys),
-            # Its own windows, not the periods of its subjects' totals at wider scopes.
-            tuple(sorted({k.window for k in reservation.keys if not kept_by_ledger(k.query_type)})),
+            # Its own windows, as asked (not the periods of its subjects' totals at wider
+            # scopes, nor what a filter left of them).
+            tuple(sorted({k.window for k in asked})),
             reservation.mechanism,
             reservation.count,
             reservation.lease_expires_at,
+            (asked[0].tenant, asked[0].query_type),
             reservation,
+            left_out,
         )
 
     def commit(
@@ -323,14 +355,13 @@ class ReleaseGate:
         An answer too large to keep is not (:data:`stored.MAX_STORED_BYTES`): the receipt's
         ``stored`` says whether it was.
         """
-        own = next(k for k in granted._reservation.keys if not kept_by_ledger(k.query_type))
         released = ReleaseReceipt(
             granted.id,
             granted.subjects,
             granted.windows,
             granted.mechanism.to_spec(),
             self.cost_alone(granted.mechanism, granted.count),
-            self._ledger.policy_for(own).cap_epsilon,
+            self._ledger.policy_for_scope(*granted.scope).cap_epsilon,
         )
         kept = None
         if keep is not None:
@@ -339,7 +370,7 @@ class ReleaseGate:
         receipts = self._refusing(lambda: self._ledger.commit(granted._reservation, kept))
         shares = [r for r in receipts if parse_share(r.key.query_type) is not None]
         named = None
-        if self.exposed:
+        if self.exposed and receipts:
             named = self._ledger.subject_of(max(receipts, key=lambda r: r.fraction).key)
         return dataclasses.replace(
             released,

@@ -208,6 +208,7 @@ class PrivacyBudgetLedger:
     # ------------------------------------------------------------------ releases
 
     reserve = _handed_to("_reservations", Reservations.reserve)
+    reserve_admitting = _handed_to("_reservations", Reservations.reserve_admitting)
     commit = _handed_to("_reservations", Reservations.commit)
     reuse = _handed_to("_reservations", Reservations.reuse)
     release = _handed_to("_reservations", Reservations.release)

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from functools import partial
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,8 +36,13 @@ from airflow.sdk.exceptions import AirflowFailException
 from dp_budget_provider.accounting import Mechanism
 from dp_budget_provider.accounting.answer_rule import AnswerRule
 from dp_budget_provider.aggregation import Aggregate, BoundedQuery, BoundedRows, ContributionBounds
-from dp_budget_provider.ledger import CohortKeys, LedgerKey, ReleaseGate, covered_by
-from dp_budget_provider.operators.release import ReleasingOperator, data_interval
+from dp_budget_provider.ledger import ReleaseGate, canonical_subject_ids, covered_by
+from dp_budget_provider.operators.release import (
+    ON_EXHAUSTED,
+    ReleaseSource,
+    ReleasingOperator,
+    data_interval,
+)
 
 # What a count's answer is clamped to: any count a source can hold, as an integer.
 COUNT_RANGE = (0.0, float(2**52))
@@ -69,6 +75,7 @@ class DPAggregateOperator(ReleasingOperator):
     """
 
     template_fields: Sequence[str] = (*ReleasingOperator.template_fields, "sql", "parameters")
+    on_exhausted_choices = (*ON_EXHAUSTED, "filter")
     template_ext: Sequence[str] = (".sql",)
 
     def __init__(
@@ -139,9 +146,7 @@ class DPAggregateOperator(ReleasingOperator):
         )
 
     @contextlib.contextmanager
-    def _source(
-        self, gate: ReleaseGate, context: Mapping[str, Any]
-    ) -> Iterator[tuple[list[LedgerKey] | list[CohortKeys], Callable[[], Any]]]:
+    def _source(self, gate: ReleaseGate, context: Mapping[str, Any]) -> Iterator[ReleaseSource]:
         """Within one read-only snapshot of the source: the units of the bounded rows,
         registered as the cohort charged in each window, and the cells' totals."""
         try:
@@ -156,8 +161,9 @@ class DPAggregateOperator(ReleasingOperator):
         try:
             with engine.connect() as connection, _snapshot(connection):
                 rows = BoundedRows(connection, query, parameters)
+                units = _CanonicalUnits(rows) if self.on_exhausted == "filter" else None
                 try:  # one read: the units registered are those of every row counted
-                    cohort = gate.cohort(rows, tenant=self.tenant)
+                    cohort = gate.cohort(units or rows, tenant=self.tenant)
                     keys = covered_by(cohort, self.query_type, windows, self.tenant)
                 except ValueError as refusal:  # no unit at all, a unit that is no id
                     raise AirflowFailException(f"no release: {refusal}") from None
@@ -171,7 +177,8 @@ class DPAggregateOperator(ReleasingOperator):
                         "column canonical in the query"
                     )
                 self.log.info("the bounded query's units are registered as the cohort charged")
-                yield keys, partial(_exact_answer, query, rows)
+                answer = _ExactAnswer(query, rows, units)
+                yield ReleaseSource(keys, answer, answer.leave_out if units else None)
         finally:
             engine.dispose()
 
@@ -179,12 +186,70 @@ class DPAggregateOperator(ReleasingOperator):
         return {"values": np.asarray(value).tolist()}
 
 
-def _exact_answer(query: BoundedQuery, rows: BoundedRows) -> np.ndarray:
-    """The cells' bounded totals, in domain order: counts as integers, sums as floats."""
-    totals = rows.totals
-    if query.aggregate == "count":
-        return np.array([cell.rows for cell in totals], dtype=np.int64)
-    return np.array([cell.total for cell in totals], dtype=np.float64)
+class _CanonicalUnits:
+    """A filtered release's units on their way to the ledger, passed on as they stream,
+    each kept as an 8-byte digest of the ledger's canonical form of its id (never the id
+    itself): what finds the units a reservation left out among the rows read.
+
+    A digest two ids share leaves both out when one is: more is left out than need be,
+    never less (a unit left out is charged nothing and its rows are never counted).
+    """
+
+    def __init__(self, units: Iterable[str], batch: int = 10_000) -> None:
+        self._units = units
+        self._batch = batch
+        self._digests = array("Q")
+
+    def __iter__(self) -> Iterator[str]:
+        batch: list[str] = []
+        for unit in self._units:
+            batch.append(unit)
+            if len(batch) == self._batch:
+                yield from self._digested(batch)
+                batch = []
+        yield from self._digested(batch)
+
+    def _digested(self, batch: list[str]) -> list[str]:
+        if batch:
+            self._digests.extend(map(_digest, canonical_subject_ids(batch)))
+        return batch
+
+    def left_out(self, ids: frozenset[str]) -> np.ndarray:
+        """A flag per unit, in the order they streamed: whether the reservation left it out."""
+        wanted = np.fromiter(map(_digest, ids), dtype=np.uint64, count=len(ids))
+        return np.isin(np.frombuffer(self._digests, dtype=np.uint64), wanted)
+
+
+def _digest(canonical: str) -> int:
+    return int.from_bytes(hashlib.blake2b(canonical.encode(), digest_size=8).digest(), "little")
+
+
+class _ExactAnswer:
+    """The cells' bounded totals, in domain order (counts as integers, sums as floats);
+    of a filtered release, over the units its reservation kept alone, and refused until
+    the reservation has said which those are."""
+
+    def __init__(
+        self, query: BoundedQuery, rows: BoundedRows, units: _CanonicalUnits | None
+    ) -> None:
+        self._query = query
+        self._rows = rows
+        self._units = units
+        self._left_out: np.ndarray | None = None
+
+    def leave_out(self, ids: frozenset[str]) -> None:
+        """What the reservation left out (ids canonical): never counted."""
+        if self._units is None:
+            raise RuntimeError("only a filtered release leaves units out")
+        self._left_out = self._units.left_out(ids)
+
+    def __call__(self) -> np.ndarray:
+        if self._units is not None and self._left_out is None:
+            raise RuntimeError("a filtered release computed its answer before its filter ran")
+        totals = self._rows.totals_without(self._left_out)
+        if self._query.aggregate == "count":
+            return np.array([cell.rows for cell in totals], dtype=np.int64)
+        return np.array([cell.total for cell in totals], dtype=np.float64)
 
 
 def _engine_of(conn_id: str) -> sa.Engine:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
 from typing import Any
@@ -123,6 +124,18 @@ def refreshing(refresh: bool | str) -> bool:
     return flag
 
 
+@dataclass(frozen=True)
+class ReleaseSource:
+    """Where a release's exact answer comes from: the keys it charges, the function
+    computing the answer (run once reserved), and for a filtered release the function
+    told which subjects the reservation left out before the answer is computed (see
+    ``make_release``)."""
+
+    keys: list[LedgerKey] | list[CohortKeys]
+    answer: Callable[[], Any]
+    leave_out: Callable[[frozenset[str]], None] | None = None
+
+
 class ReleasingOperator(BaseOperator):
     """What every release gated by the ledger shares: its declaration (mechanism, scope,
     noise, answer rule), where it is made (its slot and identity), the release service's
@@ -135,6 +148,9 @@ class ReleasingOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("tenant", "query_type", "window", "refresh")
+    # What a refusal for want of budget may do (a subclass that reads its own data may
+    # also leave out the subjects without budget: "filter").
+    on_exhausted_choices: tuple[str, ...] = ON_EXHAUSTED
     ui_color = "#e8f0fe"
     operator_extra_links = (DPBudgetAccountLink(),)
 
@@ -160,8 +176,10 @@ class ReleasingOperator(BaseOperator):
         self.noise = check_noise(noise)
         self.granularity = granularity
         self.rule = rule
-        if on_exhausted not in ON_EXHAUSTED:
-            raise ValueError(f"on_exhausted must be one of {ON_EXHAUSTED}, got {on_exhausted!r}")
+        if on_exhausted not in self.on_exhausted_choices:
+            raise ValueError(
+                f"on_exhausted must be one of {self.on_exhausted_choices}, got {on_exhausted!r}"
+            )
         self.mechanism = mechanism if isinstance(mechanism, Mechanism) else dict(mechanism)
         self.tenant = tenant
         self.query_type = query_type
@@ -189,7 +207,7 @@ class ReleasingOperator(BaseOperator):
 
     def _source(
         self, gate: ReleaseGate, context: Mapping[str, Any]
-    ) -> AbstractContextManager[tuple[list[LedgerKey] | list[CohortKeys], Callable[[], Any]]]:
+    ) -> AbstractContextManager[ReleaseSource]:
         """The keys the release charges and the function computing its exact answer, valid
         while the context is open (AirflowFailException for what fails on every try)."""
         raise NotImplementedError
@@ -252,16 +270,18 @@ class ReleasingOperator(BaseOperator):
             refresh = refreshing(self.refresh)
         except ValueError as refusal:  # bad outlets, refresh: on every try
             raise AirflowFailException(f"no release: {refusal}") from None
-        with self._source(gate, context) as (keys, answer):
+        with self._source(gate, context) as source:
+            keys = source.keys
             outcome = make_release(
                 gate,
                 self._declared(),
                 keys,
-                answer,
+                source.answer,
                 attempt=attempt_id(context),
                 log=self.log,
                 slot=self._slot(context),
                 refresh=refresh,
+                leave_out=source.leave_out,
             )
         self._guarantee = ReleaseGuarantee.of(outcome, keys, gate.delta)
         summary = outcome.summary
@@ -432,9 +452,7 @@ class DPReleaseOperator(ReleasingOperator):
         return _name_of(self.python_callable)
 
     @contextlib.contextmanager
-    def _source(
-        self, gate: ReleaseGate, context: Mapping[str, Any]
-    ) -> Iterator[tuple[list[LedgerKey] | list[CohortKeys], Callable[[], Any]]]:
+    def _source(self, gate: ReleaseGate, context: Mapping[str, Any]) -> Iterator[ReleaseSource]:
         """Every (subject, window) the release charges: the data it reads, per subject (or
         a registered cohort's subjects in each window); and the callable with its arguments."""
         try:
@@ -443,4 +461,4 @@ class DPReleaseOperator(ReleasingOperator):
             keys = covered_by(subjects, self.query_type, windows, self.tenant)
         except ValueError as refusal:  # bad subjects or windows: on every try
             raise AirflowFailException(f"no release: {refusal}") from None
-        yield keys, partial(self.python_callable, *self.op_args, **self.op_kwargs)
+        yield ReleaseSource(keys, partial(self.python_callable, *self.op_args, **self.op_kwargs))

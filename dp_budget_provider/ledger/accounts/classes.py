@@ -273,7 +273,7 @@ def accounts_for(
             size = len(subjects)
             cohort_id, digest = register(pipe, scope[0], subjects, now)
         listed = _listed(pipe, scope, cohort_id, digest, size)
-        covered = {} if listed is not None else _covered(pipe, scope, cohort_id)
+        covered = {} if listed is not None else covering(pipe, scope, cohort_id)
         found.append((scope, cohort_id, digest, size, listed, covered))
     _lock_open_reservations(pipe, [(item[0], sorted(item[5])) for item in found])
     for scope, cohort_id, digest, size, listed, covered in found:
@@ -362,7 +362,7 @@ def _listed(
     return CohortCharge(scope, cohort_id, digest, size, tuple(sorted(row[0] for row in rows)))
 
 
-def _covered(pipe: pipeline.Pipeline, scope: Scope, cohort_id: int) -> dict[str, int]:
+def covering(pipe: pipeline.Pipeline, scope: Scope, cohort_id: int) -> dict[str, int]:
     """How many of a cohort's subjects each account of the scope holds (the accounts the
     cohort covers, wholly or in part), through both arms of membership (``memberships``)."""
     tenant, query_type, window = scope
@@ -377,6 +377,40 @@ def _covered(pipe: pipeline.Pipeline, scope: Scope, cohort_id: int) -> dict[str,
             {"tenant": tenant, "q": query_type, "w": window, "cohort": cohort_id},
         )
     )
+
+
+def members_in(pipe: pipeline.Pipeline, account: LedgerKey, cohort_id: int) -> list[str]:
+    """The subjects of a cohort that ``account`` (a class of its scope) holds, through
+    both arms of membership."""
+    return [
+        row[0]
+        for row in pipe.query(
+            "SELECT m.subject FROM dp_cohort_members c JOIN dp_members m ON "
+            'm.tenant = %(tenant)s AND m.query_type = %(q)s AND m."window" = %(w)s '
+            "AND m.account = %(label)s AND m.subject = c.subject WHERE c.cohort_id = %(cohort)s "
+            f"UNION ALL SELECT r.subject FROM {REFERRING} JOIN dp_cohort_members c "
+            "ON c.cohort_id = %(cohort)s AND c.subject = r.subject WHERE a.tenant = %(tenant)s "
+            'AND a.query_type = %(q)s AND a."window" = %(w)s AND a.subject = %(label)s',
+            {
+                "tenant": account.tenant,
+                "q": account.query_type,
+                "w": account.window,
+                "label": account.subject,
+                "cohort": cohort_id,
+            },
+        )
+    ]
+
+
+def cohort_members(pipe: pipeline.Pipeline, cohort_id: int) -> list[str]:
+    """A registered cohort's subjects (in no particular order)."""
+    return [
+        row[0]
+        for row in pipe.query(
+            "SELECT subject FROM dp_cohort_members WHERE cohort_id = %(cohort)s",
+            {"cohort": cohort_id},
+        )
+    ]
 
 
 def _refine(

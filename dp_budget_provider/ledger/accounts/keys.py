@@ -234,7 +234,7 @@ def subject_ids(subjects: SubjectSource) -> list[str]:
     string is refused: it would be a list of its characters; so is anything that is not
     one-dimensional (a table iterates over its column labels, a 0-d array not at all).
     """
-    return list(dict.fromkeys(_canonical_subjects(subjects)))
+    return list(dict.fromkeys(canonical_subject_ids(subjects)))
 
 
 def sorted_subject_ids(subjects: SubjectSource) -> list[str]:
@@ -242,7 +242,7 @@ def sorted_subject_ids(subjects: SubjectSource) -> list[str]:
     deduplicated: a sort is linear on ids that come in order (an upstream query's ORDER
     BY), and sorted ids hold their repeats side by side, so distinct ids (the common
     case) are known by one pass of comparisons, without hashing a million strings."""
-    ids = sorted(_canonical_subjects(subjects))
+    ids = sorted(canonical_subject_ids(subjects))
     if any(map(operator.eq, ids, islice(ids, 1, None))):
         ids = list(dict.fromkeys(ids))
     return ids
@@ -270,8 +270,10 @@ def _check_source(subjects: object) -> None:
         )
 
 
-def _canonical_subjects(subjects: SubjectSource) -> list[str]:
-    """Each id of ``subjects`` canonical, in order, repeats kept (see :func:`subject_ids`)."""
+def canonical_subject_ids(subjects: SubjectSource) -> list[str]:
+    """Each id of ``subjects`` canonical, in order, repeats kept (see :func:`subject_ids`):
+    what the ledger makes of each id a caller hands it, for a caller that must find its
+    own ids among the ledger's."""
     _check_source(subjects)
     listed = subjects if isinstance(subjects, list) else list(subjects)
     batch = _canonical_ascii(listed)

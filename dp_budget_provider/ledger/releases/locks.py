@@ -99,6 +99,25 @@ class ChargeLocks:
         rows, version = pipe.dialect.upsert_accounts(pipe, keys, added, now)
         return statements.accounts_by_key(rows, keys, size), version
 
+    def lock_existing(
+        self, pipe: pipeline.Pipeline, keys: Sequence[LedgerKey]
+    ) -> dict[LedgerKey, statements.LockedAccount]:
+        """Lock existing accounts ``keys`` in key order, writing nothing (a decision read
+        under the locks of the charge that follows: an account row changed without a
+        history entry would fail ``verify``); LedgerCorrupt if one is missing."""
+        rows = []
+        for key in keys:
+            found = pipe.query(
+                f"SELECT {statements.ACCOUNT_ROW} FROM dp_accounts WHERE tenant = %(t)s AND "
+                'subject = %(s)s AND query_type = %(q)s AND "window" = %(w)s'
+                + pipe.dialect.row_lock,
+                {"t": key.tenant, "s": key.subject, "q": key.query_type, "w": key.window},
+            )
+            if len(found) != 1:
+                raise LedgerCorrupt(f"account {key} holds subjects but has no row")
+            rows.append(found[0])
+        return statements.accounts_by_key(rows, keys, self._size)
+
     def lock_chargeable(
         self,
         pipe: pipeline.Pipeline,

@@ -15,9 +15,9 @@ import hmac
 import math
 import secrets
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, or_, select, update
 
@@ -50,7 +50,7 @@ from dp_budget_provider.ledger.records import (
     Reservation,
     SpendReceipt,
 )
-from dp_budget_provider.ledger.releases import reservation_rows, stored
+from dp_budget_provider.ledger.releases import filtering, reservation_rows, stored
 from dp_budget_provider.ledger.releases.identity import ReleaseIdentity
 from dp_budget_provider.ledger.releases.lease import LeaseKeeper, WarningLog
 from dp_budget_provider.ledger.releases.locks import ChargeLocks, charged_once_more_if_stale
@@ -69,6 +69,8 @@ from dp_budget_provider.ledger.storage.transactions import LedgerDatabase
 from dp_budget_provider.ledger.windows import maintenance
 from dp_budget_provider.ledger.windows.policies import Policies
 from dp_budget_provider.ledger.windows.policy_store import PolicyStore, policy_lookup
+
+_R = TypeVar("_R")
 
 
 class Reservations:
@@ -93,6 +95,7 @@ class Reservations:
         self._policies = policies
         self._store = store
         self._lease = lease
+        self._filter = filtering.Filter(pricing, locks, store)
 
     # ------------------------------------------------------------------ two-phase spend
 
@@ -120,12 +123,57 @@ class Reservations:
             first = ordered[0] if ordered else cohorts[0]
             cap = self._policies.policy_for_scope(first.tenant, first.query_type).cap_epsilon
             raise BudgetExhausted(first, math.inf, cap)
+
+        def reserved() -> Reservation:
+            with self._database.pipelined() as pipe:
+                return self._reserve(pipe, ordered, cohorts, mechanism, count, attempt_id, cost)
+
+        return self._once(reserved, attempt_id)
+
+    def reserve_admitting(
+        self,
+        keys: Covered,
+        mechanism: Mechanism | Mapping[str, Any],
+        count: int = 1,
+        attempt: str | None = None,
+    ) -> tuple[Reservation, frozenset[str]]:
+        """Reserve the release on the subjects of its cohort that can afford it, leaving
+        out the others (individual filtering: :mod:`filtering`); the reservation and the
+        canonical ids left out.
+
+        ``keys`` is one registered cohort in each of the release's windows. No subject's
+        budget refuses it: a subject whose accounts at any scope that applies cannot take
+        the cost is left out and charged nothing. It is refused as any release is for what
+        is no subject's budget (a quarantine, a sealed window), and a ValueError when the
+        release alone passes a cap on an account with nothing spent. When every subject
+        is left out the reservation holds no account, and is committed all the same.
+        """
+        ordered, cohorts = covered(keys)
+        mechanism, count, attempt_id, cost = self._release(mechanism, count, attempt)
+        if ordered:
+            filtering.filtered_cohort(ordered)  # the ValueError naming what is wrong
+        if not cost.finite:
+            raise ValueError(
+                "the release alone costs more than any cap: no subject could afford it"
+            )
+
+        def reserved() -> tuple[Reservation, frozenset[str]]:
+            with self._database.pipelined() as pipe:
+                moment = clock.now()
+                admitted = self._filter.admitted(
+                    pipe, cohorts, cost, attempt_id, clock.stamp(moment)
+                )
+                reservation = self._reserve(
+                    pipe, [], admitted.cohorts, mechanism, count, attempt_id, cost, moment=moment
+                )
+                return reservation, admitted.left_out
+
+        return self._once(reserved, attempt_id)
+
+    def _once(self, reserved: Callable[[], _R], attempt_id: str) -> _R:
+        """``reserved()``, made once more if the policies changed under it; an attempt that
+        has reserved before is refused (:class:`AttemptReused`)."""
         try:
-
-            def reserved() -> Reservation:
-                with self._database.pipelined() as pipe:
-                    return self._reserve(pipe, ordered, cohorts, mechanism, count, attempt_id, cost)
-
             return charged_once_more_if_stale(reserved)
         except pipeline.UniqueViolation as error:
             # Decided by the stored fact, not by the driver's message: the attempt has a
@@ -164,13 +212,21 @@ class Reservations:
         count: int,
         attempt_id: str,
         cost: Spend,
+        *,
+        moment: datetime | None = None,
     ) -> Reservation:
-        moment = clock.now()
+        """Lock, check and reserve ``cost`` on what ``keys`` and ``cohorts`` charge; with
+        neither (a filtered release that left every subject out, its windows locked by
+        the filter) a reservation holding no account."""
+        moment = moment or clock.now()
         now = clock.stamp(moment)
         lease_expires_at = clock.stamp(moment + self._lease)
-        locked, policies, charge = self._locks.lock_chargeable(
-            pipe, keys, moment, reserving=cost, cohorts=cohorts, wider=True, attempt=attempt_id
-        )
+        if keys or cohorts:
+            locked, policies, charge = self._locks.lock_chargeable(
+                pipe, keys, moment, reserving=cost, cohorts=cohorts, wider=True, attempt=attempt_id
+            )
+        else:
+            locked, policies, charge = {}, {}, classes.Charge(keys=[])
         accounts = charge.keys
         # The pending spend read back includes this cost but for its residual curve.
         residual = Spend(0.0, cost.residual, 0.0)
@@ -218,7 +274,8 @@ class Reservations:
                 "lease_expires_at": lease_expires_at,
             },
         )
-        pipe.dialect.insert_reservation_keys(pipe, reservation_id, accounts)
+        if accounts:
+            pipe.dialect.insert_reservation_keys(pipe, reservation_id, accounts)
         seq = self._journal.append_piped(
             pipe,
             ReserveEntry(

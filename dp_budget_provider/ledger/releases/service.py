@@ -227,10 +227,16 @@ def make_release(
     log: logging.Logger | logging.LoggerAdapter[Any],
     slot: ReleaseSlot | None = None,
     refresh: bool = False,
+    leave_out: Callable[[frozenset[str]], None] | None = None,
 ) -> ReleaseOutcome:
     """Reserve ``declared`` on ``keys`` (a list, read twice on a refusal) as ``attempt``,
     run ``compute`` (the exact, clipped answer), add the noise and commit; the outcome
     says which of these happened.
+
+    With ``leave_out`` the release is filtered (``keys``: one registered cohort in each
+    window): the reservation leaves out the subjects that cannot afford it, and
+    ``leave_out`` is told their canonical ids before ``compute`` runs, which must then
+    compute over the others' data alone. Nothing in the outcome says who or how many.
 
     Once ``compute`` has started the attempt is charged whatever happens next (the commit
     runs on success and on any failure alike), and the noise is added at most once.
@@ -260,7 +266,9 @@ def make_release(
             if reused is not None:
                 return reused
     try:
-        granted = gate.reserve(keys, plan.charged, declared.count, attempt=attempt)
+        granted = gate.reserve(
+            keys, plan.charged, declared.count, attempt=attempt, filtering=leave_out is not None
+        )
     except ValueError as error:  # bad keys or windows
         return ReleaseOutcome(ReleaseResult.invalid, plan, error=error)
     except ReleaseRefused as refusal:
@@ -275,6 +283,8 @@ def make_release(
     )
     try:
         with gate.keep_alive(granted, log):
+            if leave_out is not None:
+                leave_out(granted.left_out)
             value = plan.add_noise(compute())
     except BaseException as error:
         # The data was touched: charged whatever ended the attempt (a timeout included),
