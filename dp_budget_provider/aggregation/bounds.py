@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Literal
 
 Aggregate = Literal["count", "sum"]
@@ -64,7 +65,16 @@ class ContributionBounds:
         return self.max_groups_per_unit * self.per_cell(aggregate)
 
     def l2_sensitivity(self, aggregate: Aggregate) -> float:
-        """The Euclidean norm of the same move: ``sqrt(k) * per_cell``, rounded up."""
-        return math.nextafter(
-            math.sqrt(self.max_groups_per_unit) * self.per_cell(aggregate), math.inf
-        )
+        """The Euclidean norm of the same move: ``sqrt(k) * per_cell``, rounded up to the
+        least float at least as large (exact when it is a float: one more ulp would be
+        one more lattice unit of noise where the sensitivity is a whole number of them)."""
+        return at_least_root(self.max_groups_per_unit * Fraction(self.per_cell(aggregate)) ** 2)
+
+
+def at_least_root(square: Fraction) -> float:
+    """The least float whose square is at least ``square`` (``math.sqrt`` rounds to
+    nearest, so that float is its result or the next one up)."""
+    root = math.sqrt(square)
+    while Fraction(root) ** 2 < square:
+        root = math.nextafter(root, math.inf)
+    return root
