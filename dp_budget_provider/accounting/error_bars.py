@@ -12,7 +12,7 @@ interval is computed for that distribution:
   ``P(|Y| <= q) >= confidence`` under the exact pmf (outputs are lattice points, so no
   other half-width is worth reporting);
 * **discrete Gaussian on a sampler table** (sigma up to about 2.8e4 units, where the
-  derived lattice puts almost every release): ``q`` is read from the certified CDF table
+  derived lattice puts most releases): ``q`` is read from the certified CDF table
   the sampler inverts (``cdf_sampler.cdf_bounds``: integers ``lo <= 2**bits P(|Y| <= k) <=
   hi``). ``q`` is the first ``k`` whose *lower* bound reaches the level, so coverage is
   proven; it is the least such ``k`` when ``hi[q-1]`` is below the level, which is
