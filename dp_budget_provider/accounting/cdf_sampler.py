@@ -54,12 +54,15 @@ from numpy.typing import NDArray
 
 from dp_budget_provider.accounting.secure_random import SecureRandom
 
-__all__ = ["MAX_TABLE_LENGTH", "CdfSampler", "sampler_for"]
+__all__ = ["MAX_TABLE_LENGTH", "TABLE_BITS", "CdfSampler", "has_table", "sampler_for"]
 
 #: Longest CDF table built (entries); beyond it the rejection samplers are used.
 MAX_TABLE_LENGTH: int = 2**18
 
 _FAST_BITS = 63  # precision of the vectorised table: prefixes fit in uint64 with room for +1
+#: The precision of the tables the samplers use (``cdf_bounds(family, TABLE_BITS)`` is the
+#: cached table of a sampler, which the error bars read too).
+TABLE_BITS: int = _FAST_BITS
 _GUIDE_BITS = 16
 _REFINE_BITS = 64  # bits drawn, and precision added, per refinement round
 
@@ -271,10 +274,15 @@ class CdfSampler:
                 return k
 
 
+def has_table(family: Family) -> bool:
+    """Whether ``family`` is sampled from a table (short enough), not by rejection."""
+    return family.table_length(_FAST_BITS) <= MAX_TABLE_LENGTH
+
+
 @functools.lru_cache(maxsize=32)
 def sampler_for(kind: Kind, parameter: Fraction) -> CdfSampler | None:
     """The cached table sampler for a parameter, or None when its table would be too long."""
     family = Family(kind, parameter)
-    if family.table_length(_FAST_BITS) > MAX_TABLE_LENGTH:
+    if not has_table(family):
         return None
     return CdfSampler(family)

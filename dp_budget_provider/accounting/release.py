@@ -25,7 +25,6 @@ clamp to declared bounds), so every attempt that touched the data ends in a nois
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
@@ -45,6 +44,7 @@ from dp_budget_provider.accounting.mechanisms import (
     ZCDPMechanism,
 )
 from dp_budget_provider.accounting.noise import MAX_DISCRETE_PARAMETER
+from dp_budget_provider.accounting.rounding import float_at_least
 
 NoiseKind = Literal["lattice", "unsafe_float"]
 NOISE_KINDS: tuple[NoiseKind, ...] = ("lattice", "unsafe_float")
@@ -69,12 +69,6 @@ def check_noise(noise: object) -> NoiseKind:
         f"'unsafe_float' (float noise, unsafe against floating-point attacks), got "
         f"{noise!r}{reason}"
     )
-
-
-def _float_at_least(value: Fraction) -> float:
-    """The nearest float >= ``value``: a charge is never rounded down."""
-    as_float = float(value)
-    return as_float if Fraction(as_float) >= value else math.nextafter(as_float, math.inf)
 
 
 @dataclass(frozen=True)
@@ -164,7 +158,7 @@ def plan_noise(
         lattice = _lattice(granularity, sigma, sensitivity, "l2", rule)
         units_squared = lattice.l2_units_squared(sensitivity, _moved(lattice, rule))
         rho = Fraction(units_squared) / (2 * lattice.in_units(sigma) ** 2)
-        charged = ZCDPMechanism(rho=_float_at_least(rho))
+        charged = ZCDPMechanism(rho=float_at_least(rho))
         return NoisePlan(charged, "gaussian", sigma, lattice, rule)
     if isinstance(mechanism, LaplaceMechanism):
         if l1_sensitivity is None:
@@ -175,7 +169,7 @@ def plan_noise(
             return NoisePlan(mechanism, "laplace", scale, None, rule)
         lattice = _lattice(granularity, scale, sensitivity, "l1", rule)
         units = lattice.l1_units(sensitivity, _moved(lattice, rule))
-        charged = PureDPMechanism(_float_at_least(Fraction(units) / lattice.in_units(scale)))
+        charged = PureDPMechanism(float_at_least(Fraction(units) / lattice.in_units(scale)))
         return NoisePlan(charged, "laplace", scale, lattice, rule)
     raise ValueError(
         f"the operator adds Gaussian or Laplace noise; {mechanism.kind!r} describes no noise to add"

@@ -29,6 +29,8 @@ All operands are non-negative doubles (costs); u = 2^-53 is the unit roundoff.
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -101,3 +103,21 @@ __all__ = [
     "not_vanishing",
     "sum_up",
 ]
+
+
+def float_at_least(value: Fraction) -> float:
+    """The nearest float >= ``value`` (exact): a cost or a sensitivity is never rounded
+    down."""
+    as_float = float(value)
+    return as_float if Fraction(as_float) >= value else math.nextafter(as_float, math.inf)
+
+
+def sqrt_at_least(square: Fraction) -> float:
+    """The nearest float >= ``sqrt(square)`` (exact, ``square >= 0``): a Euclidean norm of
+    exact moves, never rounded down."""
+    root = math.sqrt(float(square))
+    while Fraction(root) ** 2 < square:
+        root = math.nextafter(root, math.inf)
+    while root > 0 and Fraction(math.nextafter(root, 0.0)) ** 2 >= square:
+        root = math.nextafter(root, 0.0)
+    return root

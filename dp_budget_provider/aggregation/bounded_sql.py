@@ -40,7 +40,7 @@ _OWN = "dpb_"
 @dataclass(frozen=True)
 class CellTotal:
     """One cell of the domain after the bounds: how many rows it kept and their clamped sum
-    (None for a count)."""
+    (None for a count; a mean has both)."""
 
     rows: int
     total: float | None
@@ -51,7 +51,8 @@ class BoundedQuery:
     """A contribution query and the bounds its rows are held to.
 
     ``sql`` returns one row per contribution and may use ``:name`` parameters (the run's
-    data interval, say); ``privacy_unit`` and ``group_by`` (and ``value`` for a sum) name
+    data interval, say); ``privacy_unit`` and ``group_by`` (and ``value`` for a sum or a
+    mean) name
     its columns; ``domain`` lists the public cells in output order, one value per
     ``group_by`` column each.
     """
@@ -89,9 +90,14 @@ class BoundedQuery:
             raise ValueError(f"bounds must be ContributionBounds, got {self.bounds!r}")
         if self.aggregate not in AGGREGATES:
             raise ValueError(f"aggregate must be one of {list(AGGREGATES)}, got {self.aggregate!r}")
-        if (self.aggregate == "sum") != (self.value is not None):
-            raise ValueError("a sum names its value column (value=...), a count none")
+        if self.valued != (self.value is not None):
+            raise ValueError("a sum or mean names its value column (value=...), a count none")
         self.bounds.per_cell(self.aggregate)  # a sum without value_bounds is refused here
+
+    @property
+    def valued(self) -> bool:
+        """Whether the rows carry a clamped value (a sum, or a mean's sum and count)."""
+        return self.aggregate != "count"
 
     def statement(self, dialect: Dialect) -> sa.TextClause:
         """``SELECT unit, cell, clamped`` of every bounded row (``cell`` is the domain
@@ -117,11 +123,11 @@ class BoundedQuery:
         matches = " AND ".join(f"c.{name} = d.{name}" for name in groups)
         # A missing value counts as 0; rows are kept smallest value first (ties are equal
         # values, so which of them is kept does not change a sum).
-        value = "COALESCE(c.raw_value, 0)" if self.aggregate == "sum" else "0"
+        value = "COALESCE(c.raw_value, 0)" if self.valued else "0"
         clamped = (
             f"CASE WHEN value < :{_OWN}low THEN :{_OWN}low "
             f"WHEN value > :{_OWN}high THEN :{_OWN}high ELSE value END"
-            if self.aggregate == "sum"
+            if self.valued
             else "NULL"
         )
         text = (
@@ -154,7 +160,7 @@ class BoundedQuery:
         for row, cell in enumerate(self.domain):
             for i, part in enumerate(cell):
                 own[f"{_OWN}d_{row}_{i}"] = part
-        if self.aggregate == "sum":
+        if self.valued:
             assert self.bounds.value_bounds is not None  # checked when made
             own[f"{_OWN}low"], own[f"{_OWN}high"] = self.bounds.value_bounds
         return {**given, **own}
@@ -189,7 +195,7 @@ class BoundedRows:
             query.parameters(parameters),
             execution_options={"stream_results": True, "yield_per": batch},
         )
-        self._sum = query.aggregate == "sum"
+        self._sum = query.valued
         self._cells = len(query.domain)
         self._unit_of = array("q")  # each row's unit, as its position among the units
         self._cell_of = array("q")

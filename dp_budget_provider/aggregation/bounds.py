@@ -7,6 +7,10 @@ about code the ledger never sees. Here it is derived from bounds the query itsel
 of the domain per unit, at most ``max_rows_per_group`` rows per (unit, cell), and for sums
 every value clamped to ``value_bounds``. The bounds are public (they are the DAG's
 arguments), so the sensitivity is too, and no data decides it.
+
+A mean is released as a sum and a count per cell in one release (one charge): its answer
+is the vector of both, whose move is the pair's, so the sensitivities are those of the
+pair taken jointly (``cell_moves``), computed exactly and rounded up.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Literal
 
-Aggregate = Literal["count", "sum"]
-AGGREGATES: tuple[Aggregate, ...] = ("count", "sum")
+from dp_budget_provider.accounting.rounding import float_at_least, sqrt_at_least
+
+Aggregate = Literal["count", "sum", "mean"]
+AGGREGATES: tuple[Aggregate, ...] = ("count", "sum", "mean")
 
 
 @dataclass(frozen=True)
@@ -47,34 +53,34 @@ class ContributionBounds:
                 )
             object.__setattr__(self, "value_bounds", (low, high))
 
-    def per_cell(self, aggregate: Aggregate) -> float:
-        """The most one unit moves one cell: its rows there, each counted once (count) or
-        at most its largest clamped magnitude (sum)."""
+    def cell_moves(self, aggregate: Aggregate) -> tuple[Fraction, ...]:
+        """The most one unit moves each value a cell releases, exactly: its rows there,
+        each counted once (count); each at most its largest clamped magnitude (sum); both
+        (mean: the cell's sum and its count)."""
+        rows = Fraction(self.max_rows_per_group)
         if aggregate == "count":
-            return float(self.max_rows_per_group)
-        if aggregate == "sum":
+            return (rows,)
+        if aggregate in ("sum", "mean"):
             if self.value_bounds is None:
-                raise ValueError("a sum needs value_bounds: every value is clamped to them")
+                raise ValueError(
+                    f"a {aggregate} needs value_bounds: every value is clamped to them"
+                )
             low, high = self.value_bounds
-            return self.max_rows_per_group * max(abs(low), abs(high))
+            largest = rows * Fraction(max(abs(low), abs(high)))
+            return (largest,) if aggregate == "sum" else (largest, rows)
         raise ValueError(f"aggregate must be one of {list(AGGREGATES)}, got {aggregate!r}")
+
+    def per_cell(self, aggregate: Aggregate) -> float:
+        """The most one unit moves any one value released for a cell."""
+        return float_at_least(max(self.cell_moves(aggregate)))
 
     def l1_sensitivity(self, aggregate: Aggregate) -> float:
         """Over every cell: at most ``max_groups_per_unit`` cells move, each by at most
-        :meth:`per_cell`."""
-        return self.max_groups_per_unit * self.per_cell(aggregate)
+        the sum of its :meth:`cell_moves` (rounded up)."""
+        return float_at_least(self.max_groups_per_unit * sum(self.cell_moves(aggregate)))
 
     def l2_sensitivity(self, aggregate: Aggregate) -> float:
-        """The Euclidean norm of the same move: ``sqrt(k) * per_cell``, rounded up to the
-        least float at least as large (exact when it is a float: one more ulp would be
-        one more lattice unit of noise where the sensitivity is a whole number of them)."""
-        return at_least_root(self.max_groups_per_unit * Fraction(self.per_cell(aggregate)) ** 2)
-
-
-def at_least_root(square: Fraction) -> float:
-    """The least float whose square is at least ``square`` (``math.sqrt`` rounds to
-    nearest, so that float is its result or the next one up)."""
-    root = math.sqrt(square)
-    while Fraction(root) ** 2 < square:
-        root = math.nextafter(root, math.inf)
-    return root
+        """The Euclidean norm of the same move, ``sqrt(k * sum of cell_moves**2)``, rounded
+        up."""
+        moves = self.cell_moves(aggregate)
+        return sqrt_at_least(self.max_groups_per_unit * sum(move * move for move in moves))

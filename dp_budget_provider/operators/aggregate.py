@@ -1,4 +1,4 @@
-"""DPAggregateOperator: a count or sum over a SQL source, whose data the release owns.
+"""DPAggregateOperator: a count, sum or mean over a SQL source, whose data the release owns.
 
 ``DPReleaseOperator`` releases what a callable returns, at the sensitivity its author
 declares, over the subjects an upstream task lists. Here the operator reads the data
@@ -16,6 +16,11 @@ promise that are refused. The answer is released only if the reservation is gran
 The release itself is the one every gated release goes through
 (:class:`~dp_budget_provider.operators.release.ReleasingOperator`): reservation, lease,
 noise, commit, receipt, re-run reuse (the identity names the bounded query) and assets.
+
+Every value comes with its error bars (:mod:`dp_budget_provider.accounting.error_bars`,
+computed for the noise drawn); the operator only asks for them. ``accuracy`` is resolved
+to a Gaussian mechanism when the DAG is parsed: it depends on the bounds, the domain and
+the granularity only, all public, so the reservation charges exactly what was planned.
 """
 
 from __future__ import annotations
@@ -33,8 +38,15 @@ import sqlalchemy as sa
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowFailException
 
-from dp_budget_provider.accounting import Mechanism
+from dp_budget_provider.accounting import GaussianMechanism, Mechanism
 from dp_budget_provider.accounting.answer_rule import AnswerRule
+from dp_budget_provider.accounting.error_bars import (
+    ErrorBars,
+    check_confidence,
+    error_bars,
+    least_noise_within,
+)
+from dp_budget_provider.accounting.release import NoisePlan
 from dp_budget_provider.aggregation import Aggregate, BoundedQuery, BoundedRows, ContributionBounds
 from dp_budget_provider.ledger import ReleaseGate, canonical_subject_ids, covered_by
 from dp_budget_provider.operators.release import (
@@ -49,7 +61,7 @@ COUNT_RANGE = (0.0, float(2**52))
 
 
 class DPAggregateOperator(ReleasingOperator):
-    """Release a count or sum per cell of a public domain, over a SQL source.
+    """Release a count, sum or mean per cell of a public domain, over a SQL source.
 
     :param conn_id: an Airflow connection to the source whose hook is a SQL hook
         (PostgreSQL or SQLite): a database apart from the ledger's.
@@ -60,7 +72,9 @@ class DPAggregateOperator(ReleasingOperator):
     :param group_by: the column (or columns) whose values make a cell.
     :param domain: the public cells, in the order the values are returned (one value
         per ``group_by`` column each); rows outside it are dropped.
-    :param aggregate: ``"count"`` (rows per cell) or ``"sum"`` (of ``value``).
+    :param aggregate: ``"count"`` (rows per cell), ``"sum"`` (of ``value``) or ``"mean"``
+        (of ``value``: a noisy sum and a noisy count per cell, released together under one
+        charge, then divided).
     :param value: the summed column; ``bounds``: ``(low, high)`` each value is clamped to.
     :param max_groups_per_unit: the most cells one unit contributes to (the first in the
         domain's order are kept).
@@ -68,10 +82,20 @@ class DPAggregateOperator(ReleasingOperator):
         smallest values are kept).
     :param mechanism: as for ``DPReleaseOperator``: its L2 (Gaussian) and L1 (Laplace)
         sensitivities are derived from the bounds.
+    :param accuracy: ``(error, level)`` instead of ``mechanism``: the Gaussian mechanism
+        with the most noise (the least charge) whose interval at ``level`` has half-width
+        at most ``error`` in the answer's units, resolved when the DAG is parsed.
+    :param confidence: the level of the returned intervals (default 0.95), in (0, 1).
 
     The other arguments (``tenant``, ``window``, ``noise``, ``granularity``,
     ``on_exhausted``, ``refresh``, ``target_epsilon``, ...) are ``DPReleaseOperator``'s.
-    Returns (XCom) ``{"values": [...]}``, the noisy value of each cell in domain order.
+    Returns (XCom), in domain order, ``{"values": [...], "stddev": [...], "intervals":
+    [[lo, hi], ...]}``: the noisy values, their noise standard deviation and intervals at
+    ``confidence`` holding the exact bounded value with at least that probability
+    (centred on the noisy value, not clamped). A mean's ``values`` are the noisy sum over
+    the noisy count, clamped to ``bounds``, None where the noisy count is not positive;
+    its ``stddev`` and ``intervals`` are None (a ratio of noisy numbers has no exact
+    interval), and ``sums`` and ``counts`` carry the two released vectors with theirs.
     """
 
     template_fields: Sequence[str] = (*ReleasingOperator.template_fields, "sql", "parameters")
@@ -86,8 +110,10 @@ class DPAggregateOperator(ReleasingOperator):
         privacy_unit: str,
         group_by: str | Sequence[str],
         domain: Sequence[Any],
-        mechanism: Mechanism | Mapping[str, Any],
         query_type: str,
+        mechanism: Mechanism | Mapping[str, Any] | None = None,
+        accuracy: tuple[float, float] | None = None,
+        confidence: float = 0.95,
         aggregate: Aggregate = "count",
         value: str | None = None,
         bounds: tuple[float, float] | None = None,
@@ -100,18 +126,34 @@ class DPAggregateOperator(ReleasingOperator):
         query = BoundedQuery(
             sql, privacy_unit, group_by, domain, contribution, aggregate, value
         )  # fmt: skip
-        rule = (
-            AnswerRule(0.0, COUNT_RANGE, len(query.domain), integer=True)
-            if aggregate == "count"
-            else AnswerRule(0.0, None, len(query.domain))
+        if aggregate == "count":
+            rule = AnswerRule(0.0, COUNT_RANGE, len(query.domain), integer=True)
+        else:  # a mean's answer is its sums, then its counts
+            rule = AnswerRule(0.0, None, len(query.domain) * (2 if aggregate == "mean" else 1))
+        if (mechanism is None) == (accuracy is None):
+            raise ValueError("give exactly one of mechanism and accuracy=(error, level)")
+        self.confidence = check_confidence("confidence", confidence)
+        super().__init__(
+            mechanism=GaussianMechanism(1.0)
+            if mechanism is None
+            else mechanism,  # accuracy's: resolved below
+            query_type=query_type,
+            rule=rule,
+            **kwargs,
         )
-        super().__init__(mechanism=mechanism, query_type=query_type, rule=rule, **kwargs)
         self.conn_id = conn_id
         self.sql = sql
         self.parameters = dict(parameters or {})
         self.bounded = query
         # At parse time, so that a bad spec or granularity never reaches a run.
-        self._declared()
+        declared = self._declared()
+        self.accuracy = accuracy
+        if accuracy is not None:
+            error, level = _accuracy(accuracy)
+            self.mechanism = GaussianMechanism(
+                least_noise_within(error, level, lambda z: declared.plan(GaussianMechanism(z)))
+            )
+            self._declared()
 
     def _query(self) -> BoundedQuery:
         """The bounded query with its SQL as rendered for this run (checked again)."""
@@ -182,8 +224,47 @@ class DPAggregateOperator(ReleasingOperator):
         finally:
             engine.dispose()
 
-    def _answer_of(self, value: Any) -> Any:
-        return {"values": np.asarray(value).tolist()}
+    def _answer_of(self, value: Any, plan: NoisePlan | None) -> Any:
+        """The values with their error bars (a mean: its sums and counts with theirs)."""
+        assert plan is not None  # released or reused: planned
+        bars = error_bars(plan, self.confidence)
+        released = np.asarray(value)
+        if self.bounded.aggregate != "mean":
+            return _with_bars(released, bars)
+        cells = len(self.bounded.domain)
+        sums, counts = released[:cells], released[cells:]
+        assert self.bounded.bounds.value_bounds is not None  # a mean is refused without
+        low, high = self.bounded.bounds.value_bounds
+        means = [
+            float(min(max(total / count, low), high)) if count > 0 else None
+            for total, count in zip(sums.tolist(), counts.tolist(), strict=True)
+        ]
+        return {
+            "values": means,
+            "stddev": [None] * cells,
+            "intervals": [None] * cells,
+            "sums": _with_bars(sums, bars),
+            "counts": _with_bars(counts, bars),
+        }
+
+
+def _accuracy(accuracy: Any) -> tuple[float, float]:
+    """``(error, level)`` as two numbers (ValueError otherwise; each is checked where used)."""
+    try:
+        error, level = accuracy
+    except (TypeError, ValueError):
+        raise ValueError(f"accuracy must be (error, level), got {accuracy!r}") from None
+    return error, level
+
+
+def _with_bars(values: np.ndarray, bars: ErrorBars) -> dict[str, list[Any]]:
+    """Released values with their standard deviation and interval each."""
+    plain = values.tolist()
+    return {
+        "values": plain,
+        "stddev": [bars.stddev] * len(plain),
+        "intervals": [bars.interval(value) for value in plain],
+    }
 
 
 class _CanonicalUnits:
@@ -225,9 +306,10 @@ def _digest(canonical: str) -> int:
 
 
 class _ExactAnswer:
-    """The cells' bounded totals, in domain order (counts as integers, sums as floats);
-    of a filtered release, over the units its reservation kept alone, and refused until
-    the reservation has said which those are."""
+    """The cells' bounded totals, in domain order (counts as integers, sums as floats, a
+    mean's sums then its counts: one vector, one release); of a filtered release, over
+    the units its reservation kept alone, and refused until the reservation has said
+    which those are."""
 
     def __init__(
         self, query: BoundedQuery, rows: BoundedRows, units: _CanonicalUnits | None
@@ -247,9 +329,12 @@ class _ExactAnswer:
         if self._units is not None and self._left_out is None:
             raise RuntimeError("a filtered release computed its answer before its filter ran")
         totals = self._rows.totals_without(self._left_out)
+        counts = [cell.rows for cell in totals]
         if self._query.aggregate == "count":
-            return np.array([cell.rows for cell in totals], dtype=np.int64)
-        return np.array([cell.total for cell in totals], dtype=np.float64)
+            return np.array(counts, dtype=np.int64)
+        sums = [cell.total for cell in totals]
+        aggregate = self._query.aggregate
+        return np.array(sums + counts if aggregate == "mean" else sums, dtype=np.float64)
 
 
 def _engine_of(conn_id: str) -> sa.Engine:

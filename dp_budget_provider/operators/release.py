@@ -52,7 +52,7 @@ from airflow.sdk.observability.stats import Stats
 
 from dp_budget_provider.accounting import Mechanism
 from dp_budget_provider.accounting.answer_rule import AnswerRule
-from dp_budget_provider.accounting.release import check_noise
+from dp_budget_provider.accounting.release import NoisePlan, check_noise
 from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 from dp_budget_provider.hooks.maintenance import warn_overdue_maintenance
 from dp_budget_provider.ledger import (
@@ -307,10 +307,10 @@ class ReleasingOperator(BaseOperator):
             publish_guarantee(context["outlet_events"], outlets, self._guarantee)
         if outcome.result is ReleaseResult.released:
             self._report(summary, context)
-        return self._answer_of(outcome.value)
+        return self._answer_of(outcome.value, outcome.plan)
 
-    def _answer_of(self, value: Any) -> Any:
-        """What the task returns of the released (or reused) value."""
+    def _answer_of(self, value: Any, plan: NoisePlan | None) -> Any:
+        """What the task returns of the released (or reused) value, noised as ``plan``."""
         return value
 
     # ------------------------------------------------------------------ lineage

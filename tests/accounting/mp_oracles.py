@@ -6,6 +6,8 @@ every curve and every epsilon must be at or above.
 
 from __future__ import annotations
 
+import math
+
 import mpmath as mp
 
 DIGITS = 60
@@ -87,3 +89,13 @@ def subsampled_gaussian_rdp_binomial(z: float, q: float, order: int) -> mp.mpf:
             for i in range(2, order + 1)
         )
         return mp.log1p(excess) / (order - 1)
+
+
+def mp_discrete_std(weight, parameter: float) -> float:
+    """sqrt(sum y^2 w(y) / sum w(y)) over the integers, to 60 digits: every term out to
+    100 times the parameter (the rest is below exp(-100) of the mass)."""
+    with mp.workdps(60):
+        terms = [(y, weight(mp.mpf(y))) for y in range(math.ceil(100 * parameter) + 2)]
+        mass = 2 * mp.fsum(w for _y, w in terms) - terms[0][1]
+        second = 2 * mp.fsum(y * y * w for y, w in terms)
+        return float(mp.sqrt(second / mass))

@@ -18,16 +18,7 @@ from dp_budget_provider.accounting.spread import (
     gaussian_std,
     laplace_std,
 )
-
-
-def mp_discrete_std(weight, parameter: float) -> float:
-    """sqrt(sum y^2 w(y) / sum w(y)) over the integers, to 60 digits: every term out to
-    100 times the parameter (the rest is below exp(-100) of the mass)."""
-    with mpmath.workdps(60):
-        terms = [(y, weight(mpmath.mpf(y))) for y in range(math.ceil(100 * parameter) + 2)]
-        mass = 2 * mpmath.fsum(w for _y, w in terms) - terms[0][1]
-        second = 2 * mpmath.fsum(y * y * w for y, w in terms)
-        return float(mpmath.sqrt(second / mass))
+from tests.accounting.mp_oracles import mp_discrete_std
 
 
 @pytest.mark.parametrize("sigma", [0.2, 0.5, 1.0, 2.5, 5.99, 6.0, 17.0, 300.0])

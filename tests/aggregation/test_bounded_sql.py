@@ -80,7 +80,7 @@ def brute_force(rows, bounds: ContributionBounds, aggregate: str):
             counts[cell] += len(kept)
             sums[cell] += sum(min(max(value, low), high) for value in kept)
             units.add(person)
-    return counts, sums if aggregate == "sum" else [None] * len(DOMAIN), units
+    return counts, sums if aggregate != "count" else [None] * len(DOMAIN), units
 
 
 def query(bounds: ContributionBounds, aggregate: str) -> BoundedQuery:
@@ -91,7 +91,7 @@ def query(bounds: ContributionBounds, aggregate: str) -> BoundedQuery:
         DOMAIN,
         bounds,
         aggregate,
-        "amount" if aggregate == "sum" else None,
+        "amount" if aggregate != "count" else None,
     )
 
 
@@ -104,8 +104,16 @@ def measured(engine: sa.Engine, bounded: BoundedQuery):
     return [t.rows for t in totals], [t.total for t in totals], set(units)
 
 
+AGGREGATES = st.sampled_from(["count", "sum", "mean"])
+
+
+def released(counts, sums, aggregate: str) -> list[float]:
+    """The vector a release noises: counts, sums, or a mean's sums then counts."""
+    return {"count": counts, "sum": sums, "mean": [*sums, *counts]}[aggregate]
+
+
 @SETTINGS
-@given(rows=ROWS, bounds=BOUNDS, aggregate=st.sampled_from(["count", "sum"]))
+@given(rows=ROWS, bounds=BOUNDS, aggregate=AGGREGATES)
 def test_the_bounded_aggregate_is_the_bounds_applied_by_brute_force(
     engine, rows, bounds, aggregate
 ):
@@ -114,7 +122,7 @@ def test_the_bounded_aggregate_is_the_bounds_applied_by_brute_force(
     expected_counts, expected_sums, expected_units = brute_force(rows, bounds, aggregate)
     assert counts == expected_counts
     assert units == expected_units
-    if aggregate == "sum":
+    if aggregate != "count":
         assert sums == pytest.approx(expected_sums, abs=1e-9)
     else:
         assert sums == expected_sums
@@ -124,7 +132,7 @@ def test_the_bounded_aggregate_is_the_bounds_applied_by_brute_force(
 @given(
     rows=ROWS,
     bounds=BOUNDS,
-    aggregate=st.sampled_from(["count", "sum"]),
+    aggregate=AGGREGATES,
     # The neighbour's rows: many, in every cell (and outside), with extreme values.
     extra=st.lists(
         st.tuples(
@@ -144,8 +152,8 @@ def test_one_units_rows_move_the_aggregate_by_at_most_the_sensitivity(
     counts, sums, _ = measured(engine, bounded)
     load(engine, [*rows, *(("neighbour", r, c, a) for r, c, a in extra)])
     with_counts, with_sums, units = measured(engine, bounded)
-    before = sums if aggregate == "sum" else counts
-    after = with_sums if aggregate == "sum" else with_counts
+    before = released(counts, sums, aggregate)
+    after = released(with_counts, with_sums, aggregate)
     moves = [abs(a - b) for a, b in zip(after, before, strict=True)]
     assert max(moves) <= bounds.per_cell(aggregate) + 1e-9
     assert sum(moves) <= bounds.l1_sensitivity(aggregate) + 1e-9
@@ -195,6 +203,16 @@ def test_bounds_are_checked_and_derive_the_sensitivity():
             ContributionBounds(1, 1, value_bounds)
     with pytest.raises(ValueError, match="aggregate"):
         ContributionBounds(1, 1).per_cell("median")  # type: ignore[arg-type]
+    # A mean is a sum and a count per cell, moved together: (m B, m) in each of k cells.
+    assert bounds.cell_moves("mean") == (15, 3)
+    assert bounds.per_cell("mean") == 15.0 and bounds.l1_sensitivity("mean") == 72.0
+    assert (
+        bounds.l2_sensitivity("mean") ** 2
+        >= 4 * (15**2 + 3**2)
+        > (math.nextafter(bounds.l2_sensitivity("mean"), 0) ** 2)
+    )
+    with pytest.raises(ValueError, match="a mean needs value_bounds"):
+        ContributionBounds(1, 1).l2_sensitivity("mean")
 
 
 def test_the_units_are_those_of_the_rows_counted_when_the_query_is_not_repeatable(engine):
@@ -225,3 +243,30 @@ def test_a_unit_that_is_not_text_or_an_integer_is_refused(engine):
     by_amount = BoundedQuery(SQL, "amount", ("row", "col"), DOMAIN, ContributionBounds(1, 1))
     with engine.connect() as connection, pytest.raises(ValueError, match="text or integers"):
         list(BoundedRows(connection, by_amount, {"start": 0}))
+
+
+@pytest.mark.parametrize("aggregate", ["count", "sum", "mean"])
+def test_a_unit_at_every_bound_moves_the_aggregate_by_exactly_the_sensitivity(engine, aggregate):
+    """The worst neighbour (a row of the largest magnitude past the bounds, many times, in
+    every cell): the sensitivity is reached, not only respected, so it is not loose, and a
+    mean's charge covers its sum and its count moving together."""
+    bounds = ContributionBounds(3, 2, (-1.0, 4.0))
+    bounded = query(bounds, aggregate)
+    load(engine, [("u1", 0, "a", 2.0)])
+    counts, sums, _ = measured(engine, bounded)
+    worst = [("neighbour", r, c, 1e6) for r, c in DOMAIN for _ in range(5)]
+    load(engine, [("u1", 0, "a", 2.0), *worst])
+    with_counts, with_sums, _ = measured(engine, bounded)
+    moves = [
+        abs(a - b)
+        for a, b in zip(
+            released(with_counts, with_sums, aggregate),
+            released(counts, sums, aggregate),
+            strict=True,
+        )
+    ]
+    assert sum(moves) == bounds.l1_sensitivity(aggregate)
+    assert math.sqrt(sum(m * m for m in moves)) == pytest.approx(
+        bounds.l2_sensitivity(aggregate), rel=1e-15
+    )
+    assert math.sqrt(sum(m * m for m in moves)) <= bounds.l2_sensitivity(aggregate)

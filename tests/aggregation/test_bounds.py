@@ -1,6 +1,7 @@
 """The L2 sensitivity derived from contribution bounds is the least float at or above
-sqrt(k) * per_cell: never below it (the charge would be too small), and never a needless
-ulp above it (on a lattice of whole units one ulp more is one unit more of noise)."""
+sqrt(k * the sum of a cell's moves squared): never below it (the charge would be too
+small), and never a needless ulp above it (on a lattice of whole units one ulp more is
+one unit more of noise)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from dp_budget_provider.aggregation import ContributionBounds
 )
 def test_the_l2_sensitivity_is_the_least_float_at_least_the_true_norm(groups, rows, high):
     bounds = ContributionBounds(groups, rows, (-high, high))
-    for aggregate in ("count", "sum"):
-        true_square = groups * Fraction(bounds.per_cell(aggregate)) ** 2
+    for aggregate in ("count", "sum", "mean"):
+        true_square = groups * sum(move**2 for move in bounds.cell_moves(aggregate))
         l2 = bounds.l2_sensitivity(aggregate)
         assert Fraction(l2) ** 2 >= true_square
         assert Fraction(math.nextafter(l2, 0.0)) ** 2 < true_square

@@ -1,9 +1,10 @@
 """DPAggregateOperator under dag.test() on a real Airflow metadata database: a PostgreSQL
-source apart from the ledger (on SQLite and PostgreSQL). The released counts are the
-bounded counts (tiny noise under a huge cap, so the lattice noise is 0), the units of the
-bounded rows are exactly the subjects charged, a query that writes is refused by the
-read-only snapshot and charges nothing, and a re-run is handed the stored answer while a
-change of bounds is another release."""
+source apart from the ledger (on SQLite and PostgreSQL). The released counts and means are
+the bounded ones (tiny noise under a huge cap, so the lattice noise is 0) with their error
+bars, the units of the bounded rows are exactly the subjects charged, a query that writes
+is refused by the read-only snapshot and charges nothing, a re-run is handed the stored
+answer while a change of bounds is another release, and ``accuracy`` charges the mechanism
+it planned."""
 
 from __future__ import annotations
 
@@ -25,20 +26,22 @@ LEDGER_WINDOWS = (WINDOW,)
 MONDAY = datetime(2026, 7, 13, tzinfo=timezone.utc)  # this run reads 2026-w28
 IN_WEEK = datetime(2026, 7, 8, 12, tzinfo=timezone.utc)
 DOMAIN = [[0, "a"], [0, "b"], [1, "a"]]
-# (person, row, col, day): ann contributes to three cells and twice to one; bob once;
-# cyd only outside the domain; dan only outside the data interval.
+# (person, row, col, day, minutes): ann contributes to three cells and thrice to one; bob
+# once; cyd only outside the domain; dan only outside the data interval.
 VISITS = [
-    ("ann", 0, "a", IN_WEEK),
-    ("ann", 0, "a", IN_WEEK),
-    ("ann", 0, "a", IN_WEEK),
-    ("ann", 0, "b", IN_WEEK),
-    ("ann", 1, "a", IN_WEEK),
-    ("bob", 1, "a", IN_WEEK),
-    ("cyd", 9, "z", IN_WEEK),
-    ("dan", 0, "a", datetime(2026, 6, 1, tzinfo=timezone.utc)),
+    ("ann", 0, "a", IN_WEEK, 3),
+    ("ann", 0, "a", IN_WEEK, 20),
+    ("ann", 0, "a", IN_WEEK, 7),
+    ("ann", 0, "b", IN_WEEK, 4),
+    ("ann", 1, "a", IN_WEEK, 1),
+    ("bob", 1, "a", IN_WEEK, 9),
+    ("cyd", 9, "z", IN_WEEK, 5),
+    ("dan", 0, "a", datetime(2026, 6, 1, tzinfo=timezone.utc), 5),
 ]
+TINY = 'mechanism={"kind": "gaussian", "noise_multiplier": 0.01}, granularity=1'
+
 SQL = (
-    'SELECT person, "row", col FROM visits '
+    'SELECT person, "row", col, minutes FROM visits '
     "WHERE day >= :data_interval_start AND day < :data_interval_end"
 )
 DAG_SOURCE = (
@@ -56,9 +59,8 @@ with weekly() as dag:
         domain={domain!r},
         max_groups_per_unit={groups!r},
         max_rows_per_group={rows!r},
-        mechanism={{"kind": "gaussian", "noise_multiplier": 0.01}},
-        granularity=1,
         query_type="visit_map",
+        {release},
     )
 """
 )
@@ -72,7 +74,8 @@ def source(monkeypatch):
         with engine.begin() as connection:
             connection.execute(
                 sa.text(
-                    'CREATE TABLE visits (person TEXT, "row" INTEGER, col TEXT, day TIMESTAMPTZ)'
+                    'CREATE TABLE visits (person TEXT, "row" INTEGER, col TEXT, day TIMESTAMPTZ, '
+                    "minutes INTEGER)"
                 )
             )
             # What an author's query could call to write as it reads.
@@ -83,8 +86,8 @@ def source(monkeypatch):
                 )
             )
             connection.execute(
-                sa.text("INSERT INTO visits VALUES (:p, :r, :c, :d)"),
-                [{"p": p, "r": r, "c": c, "d": d} for p, r, c, d in VISITS],
+                sa.text("INSERT INTO visits VALUES (:p, :r, :c, :d, :m)"),
+                [{"p": p, "r": r, "c": c, "d": d, "m": m} for p, r, c, d, m in VISITS],
             )
         connection_uri = json.dumps(
             {
@@ -107,8 +110,8 @@ def huge_cap(ledger):
     return ledger
 
 
-def run(name: str, *, sql: str = SQL, groups: int = 2, rows: int = 2):
-    source = DAG_SOURCE.format(sql=sql, domain=DOMAIN, groups=groups, rows=rows)
+def run(name: str, *, sql: str = SQL, groups: int = 2, rows: int = 2, release: str = TINY):
+    source = DAG_SOURCE.format(sql=sql, domain=DOMAIN, groups=groups, rows=rows, release=release)
     dag_run = load_dag(source, name=name).test(logical_date=MONDAY)
     return dag_run, task_states(dag_run)["visits"]
 
@@ -122,7 +125,11 @@ def test_the_release_is_the_bounded_count_over_the_units_it_read(huge_cap, sourc
     assert state == "success"
     # ann: two cells kept (k=2, domain order: (0,a) then (0,b)), two rows of (0,a) (m=2);
     # bob: one row of (1,a). cyd is outside the domain, dan outside the interval.
-    assert stored_xcom(dag_run, "visits", "return_value") == {"values": [2, 1, 1]}
+    # Sigma 0.028 units: the 95% interval is the value itself, its stddev below 1e-100.
+    released = stored_xcom(dag_run, "visits", "return_value")
+    assert released["values"] == [2, 1, 1]
+    assert released["intervals"] == [[2.0, 2.0], [1.0, 1.0], [1.0, 1.0]]
+    assert len(set(released["stddev"])) == 1 and 0 < released["stddev"][0] < 1e-100
     assert charged(huge_cap, "ann") > 0 and charged(huge_cap, "bob") == charged(huge_cap, "ann")
     assert charged(huge_cap, "cyd") == 0 and charged(huge_cap, "dan") == 0
     receipt = stored_xcom(dag_run, "visits", "dp_budget_receipt")
@@ -138,7 +145,7 @@ def test_a_rerun_is_handed_its_answer_and_other_bounds_are_another_release(huge_
     assert stored_xcom(again, "visits", "dp_budget_receipt")["reused"] is True
     assert charged(huge_cap, "ann") == once
     other, _ = run(name, rows=3)
-    assert stored_xcom(other, "visits", "return_value") == {"values": [3, 1, 1]}
+    assert stored_xcom(other, "visits", "return_value")["values"] == [3, 1, 1]
     assert stored_xcom(other, "visits", "dp_budget_receipt")["reused"] is False
     assert charged(huge_cap, "ann") > once
 
@@ -168,6 +175,24 @@ def test_a_source_without_a_sql_hook_or_a_bad_query_fails_before_anything_is_cha
     )
     with pytest.raises(ValueError, match="value column"):
         DPAggregateOperator(sql=SQL, aggregate="sum", **arguments)
+    with pytest.raises(ValueError, match="value column"):
+        DPAggregateOperator(sql=SQL, aggregate="mean", bounds=(0, 1), **arguments)
+    with pytest.raises(ValueError, match="exactly one of mechanism and accuracy"):
+        DPAggregateOperator(sql=SQL, accuracy=(1.0, 0.9), **arguments)
+    without = {k: v for k, v in arguments.items() if k != "mechanism"}
+    with pytest.raises(ValueError, match="exactly one of mechanism and accuracy"):
+        DPAggregateOperator(sql=SQL, **without)
+    for accuracy, message in (
+        ((1.0,), "accuracy must be"),
+        ((0.0, 0.9), "error"),
+        ((1.0, 1.0), "level"),
+        ("1, 0.9", "accuracy must be"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            DPAggregateOperator(sql=SQL, accuracy=accuracy, **without)
+    for confidence in (0, 1, 95, float("nan")):
+        with pytest.raises(ValueError, match="confidence"):
+            DPAggregateOperator(sql=SQL, confidence=confidence, **arguments)
     with pytest.raises(ValueError, match="plain SQL name"):
         DPAggregateOperator(sql=SQL, **{**arguments, "privacy_unit": "person; --"})
     operator = DPAggregateOperator(
@@ -188,3 +213,59 @@ def test_units_that_are_one_subject_id_to_the_ledger_are_refused(huge_cap, sourc
     assert state == "failed"
     assert huge_cap.history() == before
     assert charged(huge_cap, "ann") == 0
+
+
+def test_a_mean_is_its_noisy_sum_over_its_noisy_count_released_together(huge_cap, source):
+    """One release of the sums and counts (one charge per unit); the mean is their ratio
+    (ann's two smallest minutes in (0,a), 3 and 7; 4 in (0,b); bob's 9 in (1,a)), with no
+    interval of its own, the sums and counts with theirs (sigma 0.057 units: exact)."""
+    mean = (
+        'aggregate="mean", value="minutes", bounds=(0, 10), '
+        'mechanism={"kind": "gaussian", "noise_multiplier": 0.002}, granularity=1'
+    )
+    dag_run, state = run(f"visits_{uuid.uuid4().hex[:8]}", release=mean)
+    assert state == "success"
+    released = stored_xcom(dag_run, "visits", "return_value")
+    assert released["values"] == [5.0, 4.0, 9.0]
+    assert released["stddev"] == released["intervals"] == [None] * 3
+    assert released["sums"]["values"] == [10.0, 4.0, 9.0]
+    assert released["counts"]["values"] == [2.0, 1.0, 1.0]
+    assert released["counts"]["intervals"] == [[2.0, 2.0], [1.0, 1.0], [1.0, 1.0]]
+    assert released["sums"]["stddev"] == released["counts"]["stddev"]
+    assert charged(huge_cap, "ann") > 0 and charged(huge_cap, "bob") == charged(huge_cap, "ann")
+    assert stored_xcom(dag_run, "visits", "dp_budget_receipt")["keys"] == 2
+
+
+def test_accuracy_charges_the_least_noise_it_planned(huge_cap, source):
+    """accuracy=(3, 0.95) at granularity 1: the task's intervals are at most 3 wide each
+    side, a noise multiplier 1e-9 larger would make them wider, and the ledger charged
+    the mechanism planned when the DAG was parsed."""
+    from dp_budget_provider.accounting.error_bars import half_width
+    from dp_budget_provider.operators.aggregate import DPAggregateOperator
+
+    accuracy = "accuracy=(3.0, 0.95), granularity=1"
+    dag_run, state = run(f"visits_{uuid.uuid4().hex[:8]}", release=accuracy)
+    assert state == "success"
+    planned = DPAggregateOperator(
+        task_id="visits",
+        conn_id="visits_db",
+        sql=SQL,
+        privacy_unit="person",
+        group_by=["row", "col"],
+        domain=DOMAIN,
+        max_groups_per_unit=2,
+        max_rows_per_group=2,
+        query_type="visit_map",
+        accuracy=(3.0, 0.95),
+        granularity=1,
+    )
+    declared = planned._declared()
+    plan = declared.plan(planned.mechanism)
+    wider = declared.plan(type(planned.mechanism)(planned.mechanism.noise_multiplier * (1 + 1e-9)))
+    assert half_width(plan, 0.95) <= 3.0 < half_width(wider, 0.95)
+    released = stored_xcom(dag_run, "visits", "return_value")
+    assert [hi - lo for lo, hi in released["intervals"]] == [2 * half_width(plan, 0.95)] * 3
+    assert released["stddev"] == [plan.noise_std] * 3
+    receipt = stored_xcom(dag_run, "visits", "dp_budget_receipt")
+    assert receipt["mechanism"] == plan.charged.to_spec()
+    assert charged(huge_cap, "ann") == charged(huge_cap, "bob") > 0
