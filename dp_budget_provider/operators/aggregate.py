@@ -86,9 +86,14 @@ class DPAggregateOperator(ReleasingOperator):
         with the most noise (the least charge) whose interval at ``level`` has half-width
         at most ``error`` in the answer's units, resolved when the DAG is parsed.
     :param confidence: the level of the returned intervals (default 0.95), in (0, 1).
+    :param on_exhausted: ``"fail"`` or ``"skip"`` as for ``DPReleaseOperator``, or
+        ``"filter"``: the units whose budget cannot afford the release are left out of it
+        (charged nothing, their rows never totalled) and the release goes ahead over the
+        rest; nothing the task shows says who or how many (docs/accounting.md,
+        "Individual filtering").
 
     The other arguments (``tenant``, ``window``, ``noise``, ``granularity``,
-    ``on_exhausted``, ``refresh``, ``target_epsilon``, ...) are ``DPReleaseOperator``'s.
+    ``refresh``, ``target_epsilon``, ...) are ``DPReleaseOperator``'s.
     Returns (XCom), in domain order, ``{"values": [...], "stddev": [...], "intervals":
     [[lo, hi], ...]}``: the noisy values, their noise standard deviation and intervals at
     ``confidence`` holding the exact bounded value with at least that probability
