@@ -131,19 +131,27 @@ def across_types(
     seed: int,
     rounds: int,
     dag: str | None,
+    filtering: bool,
     barrier: Any,
     results: Any,
 ) -> None:
     """Release over random overlapping subject sets, each under a random query type (a
     cap across query types binds them all), committing or releasing each reservation;
     with ``dag``, as that DAG's attempts (its principal's share pays where a cap is
-    divided).
+    divided); with ``filtering``, every other release (at random) over the subjects'
+    registered cohort, leaving out who cannot afford it (never refused).
 
     Reports every reservation (the subjects it covers, its query type, how it was
-    resolved) and how many were refused.
+    resolved), how many were refused and how many subjects filtered ones left out.
     """
     rng = random.Random(seed)
-    report: dict[str, Any] = {"reserved": {}, "refused": 0, "error": None, "dag": dag}
+    report: dict[str, Any] = {
+        "reserved": {},
+        "refused": 0,
+        "left_out": 0,
+        "error": None,
+        "dag": dag,
+    }
     try:
         ledger = PrivacyBudgetLedger(url=url)
         mechanism = GaussianMechanism(4.0)
@@ -151,15 +159,24 @@ def across_types(
         for _ in range(rounds):
             chosen = rng.sample(subjects, rng.randint(1, 8))
             query_type = rng.choice(query_types)
-            try:
-                reservation = ledger.reserve(
-                    [key_for(subject, query_type, window) for subject in chosen],
-                    mechanism,
-                    attempt=None if dag is None else f"{dag}/release/race/-1/1/{uuid.uuid4()}",
+            attempt = None if dag is None else f"{dag}/release/race/-1/1/{uuid.uuid4()}"
+            if filtering and rng.random() < 0.5:
+                cohort = ledger.cohort(chosen).in_window(query_type, window)
+                reservation, left_out = ledger.reserve_admitting(
+                    [cohort], mechanism, attempt=attempt
                 )
-            except BudgetExhausted:
-                report["refused"] += 1
-                continue
+                report["left_out"] += len(left_out)
+                chosen = [subject for subject in chosen if subject not in left_out]
+            else:
+                try:
+                    reservation = ledger.reserve(
+                        [key_for(subject, query_type, window) for subject in chosen],
+                        mechanism,
+                        attempt=attempt,
+                    )
+                except BudgetExhausted:
+                    report["refused"] += 1
+                    continue
             outcome = "release" if rng.random() < 0.2 else "commit"
             if outcome == "commit":
                 ledger.commit(reservation)

@@ -275,7 +275,7 @@ def accounts_for(
         listed = _listed(pipe, scope, cohort_id, digest, size)
         covered = {} if listed is not None else covering(pipe, scope, cohort_id)
         found.append((scope, cohort_id, digest, size, listed, covered))
-    _lock_open_reservations(pipe, [(item[0], sorted(item[5])) for item in found])
+    lock_open_reservations(pipe, [(item[0], sorted(item[5])) for item in found])
     for scope, cohort_id, digest, size, listed, covered in found:
         cohort = listed or _refine(pipe, scope, cohort_id, digest, size, now, covered)
         charge.cohorts.append(cohort)
@@ -556,7 +556,7 @@ def _split(
     )
 
 
-def _lock_open_reservations(
+def lock_open_reservations(
     pipe: pipeline.Pipeline, covered: Sequence[tuple[Scope, Sequence[str]]]
 ) -> None:
     """Lock the open reservations holding any account a charge refines (``covered``:

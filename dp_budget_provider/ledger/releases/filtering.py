@@ -10,8 +10,9 @@ cap, and what it needs (a cap checked at a fixed Rényi order), is in docs/accou
 "Individual filtering".
 
 What is decided here runs inside the reservation's own transaction, under the locks the
-reservation takes: the windows first (as every charge takes them), then every account
-holding one of the cohort's subjects at any of those scopes, in key order. Nothing can
+reservation takes, in the order every charge takes them: the windows first (exclusively),
+then the open reservations holding any account of one of the cohort's subjects at any of
+those scopes, then those accounts, in key order. Nothing can
 add spend to those accounts until the transaction ends (a commit or reap moves pending
 spend to committed spend, which leaves the sum the check counts as it was), so the
 reservation made next over the subjects kept fits by construction.
@@ -118,12 +119,21 @@ class Filter:
                     "subject could afford it"
                 )
         cohort_id = classes.registered(pipe, cohort)
-        holding = {
-            LedgerKey.from_canonical(scope.tenant, label, scope.query_type, scope.window)
+        covering = [
+            (scope_of(scope), sorted(classes.covering(pipe, scope_of(scope), cohort_id)))
             for scope in scoped
-            for label in classes.covering(pipe, scope_of(scope), cohort_id)
-        }
-        ordered = sorted(holding, key=lambda k: (k.tenant, k.subject, k.query_type, k.window))
+        ]
+        # As a charge locks: the open reservations holding these accounts first (a commit
+        # holds its reservation, then its accounts), then the accounts in key order.
+        classes.lock_open_reservations(pipe, covering)
+        ordered = sorted(
+            (
+                LedgerKey.from_canonical(tenant, label, query_type, window)
+                for (tenant, query_type, window), labels in covering
+                for label in labels
+            ),
+            key=lambda k: (k.tenant, k.subject, k.query_type, k.window),
+        )
         locked = self._locks.lock_existing(pipe, ordered)
         affords = _affords(self._pricing, cost, policy_lookup(policies))
         short = [key for key in ordered if not affords(key, locked[key])]

@@ -492,12 +492,15 @@ def test_overlapping_multi_key_reservations_neither_deadlock_nor_leak(ledger_url
     ledger.close()
 
 
+@pytest.mark.parametrize("filtering", [False, True], ids=["refusing", "filtering"])
 def test_processes_releasing_under_several_query_types_never_pass_the_cap_across_them(
-    ledger_url,
+    ledger_url, filtering
 ):
     """Eight processes release over overlapping sets of the same subjects under three query
     types; each query type's cap (10) never binds, the cap across them (3) does. No
-    subject's total passes it, and each total is exactly its committed releases."""
+    subject's total passes it, and each total is exactly its committed releases. With
+    ``filtering``, half the releases leave out who cannot afford them instead of being
+    refused: the subjects they keep are charged, the others are not."""
     setup = AdminLedger(BudgetCap(10.0, CAP.delta), url=ledger_url)
     setup.set_policy(Policy(CAP.epsilon, across="query_types"))
     setup.close()
@@ -508,7 +511,7 @@ def test_processes_releasing_under_several_query_types_never_pass_the_cap_across
     reports = run_workers(
         workers.across_types,
         [
-            (ledger_url, subjects, query_types, WINDOW, seed, rounds, None)
+            (ledger_url, subjects, query_types, WINDOW, seed, rounds, None, filtering)
             for seed in range(PROCESSES)
         ],
         timeout=150,
@@ -517,6 +520,8 @@ def test_processes_releasing_under_several_query_types_never_pass_the_cap_across
     assert [r["error"] for r in reports if r["error"]] == []
     reserved = {rid: info for report in reports for rid, info in report["reserved"].items()}
     assert sum(report["refused"] for report in reports) > 0, "meant to exhaust the totals"
+    if filtering:
+        assert sum(report["left_out"] for report in reports) > 0, "meant to leave some out"
     assert len(reserved) + sum(r["refused"] for r in reports) == PROCESSES * rounds
     committed = Counter(
         subject
@@ -575,6 +580,7 @@ def test_principals_racing_over_the_same_subjects_stay_within_their_shares(ledge
                 seed,
                 20,
                 dags[seed % 2],
+                False,
             )
             for seed in range(PROCESSES)
         ],
