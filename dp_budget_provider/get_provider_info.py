@@ -119,7 +119,11 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "name": "dp_release",
                 "class-name": "dp_budget_provider.decorators.release.dp_release_task",
-            }
+            },
+            {
+                "name": "dp_aggregate",
+                "class-name": "dp_budget_provider.decorators.aggregate.dp_aggregate_task",
+            },
         ],
         "config": {
             "dp_budget": {
