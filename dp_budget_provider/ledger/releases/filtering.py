@@ -27,14 +27,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from dp_budget_provider.ledger.accounts import classes
 from dp_budget_provider.ledger.accounts.classes import Cohort, CohortKeys
 from dp_budget_provider.ledger.accounts.keys import LedgerKey
 from dp_budget_provider.ledger.accounts.pricing import Pricing
 from dp_budget_provider.ledger.accounts.spend import Spend, prospective
-from dp_budget_provider.ledger.releases.locks import ChargeLocks, PoliciesChanged
-from dp_budget_provider.ledger.storage import pipeline
+from dp_budget_provider.ledger.releases.locks import ChargeLocks, PoliciesChanged, check_windows
+from dp_budget_provider.ledger.storage import clock, pipeline
 from dp_budget_provider.ledger.storage.statements import LockedAccount
 from dp_budget_provider.ledger.windows import scopes
 from dp_budget_provider.ledger.windows.policy import Policy
@@ -82,7 +83,7 @@ class Filter:
         cohorts: Sequence[CohortKeys],
         cost: Spend,
         attempt: str,
-        now: str,
+        moment: datetime,
     ) -> Admitted:
         """Lock what the release over ``cohorts`` would charge and keep the subjects every
         account of whose can take ``cost``; the kept subjects are registered as a cohort.
@@ -92,6 +93,7 @@ class Filter:
         fact about the release and the policies alone.
         """
         cohort = filtered_cohort(cohorts)
+        now = clock.stamp(moment)
         chosen = self._store.current(pipe)
         _, scoped = scopes.with_wider_scopes([], cohorts, chosen, dag=dag_of(attempt))
         self._locks.lock_windows(pipe, scoped, now)
@@ -104,6 +106,9 @@ class Filter:
                 "the ledger's policies changed while this release was being filtered: it was "
                 "refused with nothing written; make it again"
             )
+        # What refuses any charge of these windows, whoever is kept: the reservation that
+        # follows keeps none when everyone is left out, and must be refused all the same.
+        check_windows(scoped, policy_lookup(policies), moment, new_release=True)
         for scope in scoped:
             policy = policy_of_scope(policies, scope.tenant, scope.query_type)
             if policy.filter_order is None:

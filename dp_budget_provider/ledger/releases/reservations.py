@@ -160,9 +160,7 @@ class Reservations:
         def reserved() -> tuple[Reservation, frozenset[str]]:
             with self._database.pipelined() as pipe:
                 moment = clock.now()
-                admitted = self._filter.admitted(
-                    pipe, cohorts, cost, attempt_id, clock.stamp(moment)
-                )
+                admitted = self._filter.admitted(pipe, cohorts, cost, attempt_id, moment)
                 reservation = self._reserve(
                     pipe, [], admitted.cohorts, mechanism, count, attempt_id, cost, moment=moment
                 )

@@ -7,6 +7,7 @@ A cap checked on the reported epsilon (no privacy filter) refuses filtering."""
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 
 import pytest
 
@@ -15,10 +16,13 @@ from dp_budget_provider.ledger import (
     BudgetCap,
     PrivacyBudgetLedger,
     ReleaseGate,
+    ReleaseRefused,
     key_for,
+    window_bounds,
 )
-from dp_budget_provider.ledger.windows.policy import Policy
+from dp_budget_provider.ledger.windows.policy import DEFAULT_GRACE, Policy
 from tests.admin import ADMIN
+from tests.ledger_time import ledger_time_at
 
 DELTA = 1e-5
 WINDOW = "2026-w28"
@@ -135,3 +139,20 @@ def test_only_a_registered_cohort_is_filtered(ledger):
         gate.reserve(
             [key_for("p0", "heatmap", WINDOW)], SMALL, attempt="d/t/r/0/1/a", filtering=True
         )
+
+
+@pytest.mark.parametrize("exhausted", [PEOPLE[:3], PEOPLE], ids=["some-kept", "none-kept"])
+def test_a_closed_window_refuses_whoever_would_be_kept(ledger, monkeypatch, exhausted):
+    """A release past its window's grace period is refused whether the filter keeps some
+    subjects or none: a release that keeps nobody charges no account, and must not be the
+    one that slips through (its success would say that nobody was kept)."""
+    gate = ReleaseGate(ledger)
+    release(gate, exhausted, BIG, "d/t/r/0/1/a")
+    ledger_time_at(monkeypatch, window_bounds(WINDOW)[1] + DEFAULT_GRACE + timedelta(hours=1))
+    cohort = gate.cohort(PEOPLE)
+    before = ledger.history()
+    with pytest.raises(ReleaseRefused):
+        gate.reserve(
+            [cohort.in_window("heatmap", WINDOW)], BIG, attempt="d/t/r/0/1/b", filtering=True
+        )
+    assert ledger.history() == before
