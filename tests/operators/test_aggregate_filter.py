@@ -187,16 +187,18 @@ def test_a_unit_at_its_cap_is_left_out_and_charged_nothing(ledger, source, exact
     assert ledger.verify(quarantine=False).ok
 
 
+@pytest.mark.parametrize(("used_up", "kept"), [(60, [90, 50]), (200, [0, 0])], ids=["sixty", "all"])
 def test_the_membership_attack_learns_nothing_but_the_noisy_count(
-    ledger, second_world, source, exact_answers, capfd
+    ledger, second_world, source, exact_answers, capfd, used_up, kept
 ):
-    """World 1: the victim's data held 60 of the prober's ids; world 2: 60 strangers."""
-    victim_releases(ledger, OWN[:60])
+    """World 1: the victim's data held ``used_up`` of the prober's ids (all 200: the
+    release keeps nobody and charges no account); world 2: as many strangers."""
+    victim_releases(ledger, OWN[:used_up])
     shown = [probe(capfd)]
-    victim_releases(second_world(), [f"x{i}" for i in range(60)])
+    victim_releases(second_world(), [f"x{i}" for i in range(used_up)])
     shown.append(probe(capfd))
     (told_1, log_1, _), (told_2, log_2, _) = shown
     assert told_1 == told_2
     assert told_1[0] == "success" and told_1[1]["keys"] == 200
     assert log_1 == log_2 and any("reserved" in line for line in log_1)
-    assert [answer.tolist() for answer in exact_answers] == [[90, 50], [150, 50]]
+    assert [answer.tolist() for answer in exact_answers] == [kept, [150, 50]]
