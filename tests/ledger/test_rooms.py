@@ -66,7 +66,7 @@ def test_every_public_method_is_one_collaborators_documented_method():
         assert member.__doc__ == wrapped.__doc__ and wrapped.__doc__
         assert inspect.signature(member) == inspect.signature(wrapped)
     assert {"reserve", "commit", "budget_check", "receipt", "reset", "verify"} <= set(owners)
-    assert len(owners) == 43
+    assert len(owners) == 44
     assert owners["reserve"] is Reservations and owners["verify"] is Auditor
 
 

