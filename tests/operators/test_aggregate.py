@@ -114,8 +114,9 @@ def source(request, tmp_path, monkeypatch):
         url = engine.url
         if request.param == "sqlite":
             # Airflow teaches sqlite3 to bind its pendulum datetimes only when its own
-            # metadata database is SQLite (as here); a deployment's is PostgreSQL.
-            monkeypatch.delitem(sqlite3.adapters, (pendulum.DateTime, sqlite3.PrepareProtocol))
+            # metadata database is SQLite (as the tests' is); a deployment's is PostgreSQL.
+            adapter = (pendulum.DateTime, sqlite3.PrepareProtocol)
+            monkeypatch.delitem(sqlite3.adapters, adapter, raising=False)
             sa.event.listen(Pool, "connect", plant_on_sqlite)
             request.addfinalizer(lambda: sa.event.remove(Pool, "connect", plant_on_sqlite))
             connection_json = {"conn_type": "sqlite", "host": url.database}
