@@ -10,8 +10,12 @@
    to the start of the next window (the demo tenant uses 60-second windows so you can
    watch it), the trigger fires at that start, the sensor re-checks, and the release
    happens in the new window. Each run's Airflow log goes to ``.demo/logs/``.
-3. ``dp-budget classes`` shows the ledger by spend class (the 50 subjects: one row per
-   window).
+3. ``example_dp_visits_heatmap`` releases a heatmap of visits that the release reads
+   itself (``DPAggregateOperator``) from a SQLite table of visits, ``.demo/visits.db``,
+   named by the Airflow connection ``visits_db``: the contribution bounds run in SQLite's
+   SQL, and the persons of the bounded rows are the subjects charged.
+4. ``dp-budget classes`` shows the ledger by spend class (the 50 subjects: one row per
+   window; the visits' persons: one more).
 
 Everything lives under ``.demo/`` in the repository (Airflow home, metadata DB, ledger).
 """
@@ -19,6 +23,7 @@ Everything lives under ``.demo/`` in the repository (Airflow home, metadata DB, 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -28,10 +33,16 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported at run time only after AIRFLOW_HOME is set (main)
+    from dp_budget_provider.aggregation import BoundedQuery
+    from dp_budget_provider.ledger import WindowCalendar
 
 ROOT = Path(__file__).resolve().parents[1]
 HOME = ROOT / ".demo" / "airflow"
 LOGS = ROOT / ".demo" / "logs"
+VISITS_DB = ROOT / ".demo" / "visits.db"
 ADMIN_KEY = ROOT / ".demo" / "admin.key"
 WINDOW_SECONDS = 60
 TENANT = "demo"
@@ -54,7 +65,11 @@ def prepare_airflow_home() -> None:
     """A fresh Airflow home whose dags folder holds the example DAGs, metadata DB migrated."""
     shutil.rmtree(HOME.parent, ignore_errors=True)
     (HOME / "dags").mkdir(parents=True)
-    for name in ("example_dp_heatmap.py", "example_dp_budget_gated.py"):
+    for name in (
+        "example_dp_heatmap.py",
+        "example_dp_budget_gated.py",
+        "example_dp_visits_heatmap.py",
+    ):
         shutil.copy(ROOT / "dags" / name, HOME / "dags" / name)
     os.environ.update(
         AIRFLOW_HOME=str(HOME),
@@ -198,13 +213,116 @@ def main() -> None:
         f"gated run: {state} after {time.monotonic() - started:.0f}s; released in window "
         f"{display_window(latest.key.window)} at eps {latest.epsilon:.4f} (task log: {shown(log)})"
     )
+    release_visits_heatmap(calendar)
     print(flush=True)
     dp_budget = str(Path(sys.executable).with_name("dp-budget"))
     say(
-        "the ledger by spend class (one row per window for the 50 subjects; `status` lists "
-        "each subject):"
+        "the ledger by spend class (one row per window for the 50 subjects, one for the "
+        "visits' persons; `status` lists each subject):"
     )
     subprocess.run([dp_budget, "--url", ledger.url, "classes"], check=True)
+
+
+def write_visits(start: datetime, end: datetime) -> int:
+    """A SQLite table of synthetic visits in ``VISITS_DB``: 50 people, each 4 to 10 visits
+    between ``start`` and ``end``, mostly to cells near the grid's centre, some anywhere.
+    Timestamps are UTC ISO 8601 text, as the data interval is bound on SQLite
+    (docs/operators.md). Returns the number of visits."""
+    import random
+    import sqlite3
+
+    rng = random.Random(20260101)
+    span = (end - start).total_seconds()
+    rows = []
+    for person in range(50):
+        haunts = [(rng.choice([1, 1, 2]), rng.choice([1, 2, 2])) for _ in range(2)]
+        for _ in range(rng.randint(4, 10)):
+            row, col = rng.choice(haunts) if rng.random() < 0.7 else divmod(rng.randrange(16), 4)
+            moment = start + timedelta(seconds=int(rng.random() * span))
+            rows.append((f"person-{person:02d}", row, col, moment.isoformat(" ")))
+    VISITS_DB.unlink(missing_ok=True)
+    with contextlib.closing(sqlite3.connect(VISITS_DB)) as connection, connection:
+        connection.execute(
+            "CREATE TABLE visits (person TEXT NOT NULL, cell_row INTEGER NOT NULL, "
+            "cell_col INTEGER NOT NULL, visited_at TEXT NOT NULL)"
+        )
+        connection.executemany("INSERT INTO visits VALUES (?, ?, ?, ?)", rows)
+    return len(rows)
+
+
+def bounded_counts(query: BoundedQuery, start: datetime, end: datetime) -> list[int]:
+    """The exact counts the release added noise to: the package's own bounded read of the
+    SQLite table (never released; the demo shows them for comparison)."""
+    import sqlalchemy as sa
+
+    from dp_budget_provider.aggregation import BoundedRows
+
+    engine = sa.create_engine(f"sqlite:///{VISITS_DB}")
+    interval = {
+        "data_interval_start": start.isoformat(" "),
+        "data_interval_end": end.isoformat(" "),
+    }
+    try:
+        with engine.connect() as connection:
+            rows = BoundedRows(connection, query, interval)
+            for _unit in rows:  # read to the end: the totals are added up as it goes
+                pass
+            return [cell.rows for cell in rows.totals]
+    finally:
+        engine.dispose()
+
+
+def release_visits_heatmap(calendar: WindowCalendar) -> None:
+    """Step 3: the visits heatmap, read by the release from a SQLite source."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    from dp_budget_provider.ledger.windows.calendar import display_window
+
+    dag = load("example_dp_visits_heatmap")
+    # The data the run reads: its data interval, as dag.test() infers it (last week).
+    interval = dag.timetable.infer_manual_data_interval(run_after=datetime.now(timezone.utc))
+    visits = write_visits(interval.start, interval.end)
+    os.environ["AIRFLOW_CONN_VISITS_DB"] = json.dumps(
+        {"conn_type": "sqlite", "host": str(VISITS_DB)}
+    )
+    say(
+        f"visits heatmap: {visits} synthetic visits of 50 people on a 4x4 grid in "
+        f"{interval.start:%Y-%m-%d} .. {interval.end:%Y-%m-%d} (the run's data interval), "
+        f"in SQLite file {shown(VISITS_DB)}, Airflow connection visits_db; the release reads "
+        "them itself, at most 2 visits in each of at most 4 cells per person"
+    )
+    conf = {"tenant": TENANT, "window": calendar.window_of(datetime.now(timezone.utc))}
+    with task_log("visits-heatmap") as log:
+        dag_run = dag.test(run_conf=conf)
+    task = "release_visits_heatmap"
+    if str(dag_run.state) != "success":
+        raise SystemExit(f"the visits heatmap run failed: see {shown(log)}")
+    with create_session() as session:
+        xcom = {
+            row.key: XComModel.deserialize_value(row)
+            for row in session.execute(
+                XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag.dag_id, task_ids=task)
+            ).scalars()
+        }
+    released, receipt = xcom["return_value"]["values"], xcom["dp_budget_receipt"]
+    exact = bounded_counts(dag.get_task(task).bounded, interval.start, interval.end)
+    say("visits heatmap released (noisy counts)      exact bounded counts (never released)")
+    for row in range(4):
+        cells = slice(4 * row, 4 * row + 4)
+        print(
+            "         "
+            + "".join(f"{value:6d}" for value in released[cells])
+            + "          "
+            + "".join(f"{value:6d}" for value in exact[cells]),
+            flush=True,
+        )
+    say(
+        f"visits heatmap receipt: {receipt['keys']} persons charged eps "
+        f"{receipt['epsilon']:.4f} each (cap {receipt['cap_epsilon']}) in window "
+        f"{', '.join(display_window(w) for w in receipt['windows'])}: the noise is sized by the "
+        f"bounds, never by the data (task log: {shown(log)})"
+    )
 
 
 def load(dag_id: str):  # noqa: ANN201 - returns an Airflow DAG

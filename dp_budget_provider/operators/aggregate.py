@@ -31,6 +31,7 @@ import hashlib
 import json
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -207,7 +208,8 @@ class DPAggregateOperator(ReleasingOperator):
         engine = _engine_of(self.conn_id)
         try:
             with engine.connect() as connection, _snapshot(connection):
-                rows = BoundedRows(connection, query, parameters)
+                bound = _bindable(parameters, connection.dialect.name)
+                rows = BoundedRows(connection, query, bound)
                 units = _CanonicalUnits(rows) if self.on_exhausted == "filter" else None
                 try:  # one read: the units registered are those of every row counted
                     cohort = gate.cohort(units or rows, tenant=self.tenant)
@@ -352,6 +354,25 @@ def _engine_of(conn_id: str) -> sa.Engine:
             f"{type(hook).__name__})"
         )
     return engine_of()
+
+
+def _bindable(parameters: Mapping[str, Any], dialect: str) -> dict[str, Any]:
+    """The query's parameters as the source's driver binds them.
+
+    Airflow hands the data interval as pendulum datetimes, which sqlite3 cannot bind (it
+    adapts only the plain ``datetime`` type, and Python 3.12 deprecates even that). So an
+    aware datetime is passed as a plain one in UTC; and on SQLite, which has no time type,
+    as the ISO 8601 text sqlite3 itself writes (``2026-07-06 00:00:00+00:00``), which
+    compares in time order with timestamps stored as such UTC text.
+    """
+    bound = dict(parameters)
+    for name, value in parameters.items():
+        if not isinstance(value, datetime):
+            continue
+        if value.tzinfo is not None:
+            value = datetime.fromisoformat(value.astimezone(timezone.utc).isoformat())
+        bound[name] = value.isoformat(" ") if dialect == "sqlite" else value
+    return bound
 
 
 @contextlib.contextmanager

@@ -1,23 +1,27 @@
-"""DPAggregateOperator under dag.test() on a real Airflow metadata database: a PostgreSQL
-source apart from the ledger (on SQLite and PostgreSQL). The released counts and means are
-the bounded ones (tiny noise under a huge cap, so the lattice noise is 0) with their error
-bars, the units of the bounded rows are exactly the subjects charged, a query that writes
-is refused by the read-only snapshot and charges nothing, a re-run is handed the stored
-answer while a change of bounds is another release, and ``accuracy`` charges the mechanism
-it planned."""
+"""DPAggregateOperator under dag.test() on a real Airflow metadata database: a source apart
+from the ledger (a PostgreSQL database or a SQLite file, each through a real Airflow
+connection of its type and that type's hook), with the ledger on SQLite and PostgreSQL.
+The released counts and means are the bounded ones (tiny noise under a huge cap, so the
+lattice noise is 0) with their error bars, the units of the bounded rows are exactly the
+subjects charged, a query that writes is refused by the read-only snapshot and charges
+nothing, a re-run is handed the stored answer while a change of bounds is another
+release, and ``accuracy`` charges the mechanism it planned."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import uuid
 from datetime import datetime, timezone
 
+import pendulum
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.pool import Pool
 
 from dp_budget_provider.ledger import Policy, key_for
 from tests.airflow.dag_runner import WEEKLY_DAG, load_dag, stored_xcom, task_states
-from tests.scratch_postgres import scratch_database
+from tests.scratch_postgres import source_engine
 
 pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
 
@@ -66,41 +70,72 @@ with weekly() as dag:
 )
 
 
-@pytest.fixture
-def source(monkeypatch):
-    """The visits table in a PostgreSQL database of its own, as connection ``visits_db``."""
-    with scratch_database("dpb_visits") as (name, url):
-        engine = sa.create_engine(url)
+def plant_on_sqlite(dbapi_connection, _record) -> None:
+    """SQLite has no stored functions: the functions a query calls are the connecting
+    application's. This one writes as the query reads, as ``plant()`` does on PostgreSQL
+    (one row, else a scan of visits would read the rows it adds, without end)."""
+    if isinstance(dbapi_connection, sqlite3.Connection):
+        planting = (
+            "INSERT INTO visits SELECT 'eve', 0, 'a', '2026-07-08 12:00:00+00:00', 0 "
+            "WHERE NOT EXISTS (SELECT 1 FROM visits WHERE person = 'eve')"
+        )
+        dbapi_connection.create_function(
+            "plant", 0, lambda: dbapi_connection.execute(planting).rowcount * 0 + 1
+        )
+
+
+def stored(day: datetime, engine: sa.Engine) -> datetime | str:
+    """A timestamp as the source keeps it: SQLite as UTC ISO 8601 text (docs/operators.md)."""
+    return day.isoformat(" ") if engine.dialect.name == "sqlite" else day
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def source(request, tmp_path, monkeypatch):
+    """The visits table in a database of its own (a PostgreSQL database or a SQLite file),
+    as connection ``visits_db`` of its type, which the operator reaches through the
+    connection's own hook."""
+    with source_engine(request.param, tmp_path, "dpb_visits") as engine:
+        day_type = "TEXT" if request.param == "sqlite" else "TIMESTAMPTZ"
         with engine.begin() as connection:
             connection.execute(
                 sa.text(
-                    'CREATE TABLE visits (person TEXT, "row" INTEGER, col TEXT, day TIMESTAMPTZ, '
+                    f'CREATE TABLE visits (person TEXT, "row" INTEGER, col TEXT, day {day_type}, '
                     "minutes INTEGER)"
                 )
             )
-            # What an author's query could call to write as it reads.
-            connection.execute(
-                sa.text(
-                    "CREATE FUNCTION plant() RETURNS integer LANGUAGE sql AS "
-                    "$$ INSERT INTO visits VALUES ('eve', 0, 'a', now()); SELECT 1 $$"
+            if request.param == "postgresql":  # what an author's query could call to write
+                connection.execute(
+                    sa.text(
+                        "CREATE FUNCTION plant() RETURNS integer LANGUAGE sql AS "
+                        "$$ INSERT INTO visits VALUES ('eve', 0, 'a', now()); SELECT 1 $$"
+                    )
                 )
-            )
             connection.execute(
                 sa.text("INSERT INTO visits VALUES (:p, :r, :c, :d, :m)"),
-                [{"p": p, "r": r, "c": c, "d": d, "m": m} for p, r, c, d, m in VISITS],
+                [
+                    {"p": p, "r": r, "c": c, "d": stored(d, engine), "m": m}
+                    for p, r, c, d, m in VISITS
+                ],
             )
-        connection_uri = json.dumps(
-            {
+        url = engine.url
+        if request.param == "sqlite":
+            # Airflow teaches sqlite3 to bind its pendulum datetimes only when its own
+            # metadata database is SQLite (as the tests' is); a deployment's is PostgreSQL.
+            adapter = (pendulum.DateTime, sqlite3.PrepareProtocol)
+            monkeypatch.delitem(sqlite3.adapters, adapter, raising=False)
+            sa.event.listen(Pool, "connect", plant_on_sqlite)
+            request.addfinalizer(lambda: sa.event.remove(Pool, "connect", plant_on_sqlite))
+            connection_json = {"conn_type": "sqlite", "host": url.database}
+        else:
+            connection_json = {
                 "conn_type": "postgres",
-                "host": "127.0.0.1",
-                "port": 5432,
-                "login": "postgres",
-                "schema": name,
+                "host": url.host,
+                "port": url.port,
+                "login": url.username,
+                "schema": url.database,
             }
-        )
-        monkeypatch.setenv("AIRFLOW_CONN_VISITS_DB", connection_uri)
+        monkeypatch.setenv("AIRFLOW_CONN_VISITS_DB", json.dumps(connection_json))
         yield engine
-        engine.dispose()
 
 
 @pytest.fixture
@@ -207,7 +242,10 @@ def test_units_that_are_one_subject_id_to_the_ledger_are_refused(huge_cap, sourc
     one subject to the ledger: charged once, the subject's data could move the answer by
     twice what was charged. Refused before anything is reserved."""
     with source.begin() as connection:
-        connection.execute(sa.text("INSERT INTO visits VALUES ('ANN', 0, 'a', :d)"), {"d": IN_WEEK})
+        connection.execute(
+            sa.text("INSERT INTO visits VALUES ('ANN', 0, 'a', :d, 10)"),
+            {"d": stored(IN_WEEK, source)},
+        )
     before = huge_cap.history()
     _, state = run(f"visits_{uuid.uuid4().hex[:8]}")
     assert state == "failed"
