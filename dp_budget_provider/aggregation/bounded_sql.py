@@ -100,8 +100,13 @@ class BoundedQuery:
         return self.aggregate != "count"
 
     def statement(self, dialect: Dialect) -> sa.TextClause:
-        """``SELECT unit, cell, clamped`` of every bounded row (``cell`` is the domain
-        position; ``clamped`` NULL for a count), ordered by unit."""
+        """``SELECT unit, cell, kept, clamped`` of the bounded rows, ordered by unit:
+        ``cell`` is the domain position, ``kept`` how many rows the row stands for and
+        ``clamped`` its clamped value. A count needs no row's value: each (unit, cell) is
+        one row of ``kept = min(rows, max_rows_per_group)``, grouped in the server (a hash
+        aggregate, no ranking of rows, one row per cell sent instead of one per
+        contribution). A sum keeps each of the smallest values as a row of its own
+        (``kept`` 1), added up in the order read."""
         quote = dialect.identifier_preparer.quote
         groups = [f"group_{i}" for i in range(len(self.group_by))]
         selected = ", ".join(
@@ -124,28 +129,36 @@ class BoundedQuery:
         # A missing value counts as 0; rows are kept smallest value first (ties are equal
         # values, so which of them is kept does not change a sum).
         value = "COALESCE(c.raw_value, 0)" if self.valued else "0"
-        clamped = (
-            f"CASE WHEN value < :{_OWN}low THEN :{_OWN}low "
-            f"WHEN value > :{_OWN}high THEN :{_OWN}high ELSE value END"
-            if self.valued
-            else "NULL"
-        )
-        text = (
+        head = (
             f"WITH dpb_contributions AS (SELECT {selected} FROM ({self.sql}) dpb_query), "
             f"dpb_cells AS ({domain}), "
             f"dpb_in_domain AS (SELECT c.unit, d.cell, {value} AS value "
             f"FROM dpb_contributions c JOIN dpb_cells d ON {matches} "
             "WHERE c.unit IS NOT NULL), "
-            "dpb_ranked AS (SELECT unit, cell, value, ROW_NUMBER() OVER "
+        )
+        if not self.valued:
+            return sa.text(
+                head + "dpb_grouped AS (SELECT unit, cell, count(*) AS n FROM dpb_in_domain "
+                "GROUP BY unit, cell), "
+                f"dpb_kept AS (SELECT unit, cell, CASE WHEN n > :{_OWN}rows THEN :{_OWN}rows "
+                "ELSE n END AS kept, DENSE_RANK() OVER (PARTITION BY unit ORDER BY cell) "
+                "AS cell_rank FROM dpb_grouped) "
+                "SELECT unit, cell, kept, NULL AS clamped FROM dpb_kept "
+                f"WHERE cell_rank <= :{_OWN}groups ORDER BY unit"
+            )
+        clamped = (
+            f"CASE WHEN value < :{_OWN}low THEN :{_OWN}low "
+            f"WHEN value > :{_OWN}high THEN :{_OWN}high ELSE value END"
+        )
+        return sa.text(
+            head + "dpb_ranked AS (SELECT unit, cell, value, ROW_NUMBER() OVER "
             "(PARTITION BY unit, cell ORDER BY value) AS row_rank FROM dpb_in_domain), "
             "dpb_kept AS (SELECT unit, cell, value, DENSE_RANK() OVER "
             "(PARTITION BY unit ORDER BY cell) AS cell_rank FROM dpb_ranked "
-            f"WHERE row_rank <= :{_OWN}rows), "
-            f"dpb_bounded AS (SELECT unit, cell, {clamped} AS clamped FROM dpb_kept "
-            f"WHERE cell_rank <= :{_OWN}groups) "
-            "SELECT unit, cell, clamped FROM dpb_bounded ORDER BY unit"
+            f"WHERE row_rank <= :{_OWN}rows) "
+            f"SELECT unit, cell, 1 AS kept, {clamped} AS clamped FROM dpb_kept "
+            f"WHERE cell_rank <= :{_OWN}groups ORDER BY unit"
         )
-        return sa.text(text)
 
     def parameters(self, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The statement's parameters: the query's own (``given``) and the bounds'."""
@@ -177,7 +190,7 @@ class BoundedRows:
     of a unit yielded. A unit must be text or an integer: another type's text is not one
     id (``42`` and ``42.0`` are one SQL value and two ledger ids).
 
-    The rows are kept (16 bytes each, never the units' ids) so that the totals may leave
+    The rows are kept (24 bytes each, never the units' ids) so that the totals may leave
     some units out (:meth:`totals_without`): a filtered release aggregates only the
     units its reservation kept.
     """
@@ -199,6 +212,7 @@ class BoundedRows:
         self._cells = len(query.domain)
         self._unit_of = array("q")  # each row's unit, as its position among the units
         self._cell_of = array("q")
+        self._kept_of = array("q")  # how many bounded rows each row read stands for
         self._value_of = array("d")
         self.units = 0  # how many distinct units were yielded
         self._done = False
@@ -206,7 +220,8 @@ class BoundedRows:
     def __iter__(self) -> Iterator[str]:
         last: Any = _NONE
         unit_of, cell_of, value_of = self._unit_of, self._cell_of, self._value_of
-        for unit, cell, clamped in self._rows:
+        kept_of = self._kept_of
+        for unit, cell, kept, clamped in self._rows:
             if unit != last:
                 if isinstance(unit, bool) or not isinstance(unit, str | int):
                     raise ValueError(
@@ -218,6 +233,7 @@ class BoundedRows:
                 yield str(unit)
             unit_of.append(self.units - 1)
             cell_of.append(cell)
+            kept_of.append(kept)
             value_of.append(float(clamped) if self._sum else 0.0)
         self._done = True
 
@@ -234,13 +250,16 @@ class BoundedRows:
         if not self._done:
             raise RuntimeError("the bounded rows have not been read to their end")
         cells = np.frombuffer(self._cell_of, dtype=np.int64)
+        counted = np.frombuffer(self._kept_of, dtype=np.int64)
         values = np.frombuffer(self._value_of, dtype=np.float64)
         if left_out is not None:
             if left_out.shape != (self.units,):
                 raise ValueError(f"left_out has {left_out.shape} flags for {self.units} units")
             kept = ~left_out[np.frombuffer(self._unit_of, dtype=np.int64)]
-            cells, values = cells[kept], values[kept]
-        rows = np.bincount(cells, minlength=self._cells)
+            cells, counted, values = cells[kept], counted[kept], values[kept]
+        # Exact integer counts (bincount's weights would add them as floats).
+        rows = np.zeros(self._cells, dtype=np.int64)
+        np.add.at(rows, cells, counted)
         with np.errstate(over="ignore"):
             sums = np.bincount(cells, weights=values, minlength=self._cells)
         return [
