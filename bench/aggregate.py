@@ -10,9 +10,10 @@ PostgreSQL database, as in a deployment. Timed, in alternating rounds:
 
 * **baseline**: the plain ``GROUP BY`` count per cell over the same rows (the same WHERE
   on the data interval), fetched by SQLAlchemy: what the aggregate costs without DP.
-* **bounded SQL in the server**: the operator's bounded statement counted in PostgreSQL
-  (``SELECT count(*) FROM (...)``), no row sent: what the bounds' window functions and
-  the sort by unit cost the server.
+* **bounded aggregate in SQL**: the same aggregate with its contribution bounds, computed
+  in PostgreSQL without DP (the operator's bounded statement summed per cell in the
+  server, 16 rows sent): what an aggregate that bounds each person's contribution costs
+  before any privacy accounting, the second baseline.
 * **bounded read**: the operator's own read without the ledger: the bounded query (window
   functions for the contribution bounds, rows in unit order) streamed through
   :class:`~dp_budget_provider.aggregation.BoundedRows` in the operator's read-only
@@ -155,13 +156,13 @@ def bounded_query() -> Any:
 
 
 def bounded_sql(engine: sa.Engine, interval: dict[str, datetime]) -> None:
-    """The bounded statement run in the server alone (its rows counted there, none sent):
-    the share of the bounds' window functions and sort."""
+    """The bounded aggregate computed in the server without DP: the operator's bounded
+    statement summed per cell there, 16 rows sent."""
     query = bounded_query()
     with engine.connect() as connection:
         statement = query.statement(connection.dialect).text
-        counted = sa.text(f"SELECT count(*) FROM ({statement}) dpb_all")
-        assert connection.execute(counted, query.parameters(interval)).scalar_one() > 0
+        summed = sa.text(f"SELECT cell, sum(kept) FROM ({statement}) dpb_all GROUP BY cell")
+        assert len(connection.execute(summed, query.parameters(interval)).all()) == 16
 
 
 def bounded_read(engine: sa.Engine, interval: dict[str, datetime]) -> None:
@@ -266,7 +267,7 @@ def main() -> None:
             engine = sa.create_engine(source_url)
             samples: dict[str, list[float]] = {
                 "baseline": [],
-                "bounded SQL in the server": [],
+                "bounded aggregate in SQL": [],
                 "bounded read": [],
                 "first release": [],
                 "repeat release": [],
@@ -277,7 +278,7 @@ def main() -> None:
                 release(dag, monday, refresh=False)
             for round_ in range(args.rounds):
                 samples["baseline"].append(timed(lambda: plain_aggregate(engine, interval)))
-                samples["bounded SQL in the server"].append(
+                samples["bounded aggregate in SQL"].append(
                     timed(lambda: bounded_sql(engine, interval))
                 )
                 samples["bounded read"].append(timed(lambda: bounded_read(engine, interval)))
@@ -321,18 +322,22 @@ def report(samples: dict[str, list[float]], args: argparse.Namespace) -> None:
         f"rounds, load average {bench_operator.load_average()}"
     )
     print()
-    print("| what | median s | min-max s | ratio to the plain GROUP BY |")
-    print("|---|---|---|---|")
+    bounded = statistics.median(samples["bounded aggregate in SQL"])
+    print("| what | median s | min-max s | ratio to the plain GROUP BY | to the bounded SQL |")
+    print("|---|---|---|---|---|")
     for name, values in samples.items():
         middle = statistics.median(values)
         print(
-            f"| {name} | {middle:.2f} | {min(values):.2f}-{max(values):.2f} | {middle / base:.2f} |"
+            f"| {name} | {middle:.2f} | {min(values):.2f}-{max(values):.2f} "
+            f"| {middle / base:.2f} | {middle / bounded:.2f} |"
         )
-    ratio = statistics.median(samples["first release"]) / base
-    verdict = "met" if ratio <= GOAL_RATIO else "NOT met"
+    first = statistics.median(samples["first release"])
     print()
-    goal = f"whole first release <= {GOAL_RATIO:g}x the plain aggregate"
-    print(f"Goal ({goal}): {verdict} ({ratio:.1f}x).")
+    for against, median in (("the plain aggregate", base), ("the bounded aggregate", bounded)):
+        ratio = first / median
+        verdict = "met" if ratio <= GOAL_RATIO else "NOT met"
+        goal = f"whole first release <= {GOAL_RATIO:g}x {against} in SQL"
+        print(f"Goal ({goal}): {verdict} ({ratio:.1f}x).")
 
 
 if __name__ == "__main__":

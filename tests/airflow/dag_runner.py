@@ -32,6 +32,23 @@ def weekly():
 """
 
 
+def aggregate_dag(raw: str = "", **arguments: Any) -> str:
+    """The source of a weekly DAG whose one task, ``visits``, is a ``DPAggregateOperator``
+    with ``arguments`` (written as their reprs) and ``raw`` (arguments as source text, a
+    mechanism spec say)."""
+    written = "".join(f"        {name}={value!r},\n" for name, value in arguments.items())
+    extra = f"        {raw},\n" if raw else ""
+    return (
+        WEEKLY_DAG
+        + "\nfrom dp_budget_provider.operators.aggregate import DPAggregateOperator\n\n"
+        + "with weekly() as dag:\n"
+        + '    DPAggregateOperator(\n        task_id="visits",\n'
+        + written
+        + extra
+        + "    )\n"
+    )
+
+
 def ledger_connection(monkeypatch: Any, url: str, **extra: Any) -> None:
     """Point the default ledger connection at ``url`` (the documented env-var contract),
     pinning the tests' administrator key (``tests.admin``) unless ``extra`` says otherwise

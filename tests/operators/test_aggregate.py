@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import Pool
 
 from dp_budget_provider.ledger import Policy, key_for
-from tests.airflow.dag_runner import WEEKLY_DAG, load_dag, stored_xcom, task_states
+from tests.airflow.dag_runner import aggregate_dag, load_dag, stored_xcom, task_states
 from tests.scratch_postgres import source_engine
 
 pytestmark = pytest.mark.heavy  # long: xdist starts it first (tests/conftest.py)
@@ -47,26 +47,6 @@ TINY = 'mechanism={"kind": "gaussian", "noise_multiplier": 0.01}, granularity=1'
 SQL = (
     'SELECT person, "row", col, minutes FROM visits '
     "WHERE day >= :data_interval_start AND day < :data_interval_end"
-)
-DAG_SOURCE = (
-    WEEKLY_DAG.replace("{", "{{").replace("}", "}}")
-    + """
-from dp_budget_provider.operators.aggregate import DPAggregateOperator
-
-with weekly() as dag:
-    DPAggregateOperator(
-        task_id="visits",
-        conn_id="visits_db",
-        sql={sql!r},
-        privacy_unit="person",
-        group_by=["row", "col"],
-        domain={domain!r},
-        max_groups_per_unit={groups!r},
-        max_rows_per_group={rows!r},
-        query_type="visit_map",
-        {release},
-    )
-"""
 )
 
 
@@ -146,7 +126,17 @@ def huge_cap(ledger):
 
 
 def run(name: str, *, sql: str = SQL, groups: int = 2, rows: int = 2, release: str = TINY):
-    source = DAG_SOURCE.format(sql=sql, domain=DOMAIN, groups=groups, rows=rows, release=release)
+    source = aggregate_dag(
+        release,
+        conn_id="visits_db",
+        sql=sql,
+        privacy_unit="person",
+        group_by=["row", "col"],
+        domain=DOMAIN,
+        max_groups_per_unit=groups,
+        max_rows_per_group=rows,
+        query_type="visit_map",
+    )
     dag_run = load_dag(source, name=name).test(logical_date=MONDAY)
     return dag_run, task_states(dag_run)["visits"]
 

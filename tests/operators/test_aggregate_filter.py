@@ -29,7 +29,7 @@ from dp_budget_provider.accounting.release import NoisePlan
 from dp_budget_provider.ledger import BudgetCap, PrivacyBudgetLedger, ReleaseGate, key_for
 from tests.admin import ADMIN
 from tests.airflow.dag_runner import (
-    WEEKLY_DAG,
+    aggregate_dag,
     ledger_connection,
     load_dag,
     stored_xcom,
@@ -49,25 +49,16 @@ SQL = (
 )
 # z = 2 (eps 1.99 at delta 1e-5): one release fits the cap of 3 on an empty account, not
 # on an account the victim's release of the same noise has charged.
-DAG_SOURCE = (
-    WEEKLY_DAG.replace("{", "{{").replace("}", "}}")
-    + """
-from dp_budget_provider.operators.aggregate import DPAggregateOperator
-
-with weekly() as dag:
-    DPAggregateOperator(
-        task_id="visits",
-        conn_id="visits_db",
-        sql={sql!r},
-        privacy_unit="person",
-        group_by="cell",
-        domain=["a", "b"],
-        mechanism={{"kind": "gaussian", "noise_multiplier": 2.0}},
-        granularity=1,
-        query_type="visit_map",
-        on_exhausted="filter",
-    )
-"""
+DAG_SOURCE = aggregate_dag(
+    conn_id="visits_db",
+    sql=SQL,
+    privacy_unit="person",
+    group_by="cell",
+    domain=["a", "b"],
+    mechanism={"kind": "gaussian", "noise_multiplier": 2.0},
+    granularity=1,
+    query_type="visit_map",
+    on_exhausted="filter",
 )
 # The task's own log: the operator's logger and the task runner's (Airflow's first-run and
 # once-per-process messages, the DAG processor's and the hook's, are no run's output).
@@ -161,8 +152,7 @@ def probe(capfd) -> tuple[object, ...]:
     """Run the prober's DAG: what its task shows (state, receipt, XCom keys, its log with
     the random parts masked) and the noisy values."""
     capfd.readouterr()
-    source = DAG_SOURCE.format(sql=SQL)
-    dag_run = load_dag(source, name=f"visits_{uuid.uuid4().hex[:8]}").test(logical_date=MONDAY)
+    dag_run = load_dag(DAG_SOURCE, name=f"visits_{uuid.uuid4().hex[:8]}").test(logical_date=MONDAY)
     out, err = capfd.readouterr()
     receipt = dict(stored_xcom(dag_run, "visits", "dp_budget_receipt"))
     receipt.pop("reservation_id")
