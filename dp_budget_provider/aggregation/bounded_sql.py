@@ -190,9 +190,9 @@ class BoundedRows:
     of a unit yielded. A unit must be text or an integer: another type's text is not one
     id (``42`` and ``42.0`` are one SQL value and two ledger ids).
 
-    The rows are kept (24 bytes each, never the units' ids) so that the totals may leave
-    some units out (:meth:`totals_without`): a filtered release aggregates only the
-    units its reservation kept.
+    The rows are kept (24 bytes each, never the units' ids) as the release's entries
+    (:meth:`entries`): a filtered release totals only those of the units its reservation
+    kept.
     """
 
     def __init__(
@@ -209,6 +209,7 @@ class BoundedRows:
             execution_options={"stream_results": True, "yield_per": batch},
         )
         self._sum = query.valued
+        self._aggregate = query.aggregate
         self._cells = len(query.domain)
         self._unit_of = array("q")  # each row's unit, as its position among the units
         self._cell_of = array("q")
@@ -239,33 +240,47 @@ class BoundedRows:
 
     @property
     def totals(self) -> list[CellTotal]:
-        """Every cell of the domain, in its order (an empty cell: 0 rows), once read."""
-        return self.totals_without(None)
-
-    def totals_without(self, left_out: np.ndarray | None) -> list[CellTotal]:
-        """The totals of the units not ``left_out`` (a bool per unit, in the order they
-        were yielded; None: every unit), as if the others' rows had never been read. A
+        """Every cell of the domain, in its order (an empty cell: 0 rows), once read. A
         sum past the largest float is infinite: the release's rule clamps it, never an
         error that says so."""
-        if not self._done:
-            raise RuntimeError("the bounded rows have not been read to their end")
+        self._read()
         cells = np.frombuffer(self._cell_of, dtype=np.int64)
-        counted = np.frombuffer(self._kept_of, dtype=np.int64)
-        values = np.frombuffer(self._value_of, dtype=np.float64)
-        if left_out is not None:
-            if left_out.shape != (self.units,):
-                raise ValueError(f"left_out has {left_out.shape} flags for {self.units} units")
-            kept = ~left_out[np.frombuffer(self._unit_of, dtype=np.int64)]
-            cells, counted, values = cells[kept], counted[kept], values[kept]
-        # Exact integer counts (bincount's weights would add them as floats).
         rows = np.zeros(self._cells, dtype=np.int64)
-        np.add.at(rows, cells, counted)
+        np.add.at(rows, cells, self._kept())
         with np.errstate(over="ignore"):
-            sums = np.bincount(cells, weights=values, minlength=self._cells)
+            sums = np.bincount(cells, weights=self._values(), minlength=self._cells)
         return [
             CellTotal(int(count), float(total) if self._sum else None)
             for count, total in zip(rows, sums, strict=True)
         ]
+
+    def entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What each unit contributes to each value of the answer, once read: (the
+        contributing unit's position, the value's position, the amount) per entry. The
+        answer is the domain's counts (a count), sums (a sum), or sums then counts (a
+        mean)."""
+        self._read()
+        unit_of = np.frombuffer(self._unit_of, dtype=np.int64)
+        cells = np.frombuffer(self._cell_of, dtype=np.int64)
+        if self._aggregate == "count":
+            return unit_of, cells, self._kept().astype(np.float64)
+        if self._aggregate == "sum":
+            return unit_of, cells, self._values()
+        return (
+            np.concatenate([unit_of, unit_of]),
+            np.concatenate([cells, cells + self._cells]),
+            np.concatenate([self._values(), self._kept().astype(np.float64)]),
+        )
+
+    def _read(self) -> None:
+        if not self._done:
+            raise RuntimeError("the bounded rows have not been read to their end")
+
+    def _kept(self) -> np.ndarray:
+        return np.frombuffer(self._kept_of, dtype=np.int64)
+
+    def _values(self) -> np.ndarray:
+        return np.frombuffer(self._value_of, dtype=np.float64)
 
 
 _NONE = object()

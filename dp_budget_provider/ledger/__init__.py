@@ -47,6 +47,7 @@ from dp_budget_provider.ledger.records import (
     SpendReceipt,
     VerifyReport,
 )
+from dp_budget_provider.ledger.releases.filtering import ContributionTable, unit_digest
 from dp_budget_provider.ledger.releases.guarantee import CohortSizeBucket, ReleaseGuarantee
 from dp_budget_provider.ledger.releases.identity import (
     ReleaseIdentity,
@@ -127,6 +128,7 @@ __all__ = [
     "WindowCalendar",
     "WindowClosed",
     "WindowSealed",
+    "ContributionTable",
     "canonical_subject_ids",
     "covered_by",
     "display_window",
@@ -140,6 +142,7 @@ __all__ = [
     "query_digest",
     "subject_ids",
     "subjects_in",
+    "unit_digest",
     "verify_and_checkpoint",
     "window_bounds",
 ]

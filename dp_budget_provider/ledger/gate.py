@@ -15,7 +15,10 @@ needs, and each answer depends only on the release itself:
 * ``commit`` returns a :class:`ReleaseReceipt`: the release's own cost, mechanism, cap
   and size, never an account's spend;
 * ``fits`` is the one bit a sensor needs (the refused-or-granted bit: it still leaks
-  with enough questions; shares per principal and individual filtering remove it).
+  with enough questions; shares per principal and individual filtering remove it);
+* a filtered reservation (individual filtering, :mod:`~.releases.filtering`) is the
+  release service's alone: the subjects it leaves out never leave the service, and it
+  is never given back.
 
 A deployment where every DAG author may see all budget state opens the gate with
 ``exposed=True`` (``[dp_budget] expose_budget_state``): refusals then carry their
@@ -86,9 +89,9 @@ class GrantedRelease:
     """A granted reservation as a task holds it: its id and lease, not its accounts.
 
     ``subjects`` and ``windows`` are the release's own, as it asked for them (a filtered
-    release's too, whoever it left out); ``left_out``, of a filtered release, the
-    canonical ids of the subjects it leaves out, for the code that reads the data alone
-    (never shown: see :meth:`ReleaseGate.reserve`).
+    release's too, whoever it left out). Of a filtered release the grant holds the
+    subjects left out only for the release service, which totals the release's
+    contribution table without them (:func:`~.releases.service.make_release`).
     """
 
     id: str
@@ -99,7 +102,8 @@ class GrantedRelease:
     lease_expires_at: str | None
     scope: tuple[str, str]
     _reservation: Reservation = field(repr=False, compare=False)
-    left_out: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
+    # None: not filtered. A filtered grant is always committed (``release`` refuses it).
+    _left_out: frozenset[str] | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -300,34 +304,37 @@ class ReleaseGate:
             return False
 
     def reserve(
-        self,
-        keys: Covered,
-        mechanism: Mechanism,
-        count: int = 1,
-        *,
-        attempt: str,
-        filtering: bool = False,
+        self, keys: Covered, mechanism: Mechanism, count: int = 1, *, attempt: str
     ) -> GrantedRelease:
         """Reserve the release's cost on ``keys``, or raise :class:`ReleaseRefused`. A
         gate held by a DAG's task reserves only as that DAG (its ``attempt`` names it):
-        which share pays is the DAG's.
+        which share pays is the DAG's."""
+        return self._granted(
+            keys, attempt, lambda: self._ledger.reserve(keys, mechanism, count, attempt=attempt)
+        )
 
-        With ``filtering`` (``keys``: one registered cohort in each window) no subject's
-        budget refuses the release: the subjects that cannot afford it are left out
-        (:mod:`~dp_budget_provider.ledger.releases.filtering`) and named only in the
-        grant's ``left_out``, for the code reading the data; the grant, its receipt and
-        every message say what they would say had no one been left out.
-        """
+    def _reserve_filtering(
+        self, keys: Covered, mechanism: Mechanism, count: int = 1, *, attempt: str
+    ) -> GrantedRelease:
+        """A filtered reservation, for the release service alone (``make_release`` with a
+        contribution table): no subject's budget refuses it, the subjects that cannot
+        afford it are left out (:mod:`~.releases.filtering`), and the grant says nothing
+        of them but to the service, which totals the table without them, adds the noise
+        and commits at once. Not a method a task calls: the set left out is what
+        filtering hides, and a filtered grant is never given back (:meth:`release`)."""
+
+        def reserved() -> tuple[Reservation, frozenset[str]]:
+            return self._ledger.reserve_admitting(keys, mechanism, count, attempt=attempt)
+
+        return self._granted(keys, attempt, reserved, filtering=True)
+
+    def _granted(
+        self, keys: Covered, attempt: str, reserve: Callable[[], Any], *, filtering: bool = False
+    ) -> GrantedRelease:
+        """The grant of ``reserve()`` as the release asked for it (refusals sealed)."""
         self._as_own_dag(attempt)
-        left_out: frozenset[str] = frozenset()
-        if filtering:
-            reservation, left_out = self._refusing(
-                lambda: self._ledger.reserve_admitting(keys, mechanism, count, attempt=attempt)
-            )
-        else:
-            reservation = self._refusing(
-                lambda: self._ledger.reserve(keys, mechanism, count, attempt=attempt)
-            )
+        made = self._refusing(reserve)
+        reservation, left_out = made if filtering else (made, None)
         ordered, cohorts = covered(keys)
         asked = [*ordered, *cohorts]
         return GrantedRelease(
@@ -368,7 +375,9 @@ class ReleaseGate:
             self.own(keep[0])
             kept = Keep.of(keep[0], keep[1], released.as_dict())
         receipts = self._refusing(lambda: self._ledger.commit(granted._reservation, kept))
-        shares = [r for r in receipts if parse_share(r.key.query_type) is not None]
+        # A filtered release's share accounts are those of the subjects it kept: who.
+        filtered = granted._left_out is not None
+        shares = [r for r in receipts if parse_share(r.key.query_type) is not None and not filtered]
         named = None
         if self.exposed and receipts:
             named = self._ledger.subject_of(max(receipts, key=lambda r: r.fraction).key)
@@ -414,7 +423,11 @@ class ReleaseGate:
             )
 
     def release(self, granted: GrantedRelease, reason: str = "") -> None:
-        """Give the reservation back: the data was never touched."""
+        """Give the reservation back: the data was never touched. A filtered reservation
+        is never given back (ValueError): it is committed, or reaped as charged, so that
+        a filter's answer is never had for nothing."""
+        if granted._left_out is not None:
+            raise ValueError("a filtered reservation is committed, never given back")
         self._ledger.release(granted._reservation, reason)
 
     def renew(self, granted: GrantedRelease) -> datetime:

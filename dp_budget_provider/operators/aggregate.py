@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
-from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any
@@ -49,7 +47,13 @@ from dp_budget_provider.accounting.error_bars import (
 )
 from dp_budget_provider.accounting.release import NoisePlan
 from dp_budget_provider.aggregation import Aggregate, BoundedQuery, BoundedRows, ContributionBounds
-from dp_budget_provider.ledger import ReleaseGate, canonical_subject_ids, covered_by
+from dp_budget_provider.ledger import (
+    ContributionTable,
+    ReleaseGate,
+    canonical_subject_ids,
+    covered_by,
+    unit_digest,
+)
 from dp_budget_provider.operators.release import (
     ON_EXHAUSTED,
     ReleaseSource,
@@ -226,8 +230,8 @@ class DPAggregateOperator(ReleasingOperator):
                         "column canonical in the query"
                     )
                 self.log.info("the bounded query's units are registered as the cohort charged")
-                answer = _ExactAnswer(query, rows, units)
-                yield ReleaseSource(keys, answer, answer.leave_out if units else None)
+                table = _table(query, rows, units)
+                yield ReleaseSource(keys, table if units is not None else table.totals)
         finally:
             engine.dispose()
 
@@ -276,17 +280,13 @@ def _with_bars(values: np.ndarray, bars: ErrorBars) -> dict[str, list[Any]]:
 
 class _CanonicalUnits:
     """A filtered release's units on their way to the ledger, passed on as they stream,
-    each kept as an 8-byte digest of the ledger's canonical form of its id (never the id
-    itself): what finds the units a reservation left out among the rows read.
-
-    A digest two ids share leaves both out when one is: more is left out than need be,
-    never less (a unit left out is charged nothing and its rows are never counted).
-    """
+    each kept as the ledger's :func:`unit_digest` of its canonical id (never the id): the
+    names by which the release's contribution table lets the ledger leave units out."""
 
     def __init__(self, units: Iterable[str], batch: int = 10_000) -> None:
         self._units = units
         self._batch = batch
-        self._digests = array("Q")
+        self._digests: list[bytes] = []
 
     def __iter__(self) -> Iterator[str]:
         batch: list[str] = []
@@ -299,49 +299,23 @@ class _CanonicalUnits:
 
     def _digested(self, batch: list[str]) -> list[str]:
         if batch:
-            self._digests.extend(map(_digest, canonical_subject_ids(batch)))
+            self._digests.extend(map(unit_digest, canonical_subject_ids(batch)))
         return batch
 
-    def left_out(self, ids: frozenset[str]) -> np.ndarray:
-        """A flag per unit, in the order they streamed: whether the reservation left it out."""
-        wanted = np.fromiter(map(_digest, ids), dtype=np.uint64, count=len(ids))
-        return np.isin(np.frombuffer(self._digests, dtype=np.uint64), wanted)
+    def digests(self) -> np.ndarray:
+        return np.array(self._digests, dtype="S16")
 
 
-def _digest(canonical: str) -> int:
-    return int.from_bytes(hashlib.blake2b(canonical.encode(), digest_size=8).digest(), "little")
-
-
-class _ExactAnswer:
-    """The cells' bounded totals, in domain order (counts as integers, sums as floats, a
-    mean's sums then its counts: one vector, one release); of a filtered release, over
-    the units its reservation kept alone, and refused until the reservation has said
-    which those are."""
-
-    def __init__(
-        self, query: BoundedQuery, rows: BoundedRows, units: _CanonicalUnits | None
-    ) -> None:
-        self._query = query
-        self._rows = rows
-        self._units = units
-        self._left_out: np.ndarray | None = None
-
-    def leave_out(self, ids: frozenset[str]) -> None:
-        """What the reservation left out (ids canonical): never counted."""
-        if self._units is None:
-            raise RuntimeError("only a filtered release leaves units out")
-        self._left_out = self._units.left_out(ids)
-
-    def __call__(self) -> np.ndarray:
-        if self._units is not None and self._left_out is None:
-            raise RuntimeError("a filtered release computed its answer before its filter ran")
-        totals = self._rows.totals_without(self._left_out)
-        counts = [cell.rows for cell in totals]
-        if self._query.aggregate == "count":
-            return np.array(counts, dtype=np.int64)
-        sums = [cell.total for cell in totals]
-        aggregate = self._query.aggregate
-        return np.array(sums + counts if aggregate == "mean" else sums, dtype=np.float64)
+def _table(
+    query: BoundedQuery, rows: BoundedRows, units: _CanonicalUnits | None
+) -> ContributionTable:
+    """The release's contribution table from the rows read: its units named by digest
+    where it is filtered (else nameless: nobody is left out), its answer the domain's
+    counts as integers, sums as floats, or a mean's sums then its counts."""
+    names = units.digests() if units is not None else np.zeros(rows.units, dtype="S16")
+    unit_of, index, amount = rows.entries()
+    size = len(query.domain) * (2 if query.aggregate == "mean" else 1)
+    return ContributionTable(names, unit_of, index, amount, size, query.aggregate == "count")
 
 
 def _engine_of(conn_id: str) -> sa.Engine:

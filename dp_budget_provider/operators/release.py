@@ -57,6 +57,7 @@ from dp_budget_provider.hooks.dp_budget import DPBudgetHook
 from dp_budget_provider.hooks.maintenance import warn_overdue_maintenance
 from dp_budget_provider.ledger import (
     CohortKeys,
+    ContributionTable,
     DeclaredRelease,
     LedgerKey,
     ReleaseGate,
@@ -126,14 +127,13 @@ def refreshing(refresh: bool | str) -> bool:
 
 @dataclass(frozen=True)
 class ReleaseSource:
-    """Where a release's exact answer comes from: the keys it charges, the function
-    computing the answer (run once reserved), and for a filtered release the function
-    told which subjects the reservation left out before the answer is computed (see
-    ``make_release``)."""
+    """Where a release's exact answer comes from: the keys it charges, and the function
+    computing the answer (run once reserved), or for a filtered release the table of
+    what each unit contributes, which the release service totals without the units its
+    reservation leaves out (see ``make_release``)."""
 
     keys: list[LedgerKey] | list[CohortKeys]
-    answer: Callable[[], Any]
-    leave_out: Callable[[frozenset[str]], None] | None = None
+    answer: Callable[[], Any] | ContributionTable
 
 
 class ReleasingOperator(BaseOperator):
@@ -281,7 +281,6 @@ class ReleasingOperator(BaseOperator):
                 log=self.log,
                 slot=self._slot(context),
                 refresh=refresh,
-                leave_out=source.leave_out,
             )
         self._guarantee = ReleaseGuarantee.of(outcome, keys, gate.delta)
         summary = outcome.summary

@@ -25,9 +25,14 @@ committed all the same, so that nothing the release's task sees says so.
 
 from __future__ import annotations
 
+import hashlib
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from fractions import Fraction
+
+import numpy as np
 
 from dp_budget_provider.ledger.accounts import classes
 from dp_budget_provider.ledger.accounts.classes import Cohort, CohortKeys
@@ -45,6 +50,106 @@ from dp_budget_provider.ledger.windows.policy_store import (
     policy_of_scope,
 )
 from dp_budget_provider.ledger.windows.shares import dag_of
+
+
+def unit_digest(canonical: str) -> bytes:
+    """A unit's id as a :class:`ContributionTable` names it: 16 bytes of BLAKE2b of its
+    canonical form (the ledger's, :func:`~.keys.canonical_subject_ids`), never the id."""
+    return hashlib.blake2b(canonical.encode(), digest_size=16).digest()
+
+
+@dataclass(frozen=True, eq=False)
+class ContributionTable:
+    """What each unit of a filtered release contributes to each value of its answer, as
+    plain arrays: the release's answer is the sum of the entries of the units kept.
+
+    ``units`` holds one :func:`unit_digest` per unit; entry ``i`` adds ``amount[i]`` to
+    value ``index[i]`` of an answer of ``size`` values on behalf of unit ``unit_of[i]``.
+    The release service totals it over the units the reservation kept, inside the
+    release, and adds the noise at once: neither the units left out nor the exact totals
+    ever reach the caller. Before anything is reserved it checks that no unit moves the
+    answer by more than the sensitivity the release declares (:meth:`check_moves`), so a
+    table made by hand can charge no less than what it releases.
+    """
+
+    units: np.ndarray
+    unit_of: np.ndarray
+    index: np.ndarray
+    amount: np.ndarray
+    size: int
+    integer: bool = False
+
+    def __post_init__(self) -> None:
+        entries = len(self.unit_of)
+        if not (len(self.index) == len(self.amount) == entries):
+            raise ValueError("a contribution table's entry arrays differ in length")
+        if self.units.dtype != np.dtype("S16") or self.units.ndim != 1:
+            raise ValueError("a contribution table names its units by 16-byte digests")
+        if entries and (
+            self.unit_of.min() < 0
+            or self.unit_of.max() >= len(self.units)
+            or self.index.min() < 0
+            or self.index.max() >= self.size
+        ):
+            raise ValueError("a contribution table's entry names no unit or no value")
+        if not np.isfinite(self.amount).all():
+            raise ValueError("a contribution table's amounts must be finite")
+        if self.integer and not (
+            np.array_equal(self.amount, np.round(self.amount))
+            and float(np.abs(self.amount).sum()) < 2.0**52
+        ):
+            raise ValueError("an integer contribution table's amounts must be whole numbers")
+
+    def totals(self, left_out: frozenset[str] = frozenset()) -> np.ndarray:
+        """The answer over the units not ``left_out`` (canonical ids), as if the others'
+        entries had never been read: integers for an integer answer."""
+        kept = np.ones(len(self.units), dtype=bool)
+        if left_out:
+            wanted = np.array([unit_digest(unit) for unit in left_out], dtype="S16")
+            kept = ~np.isin(self.units, wanted)
+        entries = kept[self.unit_of]
+        index, amount = self.index[entries], self.amount[entries]
+        if self.integer:
+            counts = np.zeros(self.size, dtype=np.int64)
+            np.add.at(counts, index, amount.astype(np.int64))
+            return counts
+        with np.errstate(over="ignore"):
+            return np.bincount(index, weights=amount, minlength=self.size)
+
+    def check_moves(self, l1: float | None, l2: float | None) -> None:
+        """Refuse (ValueError) a table one of whose units moves the answer by more than
+        ``l1`` (the sum of its moves' magnitudes) or ``l2`` (their Euclidean norm), each
+        compared exactly. An integer table's sums are exact in floats; otherwise a unit
+        the float sums cannot decide (within a relative ``4 * entries`` ulps of the bound)
+        is summed again in rationals from its own entries."""
+        if not len(self.unit_of):
+            return
+        pairs, where = np.unique(self.unit_of * self.size + self.index, return_inverse=True)
+        moves = np.bincount(where, weights=self.amount)  # one per (unit, value) moved
+        owner = pairs // self.size
+        by_unit = np.argsort(self.unit_of, kind="stable")
+        starts = np.searchsorted(self.unit_of[by_unit], np.arange(len(self.units) + 1))
+        slack = 4 * max(len(self.unit_of), self.size) * 2.0**-53
+        for name, bound, power in (("L1", l1, 1), ("L2", l2, 2)):
+            if bound is None:
+                continue
+            sized = np.abs(moves) if power == 1 else moves * moves
+            per_unit = np.bincount(owner, weights=sized, minlength=len(self.units))
+            limit = Fraction(bound) ** power
+            if self.integer:  # exact integers: compare with the bound's floor, exactly
+                doubtful = per_unit > math.floor(limit)
+            else:
+                doubtful = per_unit * (1 + slack) > float(limit) * (1 - slack)
+            for unit in np.flatnonzero(doubtful):
+                exact: dict[int, Fraction] = {}
+                for entry in by_unit[starts[unit] : starts[unit + 1]]:
+                    at = int(self.index[entry])
+                    exact[at] = exact.get(at, Fraction(0)) + Fraction(float(self.amount[entry]))
+                if sum(abs(move) ** power for move in exact.values()) > limit:
+                    raise ValueError(
+                        "a unit of the contribution table moves the answer by more than the "
+                        f"sensitivity declared ({name} {bound:g})"
+                    )
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ from dp_budget_provider.ledger.gate import (
     ReleaseReceipt,
     ReleaseRefused,
 )
+from dp_budget_provider.ledger.releases.filtering import ContributionTable
 from dp_budget_provider.ledger.releases.identity import ReleaseIdentity, ReleaseSlot
 from dp_budget_provider.ledger.releases.stored import MAX_STORED_BYTES
 
@@ -221,22 +222,23 @@ def make_release(
     gate: ReleaseGate,
     declared: DeclaredRelease,
     keys: Covered,
-    compute: Callable[[], Any],
+    compute: Callable[[], Any] | ContributionTable,
     *,
     attempt: str,
     log: logging.Logger | logging.LoggerAdapter[Any],
     slot: ReleaseSlot | None = None,
     refresh: bool = False,
-    leave_out: Callable[[frozenset[str]], None] | None = None,
 ) -> ReleaseOutcome:
     """Reserve ``declared`` on ``keys`` (a list, read twice on a refusal) as ``attempt``,
     run ``compute`` (the exact, clipped answer), add the noise and commit; the outcome
     says which of these happened.
 
-    With ``leave_out`` the release is filtered (``keys``: one registered cohort in each
-    window): the reservation leaves out the subjects that cannot afford it, and
-    ``leave_out`` is told their canonical ids before ``compute`` runs, which must then
-    compute over the others' data alone. Nothing in the outcome says who or how many.
+    ``compute`` a :class:`ContributionTable` (what each unit contributes, read before;
+    ``keys``: the units' registered cohort in each window) makes the release *filtered*:
+    the subjects that cannot afford it are left out of the reservation, the table is
+    totalled without them and noised here, and nothing in the outcome says who or how
+    many. A table whose units move the answer by more than the declared sensitivity is
+    invalid before anything is reserved.
 
     Once ``compute`` has started the attempt is charged whatever happens next (the commit
     runs on success and on any failure alike), and the noise is added at most once.
@@ -248,6 +250,14 @@ def make_release(
     except ValueError as error:  # a release no noise fits: the same on every attempt
         return ReleaseOutcome(ReleaseResult.invalid, error=error)
     plan = declared.plan(mechanism)
+    table = compute if isinstance(compute, ContributionTable) else None
+    if table is not None:
+        try:
+            if type(table) is not ContributionTable:  # its totals are the service's own
+                raise ValueError("a filtered release's table is a ContributionTable itself")
+            table.check_moves(declared.l1_sensitivity, declared.l2_sensitivity)
+        except ValueError as error:
+            return ReleaseOutcome(ReleaseResult.invalid, plan, error=error)
     identity = None
     if slot is not None:
         try:
@@ -266,9 +276,8 @@ def make_release(
             if reused is not None:
                 return reused
     try:
-        granted = gate.reserve(
-            keys, plan.charged, declared.count, attempt=attempt, filtering=leave_out is not None
-        )
+        reserve = gate.reserve if table is None else gate._reserve_filtering
+        granted = reserve(keys, plan.charged, declared.count, attempt=attempt)
     except ValueError as error:  # bad keys or windows
         return ReleaseOutcome(ReleaseResult.invalid, plan, error=error)
     except ReleaseRefused as refusal:
@@ -283,9 +292,10 @@ def make_release(
     )
     try:
         with gate.keep_alive(granted, log):
-            if leave_out is not None:
-                leave_out(granted.left_out)
-            value = plan.add_noise(compute())
+            if table is not None:
+                value = plan.add_noise(table.totals(granted._left_out or frozenset()))
+            else:
+                value = plan.add_noise(compute())  # type: ignore[operator]
     except BaseException as error:
         # The data was touched: charged whatever ended the attempt (a timeout included),
         # and the receipt says so. Committed inside the handler, so that an error of the

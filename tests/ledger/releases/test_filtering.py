@@ -1,23 +1,35 @@
-"""Individual filtering (``reserve(..., filtering=True)``) on both backends: the subjects
-that cannot afford a release are left out and charged nothing, the others are charged,
-the grant and its receipt read as they would had nobody been left out, a release that
-leaves everyone out is still reserved and committed, and ``verify`` proves the history.
-A cap checked on the reported epsilon (no privacy filter) refuses filtering."""
+"""Individual filtering on both backends, through the release service (``make_release``
+with a ``ContributionTable``): the subjects that cannot afford a release are left out of
+its answer and charged nothing, the others are charged, the receipt reads as it would had
+nobody been left out, a release that leaves everyone out is still reserved and committed,
+and ``verify`` proves the history. Refused before anything is written: a cap checked on
+the reported epsilon (no privacy filter), a release no empty account affords, a table
+whose units move the answer by more than the declared sensitivity, a table of another
+type, and a window no charge may take (whoever would be kept). A filtered reservation is
+never given back."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from datetime import timedelta
 
+import numpy as np
 import pytest
 
 from dp_budget_provider.accounting import GaussianMechanism
+from dp_budget_provider.accounting.answer_rule import AnswerRule
+from dp_budget_provider.accounting.release import NoisePlan
 from dp_budget_provider.ledger import (
     BudgetCap,
+    ContributionTable,
+    DeclaredRelease,
     PrivacyBudgetLedger,
     ReleaseGate,
-    ReleaseRefused,
+    ReleaseResult,
     key_for,
+    make_release,
+    unit_digest,
     window_bounds,
 )
 from dp_budget_provider.ledger.windows.policy import DEFAULT_GRACE, Policy
@@ -28,9 +40,10 @@ DELTA = 1e-5
 WINDOW = "2026-w28"
 LEDGER_WINDOWS = (WINDOW,)
 PEOPLE = [f"p{i}" for i in range(10)]
-# z = 2 costs eps 1.99 at delta 1e-5: one fits a cap of 3, two do not.
-BIG = GaussianMechanism(2.0)
-SMALL = GaussianMechanism(50.0)
+LOG = logging.getLogger("tests.filtering")
+# A count on the lattice of integers: z = 2 is charged rho = 1/8 (eps 2.17 at delta 1e-5),
+# one fits a cap of 3 on an empty account, two do not; z = 50 costs next to nothing.
+BIG, SMALL = 2.0, 50.0
 
 
 @pytest.fixture
@@ -40,105 +53,165 @@ def ledger(ledger_url):
     ledger.close()
 
 
-def release(gate: ReleaseGate, people, mechanism, attempt: str, *, query_type="heatmap"):
-    """Reserve over ``people`` (filtered) and commit: the grant and the receipt."""
-    cohort = gate.cohort(people)
-    granted = gate.reserve(
-        [cohort.in_window(query_type, WINDOW)], mechanism, attempt=attempt, filtering=True
+@pytest.fixture
+def exact(monkeypatch) -> list[list[int]]:
+    """The exact answer of every release, as the noise is added to it."""
+    seen: list[list[int]] = []
+    noisy_array = NoisePlan.noisy_array
+
+    def spy(plan, answer, **kwargs):
+        seen.append(np.asarray(answer).tolist())
+        return noisy_array(plan, answer, **kwargs)
+
+    monkeypatch.setattr(NoisePlan, "noisy_array", spy)
+    return seen
+
+
+def table(people: list[str], amount: float = 1.0) -> ContributionTable:
+    """Each person adds ``amount`` to the one value of a count."""
+    units = np.array([unit_digest(person) for person in people], dtype="S16")
+    count = len(people)
+    return ContributionTable(
+        units, np.arange(count), np.zeros(count, dtype=np.int64), np.full(count, amount), 1, True
     )
-    return granted, gate.commit(granted)
+
+
+def release(gate: ReleaseGate, people, z: float, attempt: str, query_type="heatmap", **given):
+    """A filtered count over ``people`` (each adds 1), as ``attempt``: the outcome."""
+    cohort = gate.cohort(people)
+    declared = DeclaredRelease(
+        {"kind": "gaussian", "noise_multiplier": z},
+        "default",
+        query_type,
+        l2_sensitivity=1.0,
+        granularity=1.0,
+        rule=AnswerRule(cells=1, integer=True),
+    )
+    keys = given.pop("keys", [cohort.in_window(query_type, WINDOW)])
+    made = given.pop("table", table(people))
+    return make_release(gate, declared, keys, made, attempt=attempt, log=LOG, **given)
 
 
 def spent(ledger, person: str, query_type: str = "heatmap") -> float:
     return ledger.epsilon_of(key_for(person, query_type, WINDOW))
 
 
-def test_subjects_without_budget_are_left_out_and_charged_nothing(ledger):
+def test_subjects_without_budget_are_left_out_and_charged_nothing(ledger, exact):
     gate = ReleaseGate(ledger)
     release(gate, PEOPLE[:3], BIG, "d/t/r/0/1/a")  # p0..p2 cannot afford another
     exhausted = spent(ledger, "p0")
-    granted, receipt = release(gate, PEOPLE, BIG, "d/t/r/0/1/b")
-    assert granted.left_out == {"p0", "p1", "p2"}
+    outcome = release(gate, PEOPLE, BIG, "d/t/r/0/1/b")
+    assert outcome.result is ReleaseResult.released
+    assert exact == [[3], [7]]  # the second counts p3..p9 alone
     assert [spent(ledger, p) for p in PEOPLE[:3]] == [exhausted] * 3
-    assert all(spent(ledger, p) == pytest.approx(1.993, abs=1e-3) for p in PEOPLE[3:])
-    assert receipt.subjects == 10 and receipt.windows == (WINDOW,)
+    assert {spent(ledger, p) for p in PEOPLE[3:]} == {gate.cost_alone(outcome.plan.charged)}
+    assert outcome.receipt.subjects == 10 and outcome.receipt.windows == (WINDOW,)
     report = ledger.verify(quarantine=False)
     assert report.ok, report.problems
 
 
-def test_the_grant_and_receipt_say_nothing_of_who_or_how_many(make_ledger, ledger_url, tmp_path):
+def test_the_receipt_says_nothing_of_who_or_how_many(make_ledger, ledger_url, tmp_path):
     """The same release in a world where three of its subjects are exhausted by another
     DAG and in one where nobody is: the task is told the same (but the reservation id)."""
 
-    def told(url: str, exhaust: bool) -> tuple[object, ...]:
+    def told(url: str, exhaust: bool) -> object:
         ledger = make_ledger(BudgetCap(3.0, DELTA), url=url, admin=ADMIN)
         if exhaust:
             release(ReleaseGate(ledger, dag="other"), PEOPLE[:3], BIG, "other/t/r/0/1/x")
-        gate = ReleaseGate(ledger, dag="mine")
-        granted, receipt = release(gate, PEOPLE, SMALL, "mine/t/r/0/1/y")
-        seen = dataclasses.replace(receipt, reservation_id="-")
-        return (granted.subjects, granted.windows, granted.mechanism, granted.count, seen)
+        outcome = release(ReleaseGate(ledger, dag="mine"), PEOPLE, SMALL, "mine/t/r/0/1/y")
+        return outcome.result, dataclasses.replace(outcome.receipt, reservation_id="-")
 
     other = f"sqlite:///{tmp_path / 'other.db'}"
     assert told(ledger_url, True) == told(other, False)
 
 
-def test_a_release_that_leaves_everyone_out_is_reserved_and_committed(ledger):
+def test_a_release_that_leaves_everyone_out_is_reserved_and_committed(ledger, exact):
     gate = ReleaseGate(ledger)
     release(gate, PEOPLE, BIG, "d/t/r/0/1/a")
     before = {p: spent(ledger, p) for p in PEOPLE}
-    granted, receipt = release(gate, PEOPLE, BIG, "d/t/r/0/1/b")
-    assert granted.left_out == set(PEOPLE)
-    assert receipt.subjects == 10 and receipt.epsilon == pytest.approx(1.993, abs=1e-3)
+    outcome = release(gate, PEOPLE, BIG, "d/t/r/0/1/b")
+    assert outcome.result is ReleaseResult.released and exact[-1] == [0]
+    assert outcome.receipt.subjects == 10
     assert {p: spent(ledger, p) for p in PEOPLE} == before
     assert ledger.verify(quarantine=False).ok
 
 
-def test_a_subject_exhausted_at_a_wider_scope_is_left_out(ledger):
+def test_a_subject_exhausted_at_a_wider_scope_is_left_out(ledger, exact):
     ledger.set_policy(Policy(3.0, across="query_types"))
     gate = ReleaseGate(ledger)
     release(gate, PEOPLE[:2], BIG, "d/t/r/0/1/a", query_type="counts")
-    # p0, p1 hold 1.99 across query types: another passes the cap of 3 there, not in heatmap.
-    granted, _ = release(gate, PEOPLE, BIG, "d/t/r/0/1/b")
-    assert granted.left_out == {"p0", "p1"}
+    # p0, p1 hold a release across query types: another passes the cap of 3 there, not
+    # in heatmap, where they have none.
+    release(gate, PEOPLE, BIG, "d/t/r/0/1/b")
+    assert exact[-1] == [8]
     assert spent(ledger, "p0") == 0.0 and spent(ledger, "p2") > 0
     assert ledger.verify(quarantine=False).ok
 
 
-def test_filtering_on_a_cap_checked_on_the_reported_epsilon_is_refused(make_ledger, ledger_url):
+def invalid(ledger, outcome, before, match: str) -> None:
+    assert outcome.result is ReleaseResult.invalid, outcome
+    assert match in str(outcome.error)
+    assert ledger.history() == before
+
+
+def test_filtering_on_a_cap_checked_on_the_reported_epsilon_is_invalid(make_ledger, ledger_url):
     ledger = make_ledger(
         BudgetCap(3.0, DELTA, filter_order="reported"), url=ledger_url, admin=ADMIN
     )
     gate = ReleaseGate(ledger)
-    cohort = gate.cohort(PEOPLE)
+    gate.cohort(PEOPLE)
     before = ledger.history()
-    with pytest.raises(ValueError, match="fixed Renyi order"):
-        gate.reserve(
-            [cohort.in_window("heatmap", WINDOW)], SMALL, attempt="d/t/r/0/1/a", filtering=True
-        )
-    assert ledger.history() == before
+    invalid(ledger, release(gate, PEOPLE, SMALL, "d/t/r/0/1/a"), before, "fixed Renyi order")
 
 
-def test_a_release_no_empty_account_affords_is_refused_before_anything_is_written(ledger):
+def test_a_release_no_empty_account_affords_is_invalid(ledger):
     gate = ReleaseGate(ledger)
-    cohort = gate.cohort(PEOPLE)
+    gate.cohort(PEOPLE)
     before = ledger.history()
-    with pytest.raises(ValueError, match="no subject could afford it"):
-        gate.reserve(
-            [cohort.in_window("heatmap", WINDOW)],
-            GaussianMechanism(0.5),
-            attempt="d/t/r/0/1/a",
-            filtering=True,
-        )
-    assert ledger.history() == before
+    invalid(ledger, release(gate, PEOPLE, 0.5, "d/t/r/0/1/a"), before, "no subject could afford")
+
+
+def test_a_table_moving_more_than_declared_or_of_another_type_is_invalid(ledger):
+    """A table made by hand charges what it releases: a unit adding 2 to a count declared
+    at sensitivity 1 is refused, and so is a subclass, whose totals are not the
+    service's own."""
+    gate = ReleaseGate(ledger)
+    gate.cohort(PEOPLE)
+    before = ledger.history()
+    invalid(
+        ledger,
+        release(gate, PEOPLE, SMALL, "d/t/r/0/1/a", table=table(PEOPLE, 2.0)),
+        before,
+        "more than the sensitivity declared",
+    )
+
+    class Sly(ContributionTable):
+        pass
+
+    plain = table(PEOPLE)
+    sly = Sly(plain.units, plain.unit_of, plain.index, plain.amount, 1, True)
+    invalid(ledger, release(gate, PEOPLE, SMALL, "d/t/r/0/1/b", table=sly), before, "itself")
 
 
 def test_only_a_registered_cohort_is_filtered(ledger):
     gate = ReleaseGate(ledger)
-    with pytest.raises(ValueError, match="one registered cohort"):
-        gate.reserve(
-            [key_for("p0", "heatmap", WINDOW)], SMALL, attempt="d/t/r/0/1/a", filtering=True
-        )
+    before = ledger.history()
+    keys = [key_for(p, "heatmap", WINDOW) for p in PEOPLE]
+    outcome = release(gate, PEOPLE, SMALL, "d/t/r/0/1/a", keys=keys)
+    invalid(ledger, outcome, before, "one registered cohort")
+
+
+def test_a_filtered_reservation_is_never_given_back(ledger):
+    gate = ReleaseGate(ledger)
+    cohort = gate.cohort(PEOPLE)
+    granted = gate._reserve_filtering(
+        [cohort.in_window("heatmap", WINDOW)],
+        GaussianMechanism(SMALL),
+        attempt="d/t/r/0/1/a",
+    )
+    with pytest.raises(ValueError, match="never given back"):
+        gate.release(granted)
+    assert len(ledger.open_reservations()) == 1
 
 
 @pytest.mark.parametrize("exhausted", [PEOPLE[:3], PEOPLE], ids=["some-kept", "none-kept"])
@@ -149,10 +222,7 @@ def test_a_closed_window_refuses_whoever_would_be_kept(ledger, monkeypatch, exha
     gate = ReleaseGate(ledger)
     release(gate, exhausted, BIG, "d/t/r/0/1/a")
     ledger_time_at(monkeypatch, window_bounds(WINDOW)[1] + DEFAULT_GRACE + timedelta(hours=1))
-    cohort = gate.cohort(PEOPLE)
     before = ledger.history()
-    with pytest.raises(ReleaseRefused):
-        gate.reserve(
-            [cohort.in_window("heatmap", WINDOW)], BIG, attempt="d/t/r/0/1/b", filtering=True
-        )
+    outcome = release(gate, PEOPLE, BIG, "d/t/r/0/1/b")
+    assert outcome.result is ReleaseResult.refused
     assert ledger.history() == before
