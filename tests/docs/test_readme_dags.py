@@ -4,6 +4,10 @@ documentation cannot drift from the operator's and the decorator's signatures.""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from dp_budget_provider.ledger import PrivacyBudgetLedger
@@ -31,6 +35,22 @@ def test_the_docs_mark_their_dag_examples():
     assert documents.count("docs/operators.md") >= 2  # the operator's and TaskFlow's
     assert len(RUNNABLE) >= 3
     assert all(block.language == "python" for _document, block in RUNNABLE)
+
+
+@pytest.fixture(autouse=True)
+def no_trace() -> Iterator[None]:
+    """An example may set up what it needs in the process it is imported in (the SQLite
+    one defines its source's connection in ``os.environ``), and its file stays in the
+    dags folder, which later ``dag.test()`` runs parse again: both are undone after each
+    test, so that no later test's connection of the same name is the example's."""
+    environ = dict(os.environ)
+    folder = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
+    before = set(folder.iterdir())
+    yield
+    for path in set(folder.iterdir()) - before:
+        path.unlink()
+    os.environ.clear()
+    os.environ.update(environ)
 
 
 @pytest.mark.parametrize("example", RUNNABLE, ids=where)
