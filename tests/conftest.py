@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import psycopg2
 import pytest
 
@@ -111,3 +112,20 @@ def airflow_db() -> Path:
     if result.returncode != 0:
         pytest.fail(f"airflow db migrate failed:\n{result.stdout}\n{result.stderr}")
     return _AIRFLOW_HOME
+
+
+@pytest.fixture
+def exact_answers(monkeypatch) -> list[list]:
+    """The exact answer of every release (as a list), as its noise is added to it: what
+    the noise hides, for tests that check what a release computed."""
+    from dp_budget_provider.accounting.release import NoisePlan  # numpy only, no Airflow
+
+    seen: list[list] = []
+    noisy_array = NoisePlan.noisy_array
+
+    def spy(plan, answer, **kwargs):
+        seen.append(np.asarray(answer).tolist())
+        return noisy_array(plan, answer, **kwargs)
+
+    monkeypatch.setattr(NoisePlan, "noisy_array", spy)
+    return seen

@@ -19,7 +19,6 @@ import pytest
 
 from dp_budget_provider.accounting import GaussianMechanism
 from dp_budget_provider.accounting.answer_rule import AnswerRule
-from dp_budget_provider.accounting.release import NoisePlan
 from dp_budget_provider.ledger import (
     BudgetCap,
     ContributionTable,
@@ -53,20 +52,6 @@ def ledger(ledger_url):
     ledger.close()
 
 
-@pytest.fixture
-def exact(monkeypatch) -> list[list[int]]:
-    """The exact answer of every release, as the noise is added to it."""
-    seen: list[list[int]] = []
-    noisy_array = NoisePlan.noisy_array
-
-    def spy(plan, answer, **kwargs):
-        seen.append(np.asarray(answer).tolist())
-        return noisy_array(plan, answer, **kwargs)
-
-    monkeypatch.setattr(NoisePlan, "noisy_array", spy)
-    return seen
-
-
 def table(people: list[str], amount: float = 1.0) -> ContributionTable:
     """Each person adds ``amount`` to the one value of a count."""
     units = np.array([unit_digest(person) for person in people], dtype="S16")
@@ -96,13 +81,13 @@ def spent(ledger, person: str, query_type: str = "heatmap") -> float:
     return ledger.epsilon_of(key_for(person, query_type, WINDOW))
 
 
-def test_subjects_without_budget_are_left_out_and_charged_nothing(ledger, exact):
+def test_subjects_without_budget_are_left_out_and_charged_nothing(ledger, exact_answers):
     gate = ReleaseGate(ledger)
     release(gate, PEOPLE[:3], BIG, "d/t/r/0/1/a")  # p0..p2 cannot afford another
     exhausted = spent(ledger, "p0")
     outcome = release(gate, PEOPLE, BIG, "d/t/r/0/1/b")
     assert outcome.result is ReleaseResult.released
-    assert exact == [[3], [7]]  # the second counts p3..p9 alone
+    assert exact_answers == [[3], [7]]  # the second counts p3..p9 alone
     assert [spent(ledger, p) for p in PEOPLE[:3]] == [exhausted] * 3
     assert {spent(ledger, p) for p in PEOPLE[3:]} == {gate.cost_alone(outcome.plan.charged)}
     assert outcome.receipt.subjects == 10 and outcome.receipt.windows == (WINDOW,)
@@ -125,25 +110,25 @@ def test_the_receipt_says_nothing_of_who_or_how_many(make_ledger, ledger_url, tm
     assert told(ledger_url, True) == told(other, False)
 
 
-def test_a_release_that_leaves_everyone_out_is_reserved_and_committed(ledger, exact):
+def test_a_release_that_leaves_everyone_out_is_reserved_and_committed(ledger, exact_answers):
     gate = ReleaseGate(ledger)
     release(gate, PEOPLE, BIG, "d/t/r/0/1/a")
     before = {p: spent(ledger, p) for p in PEOPLE}
     outcome = release(gate, PEOPLE, BIG, "d/t/r/0/1/b")
-    assert outcome.result is ReleaseResult.released and exact[-1] == [0]
+    assert outcome.result is ReleaseResult.released and exact_answers[-1] == [0]
     assert outcome.receipt.subjects == 10
     assert {p: spent(ledger, p) for p in PEOPLE} == before
     assert ledger.verify(quarantine=False).ok
 
 
-def test_a_subject_exhausted_at_a_wider_scope_is_left_out(ledger, exact):
+def test_a_subject_exhausted_at_a_wider_scope_is_left_out(ledger, exact_answers):
     ledger.set_policy(Policy(3.0, across="query_types"))
     gate = ReleaseGate(ledger)
     release(gate, PEOPLE[:2], BIG, "d/t/r/0/1/a", query_type="counts")
     # p0, p1 hold a release across query types: another passes the cap of 3 there, not
     # in heatmap, where they have none.
     release(gate, PEOPLE, BIG, "d/t/r/0/1/b")
-    assert exact[-1] == [8]
+    assert exact_answers[-1] == [8]
     assert spent(ledger, "p0") == 0.0 and spent(ledger, "p2") > 0
     assert ledger.verify(quarantine=False).ok
 
