@@ -376,8 +376,11 @@ class ReleaseGate:
             kept = Keep.of(keep[0], keep[1], released.as_dict())
         receipts = self._refusing(lambda: self._ledger.commit(granted._reservation, kept))
         # A filtered release's share accounts are those of the subjects it kept: who.
-        filtered = granted._left_out is not None
-        shares = [r for r in receipts if parse_share(r.key.query_type) is not None and not filtered]
+        shares = [
+            r
+            for r in (receipts if granted._left_out is None else [])
+            if parse_share(r.key.query_type) is not None
+        ]
         named = None
         if self.exposed and receipts:
             named = self._ledger.subject_of(max(receipts, key=lambda r: r.fraction).key)

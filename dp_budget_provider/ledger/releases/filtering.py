@@ -80,10 +80,23 @@ class ContributionTable:
     integer: bool = False
 
     def __post_init__(self) -> None:
+        # Its own read-only copies: arrays the caller still holds could change between the
+        # checks below (and check_moves) and the totals (see the service's snapshot).
+        for name, kind in (("units", "S"), ("unit_of", "i"), ("index", "i"), ("amount", "f")):
+            given = getattr(self, name)
+            if not isinstance(given, np.ndarray) or given.ndim != 1:
+                raise ValueError(f"a contribution table's {name} is a one-dimensional array")
+            if given.dtype.kind != kind and not (kind == "f" and given.dtype.kind in "iu"):
+                raise ValueError(f"a contribution table's {name} has dtype {given.dtype}")
+            owned = given.astype(np.float64 if kind == "f" else given.dtype, copy=True)
+            owned.setflags(write=False)
+            object.__setattr__(self, name, owned)
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"a contribution table's answer has size >= 1, got {self.size!r}")
         entries = len(self.unit_of)
         if not (len(self.index) == len(self.amount) == entries):
             raise ValueError("a contribution table's entry arrays differ in length")
-        if self.units.dtype != np.dtype("S16") or self.units.ndim != 1:
+        if self.units.dtype != np.dtype("S16"):
             raise ValueError("a contribution table names its units by 16-byte digests")
         if entries and (
             self.unit_of.min() < 0
@@ -162,7 +175,7 @@ class Admitted:
     left_out: frozenset[str]
 
 
-def filtered_cohort(cohorts: Sequence[CohortKeys]) -> Cohort:
+def filtered_cohort(cohorts: Sequence[object]) -> Cohort:
     """The one registered cohort a filtered release covers (in one or more windows);
     ValueError for anything else: filtering decides per subject of one cohort."""
     found = {keys.cohort for keys in cohorts if isinstance(keys, CohortKeys)}
@@ -213,7 +226,8 @@ class Filter:
             )
         # What refuses any charge of these windows, whoever is kept: the reservation that
         # follows keeps none when everyone is left out, and must be refused all the same.
-        check_windows(scoped, policy_lookup(policies), moment, new_release=True)
+        policy_of = policy_lookup(policies)
+        check_windows(scoped, policy_of, moment, new_release=True)
         for scope in scoped:
             policy = policy_of_scope(policies, scope.tenant, scope.query_type)
             if policy.filter_order is None:
@@ -236,16 +250,13 @@ class Filter:
         # As a charge locks: the open reservations holding these accounts first (a commit
         # holds its reservation, then its accounts), then the accounts in key order.
         classes.lock_open_reservations(pipe, covering)
-        ordered = sorted(
-            (
-                LedgerKey.from_canonical(tenant, label, query_type, window)
-                for (tenant, query_type, window), labels in covering
-                for label in labels
-            ),
-            key=lambda k: (k.tenant, k.subject, k.query_type, k.window),
+        ordered = sorted(  # a LedgerKey sorts in lock order
+            LedgerKey.from_canonical(tenant, label, query_type, window)
+            for (tenant, query_type, window), labels in covering
+            for label in labels
         )
         locked = self._locks.lock_existing(pipe, ordered)
-        affords = _affords(self._pricing, cost, policy_lookup(policies))
+        affords = _affords(self._pricing, cost, policy_of)
         short = [key for key in ordered if not affords(key, locked[key])]
         left_out: set[str] = set()
         for key in short:

@@ -149,9 +149,8 @@ class Reservations:
         is left out the reservation holds no account, and is committed all the same.
         """
         ordered, cohorts = covered(keys)
+        filtering.filtered_cohort([*ordered, *cohorts])  # one cohort, or the ValueError
         mechanism, count, attempt_id, cost = self._release(mechanism, count, attempt)
-        if ordered:
-            filtering.filtered_cohort(ordered)  # the ValueError naming what is wrong
         if not cost.finite:
             raise ValueError(
                 "the release alone costs more than any cap: no subject could afford it"

@@ -39,7 +39,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dp_budget_provider.accounting import (
@@ -255,6 +255,9 @@ def make_release(
         try:
             if type(table) is not ContributionTable:  # its totals are the service's own
                 raise ValueError("a filtered release's table is a ContributionTable itself")
+            # The service's own copy: the caller's arrays (and the log it hands in, called
+            # before the totals) must not change what was checked into what is released.
+            table = replace(table)
             table.check_moves(declared.l1_sensitivity, declared.l2_sensitivity)
         except ValueError as error:
             return ReleaseOutcome(ReleaseResult.invalid, plan, error=error)

@@ -74,7 +74,8 @@ def release(gate: ReleaseGate, people, z: float, attempt: str, query_type="heatm
     )
     keys = given.pop("keys", [cohort.in_window(query_type, WINDOW)])
     made = given.pop("table", table(people))
-    return make_release(gate, declared, keys, made, attempt=attempt, log=LOG, **given)
+    log = given.pop("log", LOG)
+    return make_release(gate, declared, keys, made, attempt=attempt, log=log, **given)
 
 
 def spent(ledger, person: str, query_type: str = "heatmap") -> float:
@@ -211,3 +212,46 @@ def test_a_closed_window_refuses_whoever_would_be_kept(ledger, monkeypatch, exha
     outcome = release(gate, PEOPLE, BIG, "d/t/r/0/1/b")
     assert outcome.result is ReleaseResult.refused
     assert ledger.history() == before
+
+
+def test_what_was_checked_is_what_is_released(ledger, exact_answers):
+    """The caller's arrays and table are not the service's: changing them between the
+    sensitivity check and the totals (here from the log the caller hands in, which the
+    service calls after reserving) changes nothing that is released."""
+    gate = ReleaseGate(ledger)
+    source = np.ones(len(PEOPLE))
+    units = np.array([unit_digest(person) for person in PEOPLE], dtype="S16")
+    made = ContributionTable(
+        units, np.arange(len(PEOPLE)), np.zeros(len(PEOPLE), dtype=np.int64), source, 1, True
+    )
+
+    class Swapping(logging.LoggerAdapter):
+        def info(self, message, *args, **kwargs):
+            source[:] = 1e6  # the array the table was made from
+            object.__setattr__(made, "amount", np.full(len(PEOPLE), 1e6))  # the table itself
+
+    outcome = release(gate, PEOPLE, SMALL, "d/t/r/0/1/a", table=made, log=Swapping(LOG, {}))
+    assert outcome.result is ReleaseResult.released
+    assert exact_answers == [[10]]
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"unit_of": np.arange(3.0)},  # positions as floats
+        {"index": [0, 0, 0]},  # not an array
+        {"units": np.array([b"a", b"b", b"c"])},  # not 16-byte digests
+        {"size": 0},
+    ],
+)
+def test_a_malformed_table_is_refused_when_made(broken):
+    arguments = {
+        "units": np.array([unit_digest(p) for p in PEOPLE[:3]], dtype="S16"),
+        "unit_of": np.arange(3),
+        "index": np.zeros(3, dtype=np.int64),
+        "amount": np.ones(3),
+        "size": 1,
+        **broken,
+    }
+    with pytest.raises(ValueError):
+        ContributionTable(**arguments)
