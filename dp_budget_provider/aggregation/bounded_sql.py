@@ -95,6 +95,11 @@ class BoundedQuery:
         self.bounds.per_cell(self.aggregate)  # a sum without value_bounds is refused here
 
     @property
+    def answer_size(self) -> int:
+        """How many values the answer has: one per cell, a mean's sums then its counts."""
+        return len(self.domain) * (2 if self.aggregate == "mean" else 1)
+
+    @property
     def valued(self) -> bool:
         """Whether the rows carry a clamped value (a sum, or a mean's sum and count)."""
         return self.aggregate != "count"

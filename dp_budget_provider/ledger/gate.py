@@ -310,7 +310,9 @@ class ReleaseGate:
         gate held by a DAG's task reserves only as that DAG (its ``attempt`` names it):
         which share pays is the DAG's."""
         return self._granted(
-            keys, attempt, lambda: self._ledger.reserve(keys, mechanism, count, attempt=attempt)
+            keys,
+            attempt,
+            lambda: (self._ledger.reserve(keys, mechanism, count, attempt=attempt), None),
         )
 
     def _reserve_filtering(
@@ -326,15 +328,18 @@ class ReleaseGate:
         def reserved() -> tuple[Reservation, frozenset[str]]:
             return self._ledger.reserve_admitting(keys, mechanism, count, attempt=attempt)
 
-        return self._granted(keys, attempt, reserved, filtering=True)
+        return self._granted(keys, attempt, reserved)
 
     def _granted(
-        self, keys: Covered, attempt: str, reserve: Callable[[], Any], *, filtering: bool = False
+        self,
+        keys: Covered,
+        attempt: str,
+        reserve: Callable[[], tuple[Reservation, frozenset[str] | None]],
     ) -> GrantedRelease:
-        """The grant of ``reserve()`` as the release asked for it (refusals sealed)."""
+        """The grant of ``reserve()`` (a reservation, and what a filter left out: None
+        when unfiltered) as the release asked for it (refusals sealed)."""
         self._as_own_dag(attempt)
-        made = self._refusing(reserve)
-        reservation, left_out = made if filtering else (made, None)
+        reservation, left_out = self._refusing(reserve)
         ordered, cohorts = covered(keys)
         asked = [*ordered, *cohorts]
         return GrantedRelease(

@@ -137,9 +137,9 @@ class DPAggregateOperator(ReleasingOperator):
             sql, privacy_unit, group_by, domain, contribution, aggregate, value
         )  # fmt: skip
         if aggregate == "count":
-            rule = AnswerRule(0.0, COUNT_RANGE, len(query.domain), integer=True)
+            rule = AnswerRule(0.0, COUNT_RANGE, query.answer_size, integer=True)
         else:  # a mean's answer is its sums, then its counts
-            rule = AnswerRule(0.0, None, len(query.domain) * (2 if aggregate == "mean" else 1))
+            rule = AnswerRule(0.0, None, query.answer_size)
         if (mechanism is None) == (accuracy is None):
             raise ValueError("give exactly one of mechanism and accuracy=(error, level)")
         self.confidence = check_confidence("confidence", confidence)
@@ -314,8 +314,9 @@ def _table(
     counts as integers, sums as floats, or a mean's sums then its counts."""
     names = units.digests() if units is not None else np.zeros(rows.units, dtype="S16")
     unit_of, index, amount = rows.entries()
-    size = len(query.domain) * (2 if query.aggregate == "mean" else 1)
-    return ContributionTable(names, unit_of, index, amount, size, query.aggregate == "count")
+    return ContributionTable(
+        names, unit_of, index, amount, query.answer_size, query.aggregate == "count"
+    )
 
 
 def _engine_of(conn_id: str) -> sa.Engine:
