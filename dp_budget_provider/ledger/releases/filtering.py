@@ -88,11 +88,15 @@ class ContributionTable:
                 raise ValueError(f"a contribution table's {name} is a one-dimensional array")
             if given.dtype.kind != kind and not (kind == "f" and given.dtype.kind in "iu"):
                 raise ValueError(f"a contribution table's {name} has dtype {given.dtype}")
-            owned = given.astype(np.float64 if kind == "f" else given.dtype, copy=True)
+            # Positions as 64-bit integers: a narrower type wraps in the arithmetic below.
+            target = {"f": np.float64, "i": np.int64}.get(kind, given.dtype)
+            owned = given.astype(target, copy=True)
             owned.setflags(write=False)
             object.__setattr__(self, name, owned)
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
             raise ValueError(f"a contribution table's answer has size >= 1, got {self.size!r}")
+        if len(self.units) * self.size >= 2**62:  # every (unit, value) pair has an int64 key
+            raise ValueError("a contribution table has too many units and values")
         entries = len(self.unit_of)
         if not (len(self.index) == len(self.amount) == entries):
             raise ValueError("a contribution table's entry arrays differ in length")
@@ -126,31 +130,39 @@ class ContributionTable:
             counts = np.zeros(self.size, dtype=np.int64)
             np.add.at(counts, index, amount.astype(np.int64))
             return counts
-        with np.errstate(over="ignore"):
-            return np.bincount(index, weights=amount, minlength=self.size)
+        # Each value the correctly rounded exact sum of its entries: a running float sum
+        # depends on their order, and a large entry and its opposite can swallow what lies
+        # between them, so a unit's entries could move it by more than the unit moves.
+        return np.array(_exact_sums(index, amount, self.size), dtype=np.float64)
 
     def check_moves(self, l1: float | None, l2: float | None) -> None:
-        """Refuse (ValueError) a table one of whose units moves the answer by more than
-        ``l1`` (the sum of its moves' magnitudes) or ``l2`` (their Euclidean norm), each
-        compared exactly. An integer table's sums are exact in floats; otherwise a unit
-        the float sums cannot decide (within a relative ``4 * entries`` ulps of the bound)
-        is summed again in rationals from its own entries."""
+        """Refuse (ValueError) a table one of whose units is named twice, or moves the
+        answer by more than ``l1`` (the sum of its moves' magnitudes) or ``l2`` (their
+        Euclidean norm), each compared exactly. A unit's move of a value is the correctly
+        rounded exact sum of its entries there; a unit the float sums of its moves cannot
+        decide (within a relative ``4 * (values + 1)`` ulps of the bound) is summed again in
+        rationals from its own entries."""
+        if np.unique(self.units).size != self.units.size:
+            raise ValueError("a contribution table names a unit twice")
         if not len(self.unit_of):
             return
         pairs, where = np.unique(self.unit_of * self.size + self.index, return_inverse=True)
-        moves = np.bincount(where, weights=self.amount)  # one per (unit, value) moved
+        if self.integer:  # whole numbers summing below 2**52: float sums are exact
+            moves = np.bincount(where, weights=self.amount, minlength=len(pairs))
+        else:
+            moves = np.array(_exact_sums(where, self.amount, len(pairs)), dtype=np.float64)
         owner = pairs // self.size
         by_unit = np.argsort(self.unit_of, kind="stable")
         starts = np.searchsorted(self.unit_of[by_unit], np.arange(len(self.units) + 1))
-        slack = 4 * max(len(self.unit_of), self.size) * 2.0**-53
+        slack = 4 * (self.size + 1) * 2.0**-53
         for name, bound, power in (("L1", l1, 1), ("L2", l2, 2)):
             if bound is None:
                 continue
             sized = np.abs(moves) if power == 1 else moves * moves
             per_unit = np.bincount(owner, weights=sized, minlength=len(self.units))
             limit = Fraction(bound) ** power
-            if self.integer:  # exact integers: compare with the bound's floor, exactly
-                doubtful = per_unit > math.floor(limit)
+            if self.integer:  # exact integers below 2**52: compare with the bound's floor
+                doubtful = (per_unit > math.floor(limit)) | (per_unit >= 2.0**52)
             else:
                 doubtful = per_unit * (1 + slack) > float(limit) * (1 - slack)
             for unit in np.flatnonzero(doubtful):
@@ -163,6 +175,15 @@ class ContributionTable:
                         "a unit of the contribution table moves the answer by more than the "
                         f"sensitivity declared ({name} {bound:g})"
                     )
+
+
+def _exact_sums(group: np.ndarray, amount: np.ndarray, groups: int) -> list[float]:
+    """For each of ``groups`` groups, the correctly rounded exact sum (``math.fsum``) of
+    the amounts whose ``group`` it is (0.0 for an empty group)."""
+    order = np.argsort(group, kind="stable")
+    bounds = np.searchsorted(group[order], np.arange(groups + 1))
+    ordered = amount[order]
+    return [math.fsum(ordered[bounds[g] : bounds[g + 1]]) for g in range(groups)]
 
 
 @dataclass(frozen=True)

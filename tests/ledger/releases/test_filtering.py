@@ -255,3 +255,57 @@ def test_a_malformed_table_is_refused_when_made(broken):
     }
     with pytest.raises(ValueError):
         ContributionTable(**arguments)
+
+
+def float_table(people: list[str], unit_of: list[int], amount: list[float]) -> ContributionTable:
+    """A one-value sum whose entries are given one by one."""
+    units = np.array([unit_digest(person) for person in people], dtype="S16")
+    return ContributionTable(
+        units, np.array(unit_of), np.zeros(len(unit_of), dtype=np.int64), np.array(amount), 1
+    )
+
+
+def test_a_huge_entry_and_its_opposite_swallow_nothing(ledger, exact_answers):
+    """p0 adds 2**60 before everyone's +1 and takes it back after: p0's exact move is 0,
+    and the total is the others' count exactly, whether p0 is kept or left out (a
+    running float sum would drop every +1 between p0's entries, and then show whether p0
+    was left out); one unit whose entries 2**60, 100, -2**60 move it by 100 is refused at
+    sensitivity 1 (its float move is 0)."""
+    gate = ReleaseGate(ledger)
+    people = PEOPLE
+    entries = [0] + list(range(1, 10)) + [0]
+    amounts = [2.0**60] + [1.0] * 9 + [-(2.0**60)]
+    release(gate, people, SMALL, "d/t/r/0/1/a", table=float_table(people, entries, amounts))
+    release(gate, people[:1], BIG, "d/t/r/0/1/b")  # p0 cannot afford another
+    release(gate, people[:1], BIG, "d/t/r/0/1/c")
+    release(gate, people, SMALL, "d/t/r/0/1/d", table=float_table(people, entries, amounts))
+    assert exact_answers[0] == exact_answers[-1] == [9.0]
+    before = ledger.history()
+    swallowing = float_table(people[:1], [0, 0, 0], [2.0**60, 100.0, -(2.0**60)])
+    outcome = release(gate, people[:1], SMALL, "d/t/r/0/1/e", table=swallowing)
+    invalid(ledger, outcome, before, "more than the sensitivity declared")
+
+
+def test_narrow_positions_and_a_unit_named_twice_are_refused(ledger):
+    """Positions as int8 would wrap (unit 4 of 64 values is unit 0's key) and let two
+    units' opposite moves cancel; a unit named twice would move the answer once per
+    name. Both are refused before anything is written."""
+    gate = ReleaseGate(ledger)
+    gate.cohort(PEOPLE)
+    before = ledger.history()
+    units = np.array([unit_digest(person) for person in PEOPLE], dtype="S16")
+    wrapping = ContributionTable(
+        units,
+        np.array([0, 4], dtype=np.int8),
+        np.zeros(2, dtype=np.int8),
+        np.array([5.0, -5.0]),
+        64,
+    )
+    outcome = release(gate, PEOPLE, SMALL, "d/t/r/0/1/a", table=wrapping)
+    invalid(ledger, outcome, before, "more than the sensitivity declared")
+    twice = np.array([unit_digest("p0")] * 3, dtype="S16")
+    named_twice = ContributionTable(
+        twice, np.arange(3), np.zeros(3, dtype=np.int64), np.ones(3), 1, True
+    )
+    outcome = release(gate, PEOPLE, SMALL, "d/t/r/0/1/b", table=named_twice)
+    invalid(ledger, outcome, before, "names a unit twice")
