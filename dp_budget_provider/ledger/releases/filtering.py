@@ -68,8 +68,11 @@ class ContributionTable:
     The release service totals it over the units the reservation kept, inside the
     release, and adds the noise at once: neither the units left out nor the exact totals
     ever reach the caller. Before anything is reserved it checks that no unit moves the
-    answer by more than the sensitivity the release declares (:meth:`check_moves`), so a
-    table made by hand can charge no less than what it releases.
+    answer by more than the sensitivity the release declares (:meth:`check_moves`).
+    Which units a table names is its maker's: the operator names the units of the rows
+    it read, registered as the cohort charged; a table made by hand that names a unit
+    outside its cohort has that unit counted and never charged, as a callable's release
+    reads rows of subjects it does not list.
     """
 
     units: np.ndarray
